@@ -1,0 +1,1 @@
+"""Kernel families (one folder each: reference, Triton kernel, pattern, patch adapter)."""

@@ -1,0 +1,81 @@
+"""The contract every kernel family folder fulfils.
+
+A family folder `codegen/<name>/` holds `reference.py` (PyTorch code identical in behaviour to
+the Hugging Face code it replaces), `kernel.py` (the Triton kernel, its host wrapper, and a
+`render(config, case)` that writes a specialised, readable source file), and `__init__.py`
+exposing `FAMILY`. The registry (`codegen.registry`) discovers the folders; nothing in
+pipeline/ names a family.
+
+Calling convention, shared by generated, proposed and hand-written candidates: a candidate is a
+Python source file defining
+
+    def forward(*inputs, out, **params) -> None
+
+which writes its result into `out` (a tensor, or a tuple of tensors for multi-output families
+such as rotary q/k) supplied by the caller, so the verifier can poison it first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# A "case" is one concrete call: shapes, dtype name and scalar params, JSON-serialisable, e.g.
+# {"rows": 8192, "hidden": 2048, "dtype": "bfloat16", "eps": 1e-5, "offset": 0.0}.
+Case = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """How the profile recognises one occurrence of what a fused kernel would replace.
+
+    An occurrence is one call of a scope: an nn.Module whose class name matches `module_class`
+    or a Python function frame whose name matches `function`. Its ops are the aten ops inside
+    the scope that no inner pattern claimed (a Linear inside an MLP claims its own matmul).
+    `ops` lists the aten op names a true occurrence runs and how many times; recognition checks
+    them, not only the class name (a Gemma (1 + weight) norm runs one more add than Llama's).
+    `extra_ok` names ops that may also appear (views, casts) and are then claimed too.
+    """
+
+    name: str
+    description: str
+    module_class: str | None = None
+    function: str | None = None
+    ops: dict[str, int] = field(default_factory=dict)
+    extra_ok: tuple[str, ...] = ()
+    family: str | None = None  # the kernel family that replaces it, if any
+    priority: int = 0  # higher claims first among patterns on the same scope
+    # partial: claim only the listed ops and leave the rest of the scope to others (residual
+    # adds in a decoder layer); otherwise any unlisted compute op means "not this pattern".
+    partial: bool = False
+    # cost(ops) -> (min_bytes, flops) of one fused occurrence, from the recorded op shapes and
+    # dtypes (profile op dicts); None: the rank stage treats each op as its own roofline.
+    cost: Callable[[list[dict]], tuple[int, int]] | None = None
+
+
+@dataclass
+class Family:
+    name: str
+    patterns: tuple[Pattern, ...]
+    # reference(*inputs, **params) -> output tensor or tuple; the numerical reference.
+    reference: Callable[..., Any]
+    # make_inputs(case, device, generator) -> tuple of input tensors for that case.
+    make_inputs: Callable[..., tuple]
+    # make_out(case, inputs) -> output tensor(s) with the shape/dtype forward must write.
+    make_out: Callable[..., Any]
+    # edge_cases(case) -> list of extra cases (one row, primes, just over a block, ...).
+    edge_cases: Callable[[Case], list[Case]]
+    # min_bytes(case) / flops(case): what a perfect fused kernel must move / compute.
+    min_bytes: Callable[[Case], int]
+    flops: Callable[[Case], int]
+    # search_space(case) -> list of config dicts (block sizes, warps, rows per program...).
+    search_space: Callable[[Case], list[dict]]
+    # render(config, case) -> Python source text of a specialised candidate (defines forward).
+    render: Callable[[dict, Case], str]
+    # patch(model, forward_by_case) -> undo callable: per-instance, reversible; dispatches each
+    # call to forward_by_case(case) (a callable or None = keep the original code).
+    patch: Callable[..., Callable[[], None]]
+    # cases_from_model(model, workload) -> the cases this family sees in that model's forward.
+    cases_from_model: Callable[..., list[Case]]
+    aten_ops: tuple[str, ...] = ()  # aten compute ops the kernel must NOT run (verify checks)
+    extras: dict[str, Any] = field(default_factory=dict)

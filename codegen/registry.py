@@ -1,0 +1,38 @@
+"""Discovers kernel families: every `codegen/<name>/` package that exposes `FAMILY`.
+
+Adding a family means adding a folder; nothing in pipeline/ or profiling/ changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+
+import codegen
+from codegen.family import Family, Pattern
+from pipeline.errors import UserError
+
+
+@lru_cache(maxsize=1)
+def families() -> dict[str, Family]:
+    found = {}
+    for info in pkgutil.iter_modules(codegen.__path__):
+        if not info.ispkg:
+            continue
+        mod = importlib.import_module(f"codegen.{info.name}")
+        fam = getattr(mod, "FAMILY", None)
+        if isinstance(fam, Family):
+            found[fam.name] = fam
+    return found
+
+
+def get_family(name: str) -> Family:
+    try:
+        return families()[name]
+    except KeyError:
+        raise UserError(f"unknown kernel family {name!r}; known: {', '.join(sorted(families()))}")
+
+
+def family_patterns() -> list[Pattern]:
+    return [p for fam in families().values() for p in fam.patterns]

@@ -1,0 +1,1 @@
+"""Model loading (hub, local folder, offline zoo) and per-instance model patching."""

@@ -1,0 +1,117 @@
+"""Resolve a model id to a config and build the model for a workload.
+
+Order: a local folder with config.json; a zoo name; the Hugging Face hub (config only, unless
+`pretrained`); and when the hub cannot be reached, the zoo entry the id stands for, said aloud.
+Random weights are the default: kernel timings do not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.zoo import ZOO, zoo_name
+from pipeline.errors import UserError
+
+HUB_HOST = "huggingface.co"
+
+
+@dataclass
+class ModelSpec:
+    model_id: str
+    source: str  # "zoo", "local", "hub", "zoo (hub unreachable)"
+    weights: str  # "random" or "pretrained"
+    config: object
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+    def describe(self) -> dict:
+        cfg = self.config
+        return {
+            "id": self.model_id, "source": self.source, "weights": self.weights,
+            "model_type": cfg.model_type, "notes": self.notes,
+            "num_layers": getattr(cfg, "num_hidden_layers", None),
+            "hidden_size": getattr(cfg, "hidden_size", None),
+            "config": {k: v for k, v in cfg.to_diff_dict().items()
+                       if isinstance(v, (int, float, str, bool, list, dict, type(None)))},
+        }
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A plain TCP check: transformers retries for ~25 s before giving up on a dead network."""
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def zoo_config(name: str):
+    from transformers import AutoConfig
+
+    params = dict(ZOO[name])
+    model_type = params.pop("model_type")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoConfig.for_model(model_type, **params)
+
+
+def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
+    from transformers import AutoConfig
+
+    path = Path(model_id)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise UserError(f"{model_id} is a folder without config.json")
+        cfg = AutoConfig.from_pretrained(path)
+        return ModelSpec(model_id, "local", "pretrained" if pretrained else "random", cfg)
+    name = zoo_name(model_id)
+    if name == model_id.lower() and name in ZOO and not pretrained:
+        return ModelSpec(name, "zoo", "random", zoo_config(name))
+    if not hub_reachable():
+        if pretrained:
+            raise UserError(f"--pretrained needs the Hugging Face hub, which is unreachable "
+                            f"(no network?); drop --pretrained to profile {model_id} with random weights")
+        if name:
+            return ModelSpec(name, "zoo (hub unreachable)", "random", zoo_config(name),
+                             [f"hub unreachable: using the built-in config for {name}"])
+        raise UserError(f"unknown model {model_id!r}: not in the built-in zoo and the Hugging "
+                        f"Face hub is unreachable; known offline: {', '.join(sorted(ZOO))}")
+    try:
+        cfg = AutoConfig.from_pretrained(model_id)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/HTTP errors
+        if name:
+            return ModelSpec(name, "zoo (hub error)", "random", zoo_config(name),
+                             [f"hub could not give {model_id}: {str(e).splitlines()[0]}"])
+        raise UserError(f"unknown model {model_id!r}: {str(e).splitlines()[0]}") from None
+    return ModelSpec(model_id, "hub", "pretrained" if pretrained else "random", cfg)
+
+
+def build(spec: ModelSpec, dtype, device: str):
+    """Build on the target device directly: CPU-side init of a 7B model takes minutes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if spec.weights == "pretrained":
+        model = AutoModelForCausalLM.from_pretrained(spec.model_id, dtype=dtype)
+        return model.to(device).eval()
+    cfg = spec.config
+    if hasattr(cfg, "_attn_implementation"):
+        cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    except torch.OutOfMemoryError:
+        raise UserError(f"out of memory building {spec.model_id} on {device}") from None
+    except ValueError as e:
+        raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") from None
+    return model.eval()

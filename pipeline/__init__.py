@@ -1,0 +1,1 @@
+"""Staged pipeline: profile -> rank -> generate -> verify -> integrate -> report."""

@@ -1,0 +1,137 @@
+"""`pipeline` command line: a thin click layer over the stage functions."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.errors import UserError
+from pipeline.rundir import latest_run, new_run_dir
+
+WORKLOAD_OPTIONS = [
+    click.option("--batch", default="1", show_default=True,
+                 help="Batch sizes, comma-separated; every batch x seq pair is a workload."),
+    click.option("--seq", default="128", show_default=True,
+                 help="Sequence lengths (prefill) or KV-cache lengths (decode), comma-separated."),
+    click.option("--dtype", default=None, help="fp32, fp16 or bf16 [default: bf16 on cuda, "
+                                               "fp32 on cpu]."),
+    click.option("--device", default=None, help="cpu or cuda [default: cuda if available]."),
+    click.option("--mode", default="prefill", show_default=True,
+                 help="prefill, decode (one token against a KV cache of --seq), or both."),
+]
+
+
+def workload_options(f):
+    for opt in reversed(WORKLOAD_OPTIONS):
+        f = opt(f)
+    return f
+
+
+def _defaults(dtype: str | None, device: str | None) -> tuple[str, str]:
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return dtype or ("bf16" if device.startswith("cuda") else "fp32"), device
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks.")
+@click.pass_context
+def cli(ctx, debug):
+    """Profile a Hugging Face model, rank its operators by whole-model gain, generate and
+    verify replacement kernels, patch them in, and report projected vs measured speedup.
+
+    \b
+    Quick start (CPU, built-in tiny model):
+      pipeline profile tiny-llama --batch 2 --seq 64
+      pipeline optimize --top 3
+    On a GPU:
+      pipeline profile llama-3.2-1b --batch 8 --seq 1024 --dtype bf16
+    """
+    ctx.obj = {"debug": debug}
+
+
+@cli.command()
+@click.argument("model_id")
+@workload_options
+@click.option("--pretrained", is_flag=True, help="Load real weights from the hub "
+              "(default: random weights; timing does not depend on weight values).")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+              help="Where artifacts go [default: ./runs/<model>-<UTC time>].")
+@click.option("--top", default=10, show_default=True, help="Rows shown in the summary.")
+def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top):
+    """Profile one forward pass of MODEL_ID per workload, then rank.
+
+    MODEL_ID is a hub id (e.g. meta-llama/Llama-3.2-1B), a local folder with config.json,
+    or a built-in name: gpt2, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b,
+    mistral-7b, gemma-2b, phi-3-mini, and tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma,
+    tiny-phi3, tiny-gpt2 for the CPU.
+
+    \b
+    Example:
+      pipeline profile llama-3.2-1b --batch 1,8 --seq 128,1024 --dtype bf16
+    """
+    from models.loader import resolve
+    from pipeline import workload as wl
+    from pipeline.summary import console, print_profile
+    from profiling.profile_stage import check_device, run_profile
+
+    dtype, device = _defaults(dtype, device)
+    workloads = wl.expand(batch, seq, dtype, device, mode)
+    check_device(device)
+    spec = resolve(model_id, pretrained)
+    for note in spec.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    run_dir = run_dir or new_run_dir(spec.model_id)
+    with console.status("profiling") as status:
+        prof = run_profile(spec, workloads, run_dir, lambda s: status.update(f"profiling: {s}"))
+    print_profile(prof, top)
+    _rank_and_print(run_dir)
+    console.print(f"artifacts: {run_dir}")
+
+
+def _rank_and_print(run_dir: Path) -> None:
+    from pipeline.rank_stage import print_ranking, run_rank
+
+    print_ranking(run_rank(run_dir))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path), required=False)
+def rank(run_dir):
+    """Rank patterns of a profiled run by whole-model gain (writes ranking.json, report).
+
+    RUN_DIR defaults to the latest run under ./runs.
+    """
+    _rank_and_print(run_dir or latest_run())
+
+
+def main() -> None:
+    debug = "--debug" in sys.argv
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("interrupted; rerun with --resume to continue", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - last line of defence: one line, not a traceback
+        if debug or os.environ.get("PIPELINE_DEBUG"):
+            raise
+        name = type(e).__name__
+        if "OutOfMemory" in name:
+            click.echo("error: out of memory; try a smaller --batch or --seq", err=True)
+        else:
+            click.echo(f"error: {name}: {str(e).splitlines()[0] if str(e) else ''} "
+                       f"(rerun with --debug for the traceback)", err=True)
+        sys.exit(1)

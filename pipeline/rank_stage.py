@@ -1,0 +1,211 @@
+"""The rank stage: profile.json -> ranking.json (patterns, shares, attainable speedups, and the
+whole-model projection both ways: the Amdahl formula and a trace replay).
+
+Each row is a pattern aggregated over its occurrences (a kernel family replaces all of them);
+unrecognised ops keep rows of their own. A row's attainable speedup comes from the roofline
+of a fused kernel (or, once one exists, from its measured time), and its whole-model gain is
+what replacing that row alone would do to the pass. Rows are ranked by the replay gain where
+a GPU trace exists, else by the Amdahl gain.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from pipeline.artifacts import read_json, write_json
+from pipeline.summary import console, module_pattern
+from profiling.patterns import BASE_PATTERNS, Occurrence, match
+from profiling.roofline import op_cost, roofline_us
+
+RANKING = "ranking.json"
+LAUNCH_BOUND_BUSY = 0.5  # below this GPU-busy share of the wall time a pass is launch-bound
+
+
+def amdahl(parts: list[tuple[float, float]]) -> float:
+    """Whole-model speedup when each share p runs s times faster: 1/((1-sum p)+sum p/s)."""
+    rest = 1.0 - sum(p for p, _ in parts)
+    return 1.0 / (rest + sum(p / max(s, 1e-12) for p, s in parts))
+
+
+def _patterns():
+    from codegen.registry import family_patterns
+
+    return list(BASE_PATTERNS) + family_patterns()
+
+
+def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = None) -> list[dict]:
+    """Aggregate one workload's ops into pattern rows with roofline numbers."""
+    ops = w["ops"]
+    pats = _patterns()
+    by_name = {p.name: p for p in pats}
+    occ, unclaimed = match(ops, pats)
+    groups: dict[str, dict] = defaultdict(lambda: {"occ": []})
+    for o in occ:
+        g = groups[o.pattern]
+        g["family"], g["occ"] = o.family, g["occ"] + [o]
+    for i in unclaimed:
+        op = ops[i]
+        key = f"op:{op['name']} @ {op['module_class'] or '(top)'}"
+        g = groups[key]
+        g["family"] = None
+        g["occ"].append(Occurrence(key, None, op["module"], op["module_class"], [i]))
+    gpu = w["time_basis"] == "device"
+    wall_us = w["wall"]["median_ms"] * 1e3
+    rows = []
+    for name, g in groups.items():
+        pat = by_name.get(name)
+        time_us = share = host = 0.0
+        nbytes = flops = launches = 0
+        floor_us = 0.0
+        corr: list[list[int]] = []
+        modules = set()
+        for o in g["occ"]:
+            o_ops = [ops[i] for i in o.ops]
+            t = sum(op["time_us"] for op in o_ops)
+            time_us += t
+            share += sum(op["share"] for op in o_ops)
+            host += sum(op["cpu_us"] for op in o_ops)
+            n_launch = sum(op.get("launches", 0) for op in o_ops)
+            launches += n_launch
+            if pat is not None and pat.cost is not None:
+                b, f = pat.cost(o_ops)
+                fused = roofline_us(b, f, ceil, launches=1 if n_launch else 0)
+            else:  # no fused model: each op at its own roofline, launches kept
+                b = f = 0
+                fused = 0.0
+                for op in o_ops:
+                    ob, of = op_cost(op)
+                    b, f = b + ob, f + of
+                    fused += roofline_us(ob, of, ceil, launches=1 if op.get("launches") else 0)
+            nbytes, flops = nbytes + b, flops + f
+            floor_us += min(fused, t) if t > 0 else 0.0
+            corr.append([k["correlation"] for op in o_ops for k in op.get("kernels", [])])
+            modules.add(module_pattern(o.module))
+        measured_kernel = (kernel_times or {}).get(name)
+        target = measured_kernel if measured_kernel is not None else floor_us
+        rows.append({
+            "pattern": name, "family": g["family"], "occurrences": len(g["occ"]),
+            "modules": sorted(modules)[:6], "time_us": time_us, "share": share,
+            "host_us": host, "launches": launches, "min_bytes": nbytes, "flops": flops,
+            "roofline_us": floor_us, "target_us": target,
+            "target_source": "measured kernel" if measured_kernel is not None else "roofline",
+            "attainable_speedup": (time_us / target) if target > 0 else 1.0,
+            "achieved_GBps": nbytes / time_us / 1e3 if time_us > 0 else None,
+            "kernel_correlations": corr if gpu else [],
+            "host_share": host / wall_us,
+        })
+    return rows
+
+
+def project(w: dict, rows: list[dict], graph=None) -> None:
+    """Fill each row's whole-model gain alone (Amdahl, and replay when a graph is given)."""
+    for r in rows:
+        r["amdahl_gain"] = amdahl([(r["share"], r["attainable_speedup"])])
+        r["replay_gain"] = None
+        if graph is not None and r["kernel_correlations"] and r["attainable_speedup"] > 1.0:
+            r["replay_gain"] = _replay_gain(graph, [r])
+
+
+def _replay_gain(graph, rows: list[dict]) -> float:
+    from profiling.replay import Replacement, kernel_table, replay, what_if
+
+    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
+    reps = []
+    for r in rows:
+        scale = min(1.0, r["target_us"] / r["time_us"]) if r["time_us"] else 1.0
+        for corr in r["kernel_correlations"]:
+            present = [c for c in corr if c in dur]
+            if present:
+                reps.append(Replacement(frozenset(present),
+                                        sum(dur[c] for c in present) * scale))
+    if not reps:
+        return 1.0
+    base = graph.graph.setdefault("_base_len", replay(graph))
+    return base / what_if(graph, reps)
+
+
+def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
+                  kernel_times: dict[str, float] | None = None) -> dict:
+    rows = pattern_rows(w, ceil, kernel_times)
+    graph = None
+    if trace_path is not None and w["time_basis"] == "device" and trace_path.exists():
+        from profiling.replay import build_graph
+        from profiling.trace import load_trace
+
+        graph = build_graph(load_trace(trace_path), w.get("step_index", 0))
+    project(w, rows, graph)
+    key = "replay_gain" if graph is not None else "amdahl_gain"
+    rows.sort(key=lambda r: -((r[key] or 1.0) if r["family"] else 0) - r["share"] * 1e-9)
+    candidates = [r for r in rows if r["family"] and r["attainable_speedup"] > 1.0]
+    curve = []
+    for n in range(1, len(candidates) + 1):
+        top = candidates[:n]
+        point = {"n": n, "pattern": top[-1]["pattern"],
+                 "amdahl": amdahl([(r["share"], r["attainable_speedup"]) for r in top])}
+        point["replay"] = _replay_gain(graph, top) if graph is not None else None
+        curve.append(point)
+    busy = w.get("gpu_busy_share")
+    launch_bound = busy is not None and busy < LAUNCH_BOUND_BUSY
+    for r in rows:
+        r.pop("kernel_correlations", None)
+    return {
+        "key": w["key"], "workload": w["workload"], "wall_ms": w["wall"]["median_ms"],
+        "time_basis": w["time_basis"], "gpu_busy_share": busy, "launch_bound": launch_bound,
+        "regime": _regime(w, rows, launch_bound), "ranked_by": key, "rows": rows,
+        "cumulative": curve,
+        "ceiling_amdahl": curve[-1]["amdahl"] if curve else 1.0,
+        "ceiling_replay": curve[-1]["replay"] if curve else None,
+    }
+
+
+def _regime(w: dict, rows: list[dict], launch_bound: bool) -> str:
+    if w["time_basis"] != "device":
+        return ("CPU profile: shares are host time of aten ops; GPU projections need a GPU "
+                "profile")
+    if not launch_bound:
+        return f"device-bound: the GPU is busy {w['gpu_busy_share']:.0%} of the wall time"
+    host_rows = sorted(rows, key=lambda r: -r["host_us"])[:3]
+    spread = sum(r["host_us"] for r in host_rows) / max(1e-9, sum(r["host_us"] for r in rows))
+    msg = (f"launch-bound: the GPU is busy only {w['gpu_busy_share']:.0%} of the wall time, so "
+           f"faster kernels gain little; the critical path is host time")
+    if spread < 0.5:
+        msg += (" spread thinly over many ops: the remedy is outside kernel work (CUDA graphs, "
+                "or torch.compile(mode='reduce-overhead') which uses them)")
+    else:
+        msg += "; the largest host costs: " + ", ".join(r["pattern"] for r in host_rows)
+    return msg
+
+
+def run_rank(run_dir: Path, kernel_times: dict[str, dict] | None = None) -> dict:
+    profile = read_json(run_dir / "profile.json", "profile")
+    ceil = profile["ceilings"]
+    workloads = []
+    for w in profile["workloads"]:
+        trace = run_dir / w["trace"] if w.get("trace") else None
+        workloads.append(rank_workload(w, ceil, trace, (kernel_times or {}).get(w["key"])))
+    ranking = {"stage": "rank", "model": profile["model"]["id"], "ceilings": ceil,
+               "workloads": workloads}
+    write_json(run_dir / RANKING, ranking)
+    return ranking
+
+
+def print_ranking(ranking: dict, top: int = 8) -> None:
+    from rich.table import Table
+
+    for w in ranking["workloads"]:
+        console.print(f"[bold]ranking[/bold] {w['key']}: {w['regime']}")
+        t = Table(title=f"candidates by whole-model gain ({w['ranked_by']})")
+        for c in ("pattern", "family", "occ", "share", "attainable", "amdahl", "replay"):
+            t.add_column(c, justify="left" if c in ("pattern", "family") else "right")
+        for r in w["rows"][:top]:
+            t.add_row(r["pattern"], r["family"] or "-", str(r["occurrences"]),
+                      f"{r['share']:.1%}", f"{r['attainable_speedup']:.2f}x",
+                      f"{r['amdahl_gain']:.3f}x",
+                      f"{r['replay_gain']:.3f}x" if r["replay_gain"] else "-")
+        console.print(t)
+        if w["cumulative"]:
+            last = w["cumulative"][-1]
+            rp = f", replay {last['replay']:.3f}x" if last["replay"] else ""
+            console.print(f"  replacing all {last['n']} candidate families: Amdahl "
+                          f"{last['amdahl']:.3f}x{rp} (projected ceiling of kernel work)")

@@ -1,0 +1,35 @@
+"""Run directories: `./runs/<model>-<UTC timestamp>/`, one per profiled model."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("PIPELINE_RUNS", "runs"))
+
+
+def new_run_dir(model_id: str) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id).strip("_")
+    path = runs_root() / f"{safe}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = runs_root() / f"{safe}-{stamp}-{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+def latest_run() -> Path:
+    root = runs_root()
+    runs = sorted((p for p in root.glob("*/profile.json")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise UserError(f"no profiled run under {root}/; run `pipeline profile MODEL_ID` first "
+                        f"or pass a run directory")
+    return runs[-1].parent

@@ -1,0 +1,55 @@
+"""Terminal summaries (rich tables) of the profile and the ranking."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=False, highlight=False)
+
+_LAYER = re.compile(r"\.(\d+)(?=\.|$)")
+
+
+def module_pattern(path: str) -> str:
+    """`model.layers.3.mlp.act_fn` -> `model.layers.*.mlp.act_fn`."""
+    return _LAYER.sub(".*", path)
+
+
+def print_profile(profile: dict, top: int = 10) -> None:
+    model = profile["model"]
+    for w in profile["workloads"]:
+        basis = w["time_basis"]
+        head = (f"[bold]{model['id']}[/bold] {w['key']} on {w['workload']['device']} "
+                f"({model['weights']} weights): wall {w['wall']['median_ms']:.3f} ms "
+                f"(p10 {w['wall']['p10_ms']:.3f}, p90 {w['wall']['p90_ms']:.3f}), "
+                f"profiled {w['profiled_ms_per_step']:.3f} ms/step")
+        console.print(head)
+        if w.get("gpu_busy_share") is not None:
+            console.print(f"  GPU busy {w['gpu_busy_share']:.1%} of the wall time, idle "
+                          f"{w['gpu_idle_share']:.1%}; {w['kernel_count']} kernels, "
+                          f"{w['unattributed_us']:.1f} us unattributed")
+        else:
+            console.print("  CPU run: times are host times of top-level aten ops")
+        t = Table(title=f"top ops by {basis} time", show_lines=False)
+        for c in ("op", "calls", f"{basis} ms", "share", "host ms"):
+            t.add_column(c, justify="right" if c != "op" else "left")
+        for r in w["by_op"][:top]:
+            t.add_row(r["op"], str(r["calls"]), f"{r['time_us'] / 1e3:.3f}", f"{r['share']:.1%}",
+                      f"{r['cpu_us'] / 1e3:.3f}")
+        t.add_row("(rest: host/launch/idle)", "", "", f"{w['rest_share']:.1%}", "")
+        console.print(t)
+        mods: dict[str, list] = {}
+        for path, row in w["modules"].items():
+            agg = mods.setdefault(module_pattern(path), [row["class"], 0, 0.0, 0.0])
+            agg[1] += row["calls"]
+            agg[2] += row["device_us"]
+            agg[3] += row["host_us"]
+        leaves = sorted(mods.items(), key=lambda kv: -(kv[1][2] if basis == "device" else kv[1][3]))
+        t = Table(title="modules (children included)")
+        for c in ("module", "class", "calls", "device ms", "host ms"):
+            t.add_column(c, justify="left" if c in ("module", "class") else "right")
+        for path, (cls, calls, dev, host) in leaves[:top]:
+            t.add_row(path, cls, str(calls), f"{dev / 1e3:.3f}", f"{host / 1e3:.3f}")
+        console.print(t)

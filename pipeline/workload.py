@@ -1,0 +1,75 @@
+"""Workloads: what a forward pass is measured under (batch, sequence, dtype, device, mode)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+from pipeline.errors import UserError
+
+DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
+          "bf16": "bfloat16", "bfloat16": "bfloat16"}
+SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+MODES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """prefill: model(input_ids[batch, seq]). decode: one token against a KV cache of `seq`."""
+
+    batch: int
+    seq: int
+    dtype: str = "float32"
+    device: str = "cpu"
+    mode: str = "prefill"
+
+    @property
+    def key(self) -> str:
+        return f"{self.mode}-b{self.batch}-s{self.seq}-{SHORT[self.dtype]}"
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * (self.seq if self.mode == "prefill" else 1)
+
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Workload:
+        return cls(**{k: d[k] for k in ("batch", "seq", "dtype", "device", "mode")})
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--{name} must be positive integers separated by commas, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise UserError(f"--{name} must be positive integers separated by commas, got {text!r}")
+    return values
+
+
+def parse_dtype(text: str) -> str:
+    try:
+        return DTYPES[text.lower()]
+    except KeyError:
+        raise UserError(f"unknown dtype {text!r}; use one of fp32, fp16, bf16") from None
+
+
+def expand(batch: str, seq: str, dtype: str, device: str, mode: str) -> list[Workload]:
+    """`--batch 1,8 --seq 128,1024` means every combination (four workloads)."""
+    modes = [m.strip() for m in mode.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            raise UserError(f"unknown mode {m!r}; use prefill, decode or prefill,decode")
+    dt = parse_dtype(dtype)
+    return [
+        Workload(b, s, dt, device, m)
+        for m, b, s in itertools.product(modes, parse_int_list(batch, "batch"),
+                                         parse_int_list(seq, "seq"))
+    ]

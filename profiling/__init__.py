@@ -1,0 +1,1 @@
+"""Capture (torch.profiler), attribution (kernel -> op -> module -> pattern), HTA, replay."""

@@ -1,0 +1,148 @@
+"""Run a workload under torch.profiler, and time it without the profiler.
+
+The profiled pass follows FACTS.md: a schedule (wait/warm-up steps excluded, `ProfilerStep#N`
+markers for HTA), shapes, `with_stack=True` for module events, CUDA sync events for critical
+path analysis, and a synchronise before each `prof.step()` so a step holds its own GPU work.
+The wall time, the denominator of every share, is measured separately with no profiler.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from pipeline.artifacts import write_text
+from pipeline.workload import Workload
+
+WAIT, WARMUP, ACTIVE = 1, 2, 3
+
+
+@dataclass
+class Runner:
+    """The measured call of a workload: `call()` runs exactly what the wall time times."""
+
+    call: Callable[[], object]
+    reset: Callable[[], None]  # undoes side effects between calls (decode: crop the KV cache)
+    input_ids: torch.Tensor
+
+
+def make_runner(model, workload: Workload, seed: int = 0) -> Runner:
+    device = workload.device
+    vocab = model.config.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, vocab, (workload.batch, workload.seq), generator=gen).to(device)
+    if workload.mode == "prefill":
+        def call():
+            return model(ids)
+
+        return Runner(call, lambda: None, ids)
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+    next_ids = torch.randint(0, vocab, (workload.batch, 1), generator=gen).to(device)
+
+    def call():
+        return model(next_ids, past_key_values=cache, use_cache=True)
+
+    def reset():
+        # each decode step appends one position; crop back so every timed call sees `seq`
+        if hasattr(cache, "crop"):
+            cache.crop(workload.seq)
+
+    return Runner(call, reset, next_ids)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def module_names(model, runner: Runner) -> dict[str, str]:
+    """Map the profiler's `Class_N` module labels to dotted paths.
+
+    The profiler numbers instances of a class in the order they are first called; a hooked
+    forward pass sees the same order.
+    """
+    order: list[torch.nn.Module] = []
+    seen: set[int] = set()
+
+    def hook(mod, args):
+        if id(mod) not in seen:
+            seen.add(id(mod))
+            order.append(mod)
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            runner.call()
+            runner.reset()
+    finally:
+        for h in handles:
+            h.remove()
+    path_of = {id(m): name or "(root)" for name, m in model.named_modules()}
+    counters: dict[str, int] = {}
+    names = {}
+    for m in order:
+        cls = type(m).__name__
+        n = counters.get(cls, 0)
+        counters[cls] = n + 1
+        names[f"{cls}_{n}"] = path_of.get(id(m), f"{cls}_{n}")
+    return names
+
+
+def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> dict:
+    """Median wall time of the measured call, synchronised, no profiler (milliseconds)."""
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + reps):
+            sync(device)
+            t = time.perf_counter()
+            runner.call()
+            sync(device)
+            dt = (time.perf_counter() - t) * 1e3
+            runner.reset()
+            if i >= warmup:
+                times.append(dt)
+    times.sort()
+    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1],
+            "p10_ms": times[len(times) // 10], "p90_ms": times[(len(times) * 9) // 10],
+            "reps": reps, "timer": "perf_counter around a synchronised call"}
+
+
+def capture(runner: Runner, device: str, trace_path: Path) -> float:
+    """Profile WAIT+WARMUP+ACTIVE steps; write a gzipped Chrome trace; return profiled ms/step."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    kwargs = {}
+    if cuda:
+        kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(
+            enable_cuda_sync_events=True)
+    step_times = []
+    with torch.no_grad(), profile(activities=activities, record_shapes=True, with_stack=True,
+                                  schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE),
+                                  **kwargs) as prof:
+        for i in range(WAIT + WARMUP + ACTIVE):
+            t = time.perf_counter()
+            runner.call()
+            sync(device)
+            if i >= WAIT + WARMUP:
+                step_times.append((time.perf_counter() - t) * 1e3)
+            runner.reset()
+            prof.step()
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, tempfile.NamedTemporaryFile(dir=tmp, delete=False) as dst:
+            with gzip.GzipFile(fileobj=dst, mode="wb", mtime=0) as gz:
+                shutil.copyfileobj(src, gz)
+        write_text(trace_path, Path(dst.name).read_bytes())
+    return statistics.median(step_times)

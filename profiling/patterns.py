@@ -1,0 +1,138 @@
+"""Pattern recognition over the attributed ops of one pass.
+
+A pattern occurrence is one call of a scope (module call or Python function call) whose
+unclaimed ops match the pattern's op counts. Scopes are visited innermost first, so a Linear
+claims its matmul before the MLP around it looks at what is left. Ops no pattern claims stay
+visible as rows of their own (`op:<name> @ <module class>`), so nothing is dropped and shares
+still sum to 1 with the rest row.
+
+Patterns without a kernel family (matmuls, attention, embedding, the rotary frequency table,
+residual adds, casts) live here; family patterns come from the codegen registry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from codegen.family import Pattern
+
+# ops that move no data or only describe views: claimed with any pattern whose scope they are in
+VIEW_OPS = frozenset({
+    "aten::view", "aten::reshape", "aten::transpose", "aten::unsqueeze", "aten::squeeze",
+    "aten::slice", "aten::select", "aten::expand", "aten::permute", "aten::t", "aten::detach",
+    "aten::alias", "aten::as_strided", "aten::unflatten", "aten::flatten", "aten::split",
+    "aten::chunk", "aten::narrow", "aten::empty", "aten::empty_like", "aten::contiguous",
+    "aten::lift_fresh", "aten::_unsafe_view", "aten::expand_as", "aten::size",
+})
+
+ANY = -1  # in Pattern.ops: one or more
+
+BASE_PATTERNS: tuple[Pattern, ...] = (
+    Pattern("linear", "matmul of an nn.Linear (bias included)", module_class=r"^(Linear|Conv1D)$",
+            ops={"aten::linear": 1}, priority=10),
+    Pattern("linear", "matmul of a GPT-2 Conv1D", module_class=r"^Conv1D$",
+            ops={"aten::addmm": 1}, priority=9),
+    Pattern("embedding", "token embedding lookup", module_class=r"Embedding$",
+            ops={"aten::embedding": 1}, priority=5),
+    Pattern("attention", "scaled dot-product attention (SDPA)",
+            function=r"^(sdpa_attention_forward|eager_attention_forward)$",
+            ops={"aten::scaled_dot_product_attention": 1}, extra_ok=("aten::to", "aten::repeat_interleave"),
+            priority=5),
+    Pattern("rotary_table", "cos/sin table of the rotary embedding",
+            module_class=r"RotaryEmbedding$", ops={}, priority=1),
+    Pattern("residual_add", "residual additions in a decoder block",
+            module_class=r"(DecoderLayer|Block)$", ops={"aten::add": ANY}, partial=True),
+)
+
+
+@dataclass
+class Occurrence:
+    pattern: str
+    family: str | None
+    module: str
+    module_class: str
+    ops: list[int] = field(default_factory=list)  # indices into the profile's op list
+
+    def to_dict(self) -> dict:
+        return {"pattern": self.pattern, "family": self.family, "module": self.module,
+                "module_class": self.module_class, "ops": self.ops}
+
+
+def _scopes(ops: list[dict]) -> dict[tuple, dict]:
+    """Every scope call seen: ('m', call_id) for modules, ('f', call_id) for functions.
+
+    Depth orders the visit: a function frame sits just inside its module, a child module
+    one level further in.
+    """
+    scopes: dict[tuple, dict] = {}
+    for i, op in enumerate(ops):
+        depth = len(op["module_calls"])
+        for d, call in enumerate(op["module_calls"]):
+            scopes.setdefault(("m", call), {"depth": d * 100, "ops": []})["ops"].append(i)
+        for j, (name, call) in enumerate(op["functions"]):
+            s = scopes.setdefault(("f", call), {"depth": depth * 100 - 99 + j, "ops": [],
+                                                "module": op["module"], "fn": name})
+            s["ops"].append(i)
+    return scopes
+
+
+def _module_classes(ops: list[dict]) -> dict[int, tuple[str, str]]:
+    """call id -> (class, path) for every module call, from the ops' innermost scopes up."""
+    out: dict[int, tuple[str, str]] = {}
+    for op in ops:
+        if op["module_calls"]:
+            out.setdefault(op["module_calls"][-1], (op["module_class"], op["module"]))
+    return out
+
+
+def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple[str, str]]
+          | None = None) -> tuple[list[Occurrence], list[int]]:
+    """Return (occurrences, indices of unclaimed ops)."""
+    scopes = _scopes(ops)
+    info = dict(_module_classes(ops))
+    if module_info:
+        info.update(module_info)
+    claimed: set[int] = set()
+    found: list[Occurrence] = []
+    for key in sorted(scopes, key=lambda k: -scopes[k]["depth"]):
+        scope = scopes[key]
+        if key[0] == "m":
+            cls, path = info.get(key[1], (None, None))
+        else:
+            cls, path = None, scope["module"]
+        for pat in sorted(patterns, key=lambda p: -p.priority):
+            if key[0] == "m" and (pat.module_class is None or cls is None
+                                  or not re.search(pat.module_class, cls)):
+                continue
+            if key[0] == "f" and (pat.function is None or not re.search(pat.function, scope["fn"])):
+                continue
+            free = [i for i in scope["ops"] if i not in claimed]
+            take = _check(pat, [ops[i]["name"] for i in free])
+            if take is None:
+                continue
+            idx = [i for i, keep in zip(free, take) if keep]
+            if not idx:
+                continue
+            claimed.update(idx)
+            found.append(Occurrence(pat.name, pat.family, path or "", cls or scope["fn"], idx))
+            break
+    unclaimed = [i for i in range(len(ops)) if i not in claimed]
+    return found, unclaimed
+
+
+def _check(pat: Pattern, names: list[str]) -> list[bool] | None:
+    """Which of `names` the pattern claims, or None when the op counts do not match."""
+    counts = Counter(n for n in names if n not in VIEW_OPS and n not in pat.extra_ok)
+    if not pat.ops:  # a whole-scope pattern (e.g. the rotary table): claims everything inside
+        return [True] * len(names)
+    for name, want in pat.ops.items():
+        have = counts.get(name, 0)
+        if (want == ANY and have == 0) or (want != ANY and have != want):
+            return None
+    if pat.partial:
+        return [n in pat.ops for n in names]
+    if set(counts) - set(pat.ops):
+        return None
+    return [True] * len(names)

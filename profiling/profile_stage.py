@@ -1,0 +1,146 @@
+"""The profile stage: model id + workloads -> profile.json and one trace per workload.
+
+Shares use the unprofiled wall time as the denominator (DESIGN.md, "Amdahl, honestly"). On a
+GPU an op's time is the device time attributed to it; on the CPU it is the host time of the
+top-level aten op. Where the profiled op times add up to more than the wall time (the profiler's
+own overhead inflates host times), they are scaled down to the wall time and the factor is
+recorded, so shares plus the "rest" row always sum to exactly 1.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from models.loader import ModelSpec, build
+from pipeline.artifacts import write_json
+from pipeline.env import environment
+from pipeline.errors import UserError
+from pipeline.workload import Workload
+from profiling.attribution import attribute
+from profiling.roofline import ceilings
+from profiling.capture import capture, make_runner, module_names, wall_time
+from profiling.trace import load_trace
+
+PROFILE = "profile.json"
+
+
+def check_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device} asked for, but no CUDA GPU is visible to torch "
+                        f"({torch.__version__}); use --device cpu")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise UserError(f"unknown device {device!r}; use cpu or cuda")
+
+
+def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[str], None]) -> dict:
+    runner = make_runner(model, workload)
+    names = module_names(model, runner)
+    say("timing without the profiler")
+    wall = wall_time(runner, workload.device)
+    say("profiling")
+    trace_rel = f"trace/{workload.key}.json.gz"
+    profiled_ms = capture(runner, workload.device, run_dir / trace_rel)
+    result = summarise(run_dir / trace_rel, workload, wall, names, profiled_ms)
+    result["trace"] = trace_rel
+    if workload.device.startswith("cuda"):
+        say("HTA analyses")
+        result["hta"] = _hta(run_dir / trace_rel)
+    return result
+
+
+def summarise(trace_path: Path, workload: Workload, wall: dict,
+              names: dict[str, str] | None = None, profiled_ms: float | None = None) -> dict:
+    """One workload's profile entry from its trace and its unprofiled wall time."""
+    att = attribute(load_trace(trace_path), names)
+    on_gpu = workload.device.startswith("cuda")
+    wall_us = wall["median_ms"] * 1e3
+    op_time = [(op.device_us if on_gpu else op.cpu_us) for op in att.ops]
+    work_us = sum(op_time)
+    scale = min(1.0, wall_us / work_us) if work_us > 0 else 1.0
+    ops = []
+    for op, t in zip(att.ops, op_time):
+        d = op.to_dict()
+        d["time_us"] = t * scale
+        d["share"] = t * scale / wall_us
+        ops.append(d)
+    profiled_ms = profiled_ms if profiled_ms is not None else att.span_us / 1e3
+    return {
+        "workload": workload.to_dict(),
+        "key": workload.key,
+        "time_basis": "device" if on_gpu else "cpu",
+        "wall": wall,
+        "profiled_ms_per_step": profiled_ms,
+        "profiler_overhead": profiled_ms / wall["median_ms"] - 1.0,
+        "trace": None,
+        "step": att.step,
+        "step_index": att.index,
+        "step_host_us": att.span_us,
+        "device_busy_us": att.device_busy_us,
+        "device_span_us": att.device_span_us,
+        "gpu_busy_share": min(1.0, att.device_busy_us / wall_us) if on_gpu else None,
+        "gpu_idle_share": max(0.0, 1 - att.device_busy_us / wall_us) if on_gpu else None,
+        "kernel_count": att.kernel_count,
+        "kernel_total_us": att.kernel_total_us,
+        "attributed_us": sum(op.device_us for op in att.ops),
+        "unattributed_us": att.unattributed_us,
+        "time_scale": scale,
+        "rest_share": 1.0 - sum(o["share"] for o in ops),
+        "ops": ops,
+        "modules": att.modules,
+        "by_op": _by_op(ops),
+    }
+
+
+def _by_op(ops: list[dict]) -> list[dict]:
+    agg: dict[str, dict] = collections.defaultdict(lambda: {"calls": 0, "time_us": 0.0,
+                                                            "cpu_us": 0.0, "share": 0.0})
+    for o in ops:
+        row = agg[o["name"]]
+        row["calls"] += 1
+        row["time_us"] += o["time_us"]
+        row["cpu_us"] += o["cpu_us"]
+        row["share"] += o["share"]
+    rows = [{"op": k, **v} for k, v in agg.items()]
+    return sorted(rows, key=lambda r: -r["time_us"])
+
+
+def _hta(trace_path: Path) -> dict:
+    try:
+        from profiling.hta_report import hta_summary
+    except ImportError as e:
+        return {"available": False, "reason": f"HTA report unavailable: {e}"}
+    return hta_summary(trace_path)
+
+
+def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
+                say: Callable[[str], None] = lambda s: None) -> dict:
+    """Profile every workload (each its own model build only when dtype/device change)."""
+    for w in workloads:
+        check_device(w.device)
+    results = []
+    built: dict[tuple, torch.nn.Module] = {}
+    for w in workloads:
+        key = (w.dtype, w.device)
+        if key not in built:
+            built.clear()
+            say(f"building {spec.model_id} ({spec.weights} weights, {w.dtype}, {w.device})")
+            built[key] = build(spec, w.torch_dtype(), w.device)
+        say(f"[{w.key}]")
+        try:
+            results.append(profile_workload(built[key], w, run_dir, say))
+        except torch.OutOfMemoryError:
+            raise UserError(f"out of memory profiling {spec.model_id} at {w.key}; "
+                            f"try a smaller --batch or --seq") from None
+    profile = {
+        "stage": "profile",
+        "model": spec.describe(),
+        "environment": environment(workloads[0].device),
+        "ceilings": ceilings(workloads[0].device),
+        "workloads": results,
+    }
+    write_json(run_dir / PROFILE, profile)
+    return profile

@@ -1,0 +1,133 @@
+"""Roofline: measured ceilings of the device in use, and bytes/FLOPs of recorded ops.
+
+Ceilings come from `measure_ceilings` on the machine itself (a device-to-device copy counting
+bytes read + written, a large matmul, an empty launch), cached per device name in the user
+cache folder; never from a datasheet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+from pipeline.artifacts import write_json
+
+ELEM_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8,
+              "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2}
+MATMUL_OPS = {"aten::mm": (0, 1), "aten::linear": (0, 1), "aten::addmm": (1, 2),
+              "aten::matmul": (0, 1), "aten::bmm": (0, 1)}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kernel-pipeline"
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"cpu-{platform.machine()}-{os.cpu_count()}cores"
+
+
+def ceilings(device: str, refresh: bool = False) -> dict:
+    """Cached ceilings of this device; measured on first use."""
+    name = device_name(device)
+    path = cache_dir() / f"ceilings-{name.replace(' ', '_').replace('/', '_')}.json"
+    if path.exists() and not refresh:
+        return json.loads(path.read_text())
+    result = measure_ceilings(device)
+    write_json(path, result)
+    return result
+
+
+def measure_ceilings(device: str) -> dict:
+    import torch
+
+    cuda = device.startswith("cuda")
+    n_copy = (1 << 30) if cuda else (1 << 26)  # 1 GiB on a GPU (>> L2), 64 MiB on a CPU
+    n_mm = 8192 if cuda else 1024
+    dtype = torch.bfloat16 if cuda else torch.float32
+    src = torch.empty(n_copy, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    copy_s = _time(lambda: dst.copy_(src), cuda)
+    a = torch.randn(n_mm, n_mm, device=device, dtype=dtype)
+    b = torch.randn(n_mm, n_mm, device=device, dtype=dtype)
+    mm_s = _time(lambda: a @ b, cuda)
+    tiny = torch.zeros(1, device=device)
+    launch_s = _time(lambda: tiny.add_(1), cuda, reps=200)
+    return {
+        "device": device_name(device),
+        "bandwidth_GBps": 2 * n_copy / copy_s / 1e9,
+        "matmul_TFLOPs": 2 * n_mm**3 / mm_s / 1e12,
+        "matmul_dtype": str(dtype).replace("torch.", ""),
+        "launch_us": launch_s * 1e6,
+        "method": "median of timed runs after warm-up: copy of %d bytes (read+write counted), "
+                  "%d^3 matmul on random data, 1-element add" % (n_copy, n_mm),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _time(fn, cuda: bool, reps: int = 20) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def tensor_bytes(dims, dtype: str) -> int:
+    if not isinstance(dims, list) or any(not isinstance(d, int) for d in dims):
+        return 0
+    return math.prod(dims) * ELEM_BYTES.get(dtype, 2)
+
+
+def op_cost(op: dict) -> tuple[int, int]:
+    """(bytes, flops) of one unfused op: every tensor input read, one output of the largest
+    input's size written; matmuls count 2*M*N*K."""
+    ins = [tensor_bytes(d, t) for d, t in zip(op.get("shapes", []), op.get("dtypes", []))]
+    ins = [b for b in ins if b]
+    name = op["name"]
+    if name in MATMUL_OPS:
+        ia, ib = MATMUL_OPS[name]
+        shapes = op.get("shapes", [])
+        if len(shapes) > ib and shapes[ia] and shapes[ib]:
+            a, b = shapes[ia], shapes[ib]
+            k = a[-1]
+            m = math.prod(a[:-1])
+            n = b[0] if name == "aten::linear" else b[-1]
+            es = ELEM_BYTES.get(op["dtypes"][ia], 2)
+            return sum(ins) + m * n * es, 2 * m * n * k
+    if name == "aten::scaled_dot_product_attention":
+        q, k = op["shapes"][0], op["shapes"][1]
+        if q and k:
+            flops = 4 * math.prod(q[:-1]) * k[-2] * q[-1]
+            return sum(ins) + ins[0], flops // (2 if q[-2] == k[-2] else 1)
+    return sum(ins) + (max(ins) if ins else 0), 0
+
+
+def roofline_us(nbytes: int, flops: int, ceil: dict, launches: int = 1) -> float:
+    """The floor of one fused kernel: bytes over bandwidth or FLOPs over peak, plus launch."""
+    t_mem = nbytes / (ceil["bandwidth_GBps"] * 1e9)
+    t_math = flops / (ceil["matmul_TFLOPs"] * 1e12)
+    return max(t_mem, t_math) * 1e6 + launches * ceil.get("launch_us", 0.0)

@@ -1,0 +1,68 @@
+"""`pipeline profile` end to end through click on a tiny model on the CPU, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.artifacts import read_json
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                               "HOME": str(cwd or "."), "PYTHONPATH": sys.path[0] or "."})
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    proc = run_cli("profile", "tiny-llama", "--batch", "1,2", "--seq", "16", "--device", "cpu",
+                   "--run-dir", str(run_dir), cwd=run_dir)
+    assert proc.returncode == 0, proc.stderr
+    return run_dir, proc
+
+
+def test_profile_writes_a_valid_profile(profiled):
+    run_dir, proc = profiled
+    prof = read_json(run_dir / "profile.json", "profile")
+    assert prof["model"]["weights"] == "random"
+    assert [w["key"] for w in prof["workloads"]] == ["prefill-b1-s16-fp32", "prefill-b2-s16-fp32"]
+    for w in prof["workloads"]:
+        assert (run_dir / w["trace"]).exists()
+        shares = sum(o["share"] for o in w["ops"]) + w["rest_share"]
+        assert shares == pytest.approx(1.0, abs=1e-9)
+        assert w["rest_share"] >= -1e-9
+        assert w["wall"]["median_ms"] > 0
+        linear = [o for o in w["ops"] if o["name"] == "aten::linear"]
+        assert len(linear) == 2 * 7 + 1
+        assert any(o["module"] == "model.layers.1.mlp.down_proj" for o in linear)
+        assert all(o["shapes"] for o in linear)
+    assert "aten::linear" in proc.stdout
+    ranking = json.loads((run_dir / "ranking.json").read_text())
+    assert len(ranking["workloads"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["profile", "no-such-model-xyz"], "unknown model"),
+    (["profile", "tiny-llama", "--batch", "0"], "--batch"),
+    (["profile", "tiny-llama", "--seq", "abc"], "--seq"),
+    (["profile", "tiny-llama", "--dtype", "int3"], "unknown dtype"),
+    (["profile", "tiny-llama", "--device", "cuda"], "no CUDA GPU"),
+    (["rank", "/nonexistent/run"], "not found"),
+])
+def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
+    if "cuda" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert err and message in err[-1], proc.stderr
+    assert "Traceback" not in proc.stderr
