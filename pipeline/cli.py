@@ -109,8 +109,94 @@ def rank(run_dir):
     _rank_and_print(run_dir or latest_run())
 
 
+@cli.command()
+@click.argument("target", required=False)
+@click.option("--top", default=5, show_default=True,
+              help="How many kernel families to generate, from the top of the ranking.")
+@workload_options
+@click.option("--backend", type=click.Choice(["triton", "cuda", "both"]), default="triton",
+              show_default=True, help="Kernel source language(s) to generate.")
+@click.option("--proposer", default=None, metavar="CMD",
+              help="External program that proposes candidate sources (see README).")
+@click.option("--resume", is_flag=True, help="Skip stages and candidates already written.")
+@click.option("--max-configs", type=int, default=None,
+              help="Configs searched per case [default: all on a GPU, 1 on the CPU].")
+@click.option("--pairs", type=int, default=None,
+              help="Interleaved baseline/patched pairs per timing [default: 30 GPU, 3 CPU].")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory for a new profile (when TARGET is a model id).")
+def optimize(target, top, batch, seq, dtype, device, mode, backend, proposer, resume,
+             max_configs, pairs, run_dir):
+    """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
+    a model id. TARGET defaults to the latest run under ./runs.
+
+    \b
+    Examples:
+      pipeline optimize --top 5                     # on the latest profiled run
+      pipeline optimize runs/llama-3.2-1b-... --resume
+      pipeline optimize tiny-llama --top 3 --batch 2 --seq 32   # profile, then optimize
+    """
+    from pipeline.optimize import load_run, run_optimize
+    from pipeline.summary import console
+
+    if top < 1:
+        raise UserError("--top must be at least 1")
+    if target is not None and not Path(target).is_dir():
+        ctx = click.get_current_context()
+        ctx.invoke(profile, model_id=target, batch=batch, seq=seq, dtype=dtype, device=device,
+                   mode=mode, pretrained=False, run_dir=run_dir, top=5)
+        from pipeline.rundir import latest_run
+
+        target = str(run_dir or latest_run())
+    run = load_run(target)
+    if backend != "triton":
+        console.print("[yellow]note:[/yellow] CUDA C++ variants are not built by this version; "
+                      "generating Triton only")
+    with console.status("optimizing") as status:
+        out = run_optimize(run, top, lambda s: status.update(f"optimize: {s}"), resume=resume,
+                           max_configs=max_configs, pairs=pairs, proposer=proposer)
+    from pipeline.summary import print_optimize
+
+    print_optimize(run)
+    console.print(f"report: {out['markdown']}")
+
+
+@cli.command()
+@click.option("--device", default=None, help="cpu or cuda [default: cuda if available].")
+@click.option("--refresh", is_flag=True, help="Measure again even when cached.")
+def calibrate(device, refresh):
+    """Measure this machine's roofline ceilings (copy bandwidth, matmul peak, launch cost),
+    cached per device name in the user cache folder; `profile` calibrates on first use."""
+    from pipeline.summary import console
+    from profiling.profile_stage import check_device
+    from profiling.roofline import ceilings
+
+    _, device = _defaults(None, device)
+    check_device(device)
+    c = ceilings(device, refresh=refresh)
+    console.print(f"{c['device']}: copy {c['bandwidth_GBps']:.0f} GB/s, matmul "
+                  f"{c['matmul_TFLOPs']:.1f} TFLOP/s ({c['matmul_dtype']}), launch "
+                  f"{c['launch_us']:.2f} us  [{c['method']}]")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path), required=False)
+def report(run_dir):
+    """Write report.md, report.html, plots and acceptance records for RUN_DIR."""
+    from pipeline.report import write_report
+    from pipeline.summary import console
+
+    out = write_report(run_dir or latest_run())
+    console.print(f"report: {out['markdown']}")
+
+
 def main() -> None:
     debug = "--debug" in sys.argv
+    import torch
+
+    if not torch.cuda.is_available():
+        # before anything imports triton: @triton.jit reads this when a kernel is defined
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

@@ -56,12 +56,13 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
     for name, g in groups.items():
         pat = by_name.get(name)
         time_us = share = host = 0.0
-        nbytes = flops = launches = 0
+        nbytes = flops = launches = n_ops = 0
         floor_us = 0.0
         corr: list[list[int]] = []
         modules = set()
         for o in g["occ"]:
             o_ops = [ops[i] for i in o.ops]
+            n_ops += len(o_ops)
             t = sum(op["time_us"] for op in o_ops)
             time_us += t
             share += sum(op["share"] for op in o_ops)
@@ -87,7 +88,7 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
         rows.append({
             "pattern": name, "family": g["family"], "occurrences": len(g["occ"]),
             "modules": sorted(modules)[:6], "time_us": time_us, "share": share,
-            "host_us": host, "launches": launches, "min_bytes": nbytes, "flops": flops,
+            "host_us": host, "launches": launches, "op_calls": n_ops, "min_bytes": nbytes, "flops": flops,
             "roofline_us": floor_us, "target_us": target,
             "target_source": "measured kernel" if measured_kernel is not None else "roofline",
             "attainable_speedup": (time_us / target) if target > 0 else 1.0,
@@ -103,41 +104,78 @@ def project(w: dict, rows: list[dict], graph=None) -> None:
     for r in rows:
         r["amdahl_gain"] = amdahl([(r["share"], r["attainable_speedup"])])
         r["replay_gain"] = None
-        if graph is not None and r["kernel_correlations"] and r["attainable_speedup"] > 1.0:
+        # a family row is replayed even at its roofline: fusing still removes launches and
+        # host dispatch, which is what decides a launch-bound pass
+        if graph is not None and r["kernel_correlations"] and r["family"]:
             r["replay_gain"] = _replay_gain(graph, [r])
 
 
 def _replay_gain(graph, rows: list[dict]) -> float:
+    """Whole-model gain from replaying the trace with `rows` replaced.
+
+    Each occurrence's kernels become one kernel of the target time; its launches merge into
+    one, and the host dispatch of the ops it replaces shrinks to one op's worth. Host times in
+    the trace carry the profiler's overhead, so they are scaled as calibrate_host found; a
+    fused kernel's own host cost is the measured Triton launch cost (ceilings).
+    """
     from profiling.replay import Replacement, kernel_table, replay, what_if
 
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
-    reps = []
+    reps, saved, removed = [], 0.0, 0
     for r in rows:
         scale = min(1.0, r["target_us"] / r["time_us"]) if r["time_us"] else 1.0
-        for corr in r["kernel_correlations"]:
+        occ = [c for c in r["kernel_correlations"] if any(x in dur for x in c)]
+        for corr in occ:
             present = [c for c in corr if c in dur]
-            if present:
-                reps.append(Replacement(frozenset(present),
-                                        sum(dur[c] for c in present) * scale))
+            reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
+        if r["op_calls"] and occ:
+            host = r["host_us"] * graph.graph.get("host_scale", 1.0)
+            fused = graph.graph.get("fused_host_us") or host / r["op_calls"]
+            saved += max(0.0, host - len(occ) * fused)
+            removed += max(0, r["launches"] - len(occ))
     if not reps:
         return 1.0
+    per_launch = saved / removed if removed else 0.0
     base = graph.graph.setdefault("_base_len", replay(graph))
-    return base / what_if(graph, reps)
+    return base / what_if(graph, reps, host_saving_us=per_launch)
+
+
+def workload_graph(w: dict, trace_path: Path | None, ceil: dict | None = None):
+    """The replay graph of the profiled step, host time calibrated to the unprofiled wall."""
+    if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
+        return None
+    from profiling.replay import build_graph, calibrate_host
+    from profiling.trace import load_trace
+
+    graph, factor = calibrate_host(build_graph(load_trace(trace_path), w.get("step_index", -1)),
+                                   w["wall"]["median_ms"] * 1e3)
+    graph.graph["host_scale"] = factor
+    graph.graph["fused_host_us"] = (ceil or {}).get("fused_launch_host_us")
+    return graph
+
+
+def project_with(run_dir: Path, key: str, speedups: dict[str, float]) -> float | None:
+    """Replay gain of one profiled workload with the given patterns sped up (measured)."""
+    profile = read_json(run_dir / "profile.json", "profile")
+    w = next(x for x in profile["workloads"] if x["key"] == key)
+    graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None,
+                           profile["ceilings"])
+    if graph is None:
+        return None
+    rows = [r for r in pattern_rows(w, profile["ceilings"]) if r["pattern"] in speedups]
+    for r in rows:
+        r["target_us"] = r["time_us"] / speedups[r["pattern"]]
+    return _replay_gain(graph, rows)
 
 
 def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
                   kernel_times: dict[str, float] | None = None) -> dict:
     rows = pattern_rows(w, ceil, kernel_times)
-    graph = None
-    if trace_path is not None and w["time_basis"] == "device" and trace_path.exists():
-        from profiling.replay import build_graph
-        from profiling.trace import load_trace
-
-        graph = build_graph(load_trace(trace_path), w.get("step_index", 0))
+    graph = workload_graph(w, trace_path, ceil)
     project(w, rows, graph)
     key = "replay_gain" if graph is not None else "amdahl_gain"
     rows.sort(key=lambda r: -((r[key] or 1.0) if r["family"] else 0) - r["share"] * 1e-9)
-    candidates = [r for r in rows if r["family"] and r["attainable_speedup"] > 1.0]
+    candidates = [r for r in rows if r["family"]]
     curve = []
     for n in range(1, len(candidates) + 1):
         top = candidates[:n]

@@ -53,3 +53,33 @@ def print_profile(profile: dict, top: int = 10) -> None:
         for path, (cls, calls, dev, host) in leaves[:top]:
             t.add_row(path, cls, str(calls), f"{dev / 1e3:.3f}", f"{host / 1e3:.3f}")
         console.print(t)
+
+
+def print_optimize(run_dir) -> None:
+    """Projected next to measured whole-model speedup, per workload, and the decisions."""
+    from pathlib import Path
+
+    from pipeline.artifacts import read_json
+
+    run_dir = Path(run_dir)
+    proj = read_json(run_dir / "projection.json", "projection")
+    integ = read_json(run_dir / "integration.json", "integration")
+    t = Table(title="whole-model speedup per workload")
+    for c in ("workload", "kept kernels", "projected (replay)", "projected (Amdahl)",
+              "measured", "95% CI", "note"):
+        t.add_column(c)
+    for key, w in integ["workloads"].items():
+        p = proj["workloads"].get(key, {})
+        comb = w.get("combined")
+        if comb and comb.get("meaningful"):
+            measured = f"{1 / comb['estimate']:.3f}x"
+            ci = f"{1 / comb['ci_high']:.3f}-{1 / comb['ci_low']:.3f}"
+            note = comb.get("decision", "")
+        else:
+            measured, ci = "-", "-"
+            note = (comb or {}).get("reason") or "nothing kept"
+        t.add_row(key, ", ".join(w["kept"]) or "none",
+                  f"{p['replay']:.3f}x" if p.get("replay") else "-",
+                  f"{p['amdahl']:.3f}x" if p.get("amdahl") and p.get("replay") is not None
+                  else (p.get("note") or "-")[:40], measured, ci, note[:50])
+    console.print(t)

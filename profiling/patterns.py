@@ -43,7 +43,8 @@ BASE_PATTERNS: tuple[Pattern, ...] = (
     Pattern("rotary_table", "cos/sin table of the rotary embedding",
             module_class=r"RotaryEmbedding$", ops={}, priority=1),
     Pattern("residual_add", "residual additions in a decoder block",
-            module_class=r"(DecoderLayer|Block)$", ops={"aten::add": ANY}, partial=True),
+            module_class=r"(DecoderLayer|Block)$", ops={"aten::add": ANY}, partial=True,
+            priority=-1),  # after the add_rmsnorm family, which claims these adds when fusable
 )
 
 

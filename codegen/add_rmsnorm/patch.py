@@ -1,0 +1,211 @@
+"""Patching residual add + RMSNorm into pre-norm decoder layers, one instance at a time.
+
+The add and the norm sit in the decoder layer's own forward, so the adapter replaces that
+forward on the instance, and only where the class's code is, statement for statement, the
+pre-norm layout that Llama, Qwen2, Mistral, Gemma and Phi3 share (read from its syntax tree):
+
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, <p>=<p>, ..., **kwargs)
+    hidden_states = residual + hidden_states       # or residual + self.<dropout>(...)
+    residual = hidden_states
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = self.mlp(hidden_states)
+    hidden_states = residual + hidden_states       # or residual + self.<dropout>(...)
+    return hidden_states
+
+The replacement runs the same submodules in the same order (so their own patches still apply)
+and swaps the add + post-attention norm for one kernel. Layers of any other shape are left
+alone. Wrappers between the class attribute and the code must be transformers'
+`deprecate_kwarg` (whose renames the adapter repeats) or its gradient-checkpointing wrapper;
+any other decorator means no patch.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import textwrap
+from collections.abc import Callable
+from functools import cache
+
+import torch
+
+from codegen.add_rmsnorm.reference import params
+from codegen.family import Case
+from codegen.rmsnorm.patch import install_forwards, kernel_can_take, make_case
+from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
+
+NAME_RE = re.compile(r".*DecoderLayer$")
+HS = "hidden_states"
+_ADD_RE = re.compile(rf"{HS} = residual \+ (?:{HS}|self\.(\w+)\({HS}\))$")
+_FIXED = {0: f"residual = {HS}", 1: f"{HS} = self.input_layernorm({HS})",
+          4: f"residual = {HS}", 5: f"{HS} = self.post_attention_layernorm({HS})",
+          6: f"{HS} = self.mlp({HS})", 8: f"return {HS}"}
+
+
+def _kwarg_renames(fn) -> dict[str, str] | None:
+    """Old -> new keyword names applied by the wrappers above the code, or None when a wrapper
+    of unknown behaviour sits there. Known: `deprecate_kwarg`, and the gradient-checkpointing
+    wrapper GradientCheckpointingLayer puts on every subclass (a pass-through unless it
+    checkpoints, and the adapter falls back to the original forward whenever it might)."""
+    renames = {}
+    while hasattr(fn, "__wrapped__"):
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
+        if "old_name" in cells and "new_name" in cells:
+            new = cells["new_name"].cell_contents
+            if new is not None:
+                renames[cells["old_name"].cell_contents] = new
+        elif "forward_with_checkpointing" not in cells:
+            return None
+        fn = fn.__wrapped__
+    return renames
+
+
+def _attn_keywords(stmt: ast.stmt, param_names: set[str], varkw: str | None):
+    """[(keyword, source name)] of the self_attn call, or None unless every argument is passed
+    by keyword straight from a forward parameter (or the normed hidden_states)."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+        return None
+    target, call = stmt.targets[0], stmt.value
+    if not (isinstance(target, ast.Tuple) and target.elts
+            and all(isinstance(e, ast.Name) for e in target.elts) and target.elts[0].id == HS):
+        return None
+    if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "self.self_attn"
+            and not call.args):
+        return None
+    keywords = []
+    for kw in call.keywords:
+        if not isinstance(kw.value, ast.Name):
+            return None
+        name = kw.value.id
+        if kw.arg is None and name != varkw or kw.arg is not None and name not in param_names:
+            return None
+        keywords.append((kw.arg, name))
+    return keywords
+
+
+@cache
+def layer_template(cls: type) -> dict | None:
+    """What the adapter needs to replay `cls.forward`, or None if it is not the layout."""
+    fn = cls.__dict__.get("forward")
+    if fn is None:
+        return None
+    renames = _kwarg_renames(fn)
+    code = inspect.unwrap(fn)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    sig = inspect.signature(code)
+    names = list(sig.parameters)
+    varkw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    if renames is None or len(body) != 9 or names[:2] != ["self", HS]:
+        return None
+    if any(ast.unparse(body[i]) != text for i, text in _FIXED.items()):
+        return None
+    adds = [_ADD_RE.match(ast.unparse(body[i])) for i in (3, 7)]
+    keywords = _attn_keywords(body[2], set(names[1:]) - {varkw}, varkw)
+    if keywords is None or not all(adds):
+        return None
+    return {"signature": sig, "renames": renames, "attn_keywords": keywords,
+            "varkw": varkw, "dropouts": tuple(m.group(1) for m in adds)}
+
+
+def recognise(layer: torch.nn.Module) -> dict | None:
+    """{"template", "form"} for a decoder layer this family can patch, else None."""
+    if not NAME_RE.match(type(layer).__name__) or "forward" in layer.__dict__:
+        return None
+    children = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
+    if not all(isinstance(getattr(layer, c, None), torch.nn.Module) for c in children):
+        return None
+    template = layer_template(type(layer))
+    if template is None:
+        return None
+    if any(d and not isinstance(getattr(layer, d, None), torch.nn.Module)
+           for d in template["dropouts"]):
+        return None
+    form = recognise_rmsnorm(layer.post_attention_layernorm)
+    return None if form is None else {"template": template, "form": form}
+
+
+def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable) -> Callable:
+    original = layer.forward
+    attn_drop, mlp_drop = (getattr(layer, d) if d else None for d in template["dropouts"])
+
+    def forward(*args, **kwargs):
+        kwargs = dict(kwargs)
+        for old, new in template["renames"].items():
+            if old in kwargs and new not in kwargs:
+                kwargs[new] = kwargs.pop(old)
+        try:
+            bound = template["signature"].bind(layer, *args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)
+        bound.apply_defaults()
+        residual = bound.arguments[HS]
+        weight = layer.post_attention_layernorm.weight
+        checkpointing = layer.training and getattr(layer, "gradient_checkpointing", False)
+        if checkpointing or not kernel_can_take(residual, weight, form):
+            return original(*args, **kwargs)
+        hidden = weight.shape[0]
+        case = make_case(residual, hidden, form)
+        fn = chooser(case)
+        if fn is None:
+            return original(*args, **kwargs)
+
+        hidden_states = layer.input_layernorm(residual)
+        attn_kwargs = {}
+        for keyword, name in template["attn_keywords"]:
+            if keyword is None:
+                attn_kwargs.update(bound.arguments[name])
+            else:
+                attn_kwargs[keyword] = hidden_states if name == HS else bound.arguments[name]
+        attn_out = layer.self_attn(**attn_kwargs)[0]
+        if attn_drop is not None:
+            attn_out = attn_drop(attn_out)
+        if attn_out.shape == residual.shape and attn_out.dtype == residual.dtype:
+            residual_2d = residual.contiguous().view(-1, hidden)
+            total = torch.empty_like(residual_2d)
+            normed = torch.empty_like(residual_2d)
+            fn(attn_out.contiguous().view(-1, hidden), residual_2d, weight,
+               out=(total, normed), **params(case))
+            total, normed = total.view(residual.shape), normed.view(residual.shape)
+        else:  # an attention that changed shape or dtype: the unfused code, op for op
+            total = residual + attn_out
+            normed = layer.post_attention_layernorm(total)
+        mlp_out = layer.mlp(normed)
+        if mlp_drop is not None:
+            mlp_out = mlp_drop(mlp_out)
+        return total + mlp_out
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) -> Callable[[], None]:
+    """Replace the forward of every recognised decoder layer instance; returns undo."""
+    replacements = []
+    for _, layer in model.named_modules():
+        found = recognise(layer)
+        if found is not None:
+            replacements.append((layer, _wrap(layer, found["template"], found["form"], chooser)))
+    return install_forwards(replacements)
+
+
+def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:
+    cases: list[Case] = []
+    for _, layer in model.named_modules():
+        found = recognise(layer)
+        if found is None:
+            continue
+        hidden = layer.post_attention_layernorm.weight.shape[0]
+        case = {"rows": workload.tokens, "hidden": hidden, "dtype": workload.dtype,
+                **found["form"]}
+        if case not in cases:
+            cases.append(case)
+    return cases

@@ -1,0 +1,74 @@
+"""Gated MLP activation family: SwiGLU (Llama/Qwen2/Mistral), GeGLU (Gemma), Phi-3's packed form.
+
+Recognition (what the profile's matcher does with these patterns): the scope is one call of a
+module whose class name ends in "MLP". Its Linear children claim their own matmul ops; the ops
+of every other child module (the activation module: `SiLUActivation`, `GELUTanh`) belong to the
+MLP occurrence. What remains is exactly the activation op plus the multiply. Observed top-level
+ops with torch.profiler (CPU, torch 2.13; CUDA, torch 2.11 trace of Llama): LlamaMLP:
+aten::silu, aten::mul; GemmaMLP: aten::gelu, aten::mul; Phi3MLP: aten::chunk, aten::silu,
+aten::mul, where chunk is a view op (profiling.patterns.VIEW_OPS), so one SwiGLU pattern
+covers both layouts and the patch tells them apart by the module's code.
+
+The kernel module is imported lazily: importing it applies `@triton.jit`, which fixes the
+interpreter-or-compiled choice (TRITON_INTERPRET) for the process, and the registry must not
+make that choice just by discovering the family.
+"""
+
+from __future__ import annotations
+
+from profiling.roofline import streaming_cost
+from codegen.family import Case, Family, Pattern
+from codegen.gated_act.patch import cases_from_model, patch
+from codegen.gated_act.reference import (
+    edge_cases,
+    flops,
+    gated_act,
+    make_inputs,
+    make_out,
+    min_bytes,
+    params,
+)
+
+PATTERNS = (
+    Pattern(name="swiglu_mlp", family="gated_act", module_class=r"MLP$",
+            description="SwiGLU MLP: silu(gate) * up, gate and up from gate_proj/up_proj "
+                        "(Llama, Qwen2, Mistral) or from chunk(2) of gate_up_proj (Phi-3); "
+                        "the silu runs inside the act_fn child (SiLUActivation)",
+            ops={"aten::silu": 1, "aten::mul": 1},
+            cost=streaming_cost(3, "aten::mul")),  # read gate and up, write the product
+    Pattern(name="geglu_mlp", family="gated_act", module_class=r"MLP$",
+            description="GeGLU MLP (Gemma): gelu_tanh(gate_proj(x)) * up_proj(x); the gelu "
+                        "runs inside the act_fn child (GELUTanh)",
+            ops={"aten::gelu": 1, "aten::mul": 1},
+            cost=streaming_cost(3, "aten::mul")),
+)
+
+
+def _search_space(case: Case) -> list[dict]:
+    from codegen.gated_act.kernel import search_space
+
+    return search_space(case)
+
+
+def _render(config: dict, case: Case) -> str:
+    from codegen.gated_act.kernel import render
+
+    return render(config, case)
+
+
+FAMILY = Family(
+    name="gated_act",
+    patterns=PATTERNS,
+    reference=gated_act,
+    make_inputs=make_inputs,
+    make_out=make_out,
+    edge_cases=edge_cases,
+    min_bytes=min_bytes,
+    flops=flops,
+    search_space=_search_space,
+    render=_render,
+    patch=patch,
+    cases_from_model=cases_from_model,
+    aten_ops=("aten::silu", "aten::gelu", "aten::mul"),
+    extras={"params": params},
+)

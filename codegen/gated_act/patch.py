@@ -1,0 +1,181 @@
+"""Patching the fused gated activation into a model: per MLP instance, reversible.
+
+An MLP qualifies when its class name ends in "MLP", it has the HF projections (gate_proj,
+up_proj, down_proj, act_fn; or Phi-3's gate_up_proj, down_proj, activation_fn), its activation
+is SiLU or tanh-GELU, and its class's `forward` is, statement for statement, the code of
+`LlamaMLP.forward` or `Phi3MLP.forward` (compared as syntax trees, docstrings aside). The last
+check keeps a lookalike MLP with extra terms (a scale, dropout) on its own code instead of
+silently changing what it computes.
+
+The replacement forward is set on the instance (never the class: a class-level patch leaks into
+every model built later in the process) and asks `forward_by_case(case)` on every call, so a
+kernel accepted for one workload only runs on that workload's shapes.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from torch import nn
+
+from codegen.family import Case
+from codegen.gated_act.reference import dtype_name, make_case, params
+
+MLP_CLASS = re.compile(r"MLP$")
+_SILU_CLASSES = ("SiLUActivation",)
+_GELU_TANH_CLASSES = ("GELUTanh", "PytorchGELUTanh")
+
+
+@dataclass(frozen=True)
+class GatedMLP:
+    path: str
+    module: nn.Module
+    act: str  # "silu" or "gelu_tanh"
+    layout: str  # "separate" (gate_proj, up_proj) or "packed" (gate_up_proj)
+    cols: int  # intermediate size
+
+
+def activation_kind(act: nn.Module) -> str | None:
+    name = type(act).__name__
+    if isinstance(act, nn.SiLU) or name in _SILU_CLASSES:
+        return "silu"
+    if name in _GELU_TANH_CLASSES or (isinstance(act, nn.GELU) and act.approximate == "tanh"):
+        return "gelu_tanh"
+    return None
+
+
+def _code_shape(fn) -> str:
+    """A function's body as a syntax tree, without its docstring, name or decorators."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+@cache
+def _known_forwards() -> dict[str, str]:
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    return {"separate": _code_shape(LlamaMLP.forward), "packed": _code_shape(Phi3MLP.forward)}
+
+
+@cache
+def _class_form(cls: type) -> str | None:
+    try:
+        shape = _code_shape(cls.forward)
+    except (OSError, TypeError):  # no source (compiled or built-in forward)
+        return None
+    return next((layout for layout, known in _known_forwards().items() if known == shape), None)
+
+
+def find_gated_mlps(model: nn.Module) -> list[GatedMLP]:
+    found = []
+    for path, module in model.named_modules():
+        if not MLP_CLASS.search(type(module).__name__):
+            continue
+        layout = _class_form(type(module))
+        if layout == "separate":
+            act_module, cols = module.act_fn, module.gate_proj.out_features
+        elif layout == "packed":
+            act_module, cols = module.activation_fn, module.gate_up_proj.out_features // 2
+        else:
+            continue
+        act = activation_kind(act_module)
+        if act is not None:
+            found.append(GatedMLP(path, module, act, layout, cols))
+    return found
+
+
+def needs_graph(*tensors: torch.Tensor) -> bool:
+    """The kernel writes a plain buffer with no autograd history; when a backward pass will
+    need one, the original code runs instead."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def case_of(gate: torch.Tensor, cols: int, act: str, layout: str) -> Case:
+    return make_case(gate.numel() // gate.shape[-1], cols, dtype_name(gate.dtype), act, layout)
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    """Every MLP of a model sees tokens x intermediate; prefill has batch x seq tokens, a decode
+    step one per sequence (`workload.tokens`)."""
+    cases = []
+    for mlp in find_gated_mlps(model):
+        case = make_case(workload.tokens, mlp.cols, workload.dtype, mlp.act, mlp.layout)
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def _separate_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
+    m = mlp.module
+
+    def forward(x):
+        gate = m.gate_proj(x)
+        up = m.up_proj(x)
+        case = case_of(gate, mlp.cols, mlp.act, mlp.layout)
+        kernel = None if needs_graph(gate, up) else forward_by_case(case)
+        if kernel is None:
+            return m.down_proj(m.act_fn(gate) * up)
+        hidden = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        kernel(gate, up, out=hidden, **params(case))
+        return m.down_proj(hidden)
+
+    return forward
+
+
+def _packed_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
+    m = mlp.module
+
+    def forward(hidden_states):
+        gate_up = m.gate_up_proj(hidden_states)
+        case = case_of(gate_up, mlp.cols, mlp.act, mlp.layout)
+        kernel = None if needs_graph(gate_up) else forward_by_case(case)
+        if kernel is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return m.down_proj(up * m.activation_fn(gate))
+        hidden = torch.empty((*gate_up.shape[:-1], mlp.cols), dtype=gate_up.dtype,
+                             device=gate_up.device)
+        kernel(gate_up, out=hidden, **params(case))
+        return m.down_proj(hidden)
+
+    return forward
+
+
+def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
+    """Shadow the class's forward on this instance only; the undo puts back exactly what was
+    there (nothing, or an earlier instance-level forward)."""
+    had = "forward" in module.__dict__
+    previous = module.__dict__.get("forward")
+    module.forward = forward
+
+    def undo() -> None:
+        if had:
+            module.forward = previous
+        else:
+            del module.forward
+
+    return undo
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
+    undos = []
+    for mlp in find_gated_mlps(model):
+        make = _packed_forward if mlp.layout == "packed" else _separate_forward
+        undos.append(set_instance_forward(mlp.module, make(mlp, forward_by_case)))
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+        undos.clear()
+
+    return undo

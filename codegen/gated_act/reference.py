@@ -1,0 +1,121 @@
+"""The gated MLP activation as Hugging Face computes it, and the case side of the family.
+
+Three HF forms, one computation `act(gate) * up`:
+
+- Llama/Qwen2/Mistral (`LlamaMLP`): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, act_fn
+  SiLU: SwiGLU. Gate and up are two separate projection outputs (`layout="separate"`).
+- Gemma (`GemmaMLP`): the same with `gelu_pytorch_tanh`: GeGLU.
+- Phi-3 (`Phi3MLP`): one `gate_up_proj`, then `gate, up = chunk(2)`, `up * act(gate)`
+  (`layout="packed"`: both halves of one row-major buffer).
+
+In half precision HF rounds twice: the activation returns the storage dtype (computed in fp32
+inside aten), then the multiply rounds again. The reference repeats that literally, so it is
+bitwise identical to the modules (tests check it); a fused kernel rounds once and lands within
+the dtype's tolerance of it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from codegen.family import Case
+
+ACTS = ("silu", "gelu_tanh")
+LAYOUTS = ("separate", "packed")
+
+
+def activation(x: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "silu":
+        return F.silu(x)
+    if act == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    raise ValueError(f"unknown gated activation {act!r}; known: {', '.join(ACTS)}")
+
+
+def gated_act(*inputs: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """(gate, up) for the separate layout, (gate_up,) for Phi-3's packed one."""
+    if len(inputs) == 2:
+        gate, up = inputs
+        return activation(gate, act) * up
+    (gate_up,) = inputs
+    gate, up = gate_up.chunk(2, dim=-1)
+    return up * activation(gate, act)
+
+
+def make_case(rows: int, cols: int, dtype: str, act: str, layout: str) -> Case:
+    """`cols` is the intermediate size (the width of gate, of up and of the output)."""
+    if act not in ACTS or layout not in LAYOUTS:
+        raise ValueError(f"unsupported gated activation {act!r}/{layout!r}")
+    return {"rows": int(rows), "cols": int(cols), "dtype": dtype, "act": act, "layout": layout}
+
+
+def params(case: Case) -> dict:
+    """The keyword params a candidate's forward and the reference take for `case`."""
+    return {"act": case["act"]}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _randn(shape, device, generator, dtype: str) -> torch.Tensor:
+    gen_device = generator.device if generator is not None else "cpu"
+    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
+    # Pre-activations of trained MLPs spread over a few units; x2 reaches both tails of silu/gelu.
+    return (2.0 * x).to(device=device, dtype=torch_dtype(dtype))
+
+
+def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
+    """(gate, up) or (gate_up,); a `row_stride` wider than a row makes each input a column
+    slice of a wider buffer, as a slice of a fused projection output would be."""
+    rows, cols, dtype = case["rows"], case["cols"], case["dtype"]
+    width = 2 * cols if case["layout"] == "packed" else cols
+    stride = case.get("row_stride", width)
+    n_inputs = 1 if case["layout"] == "packed" else 2
+    return tuple(_randn((rows, stride), device, generator, dtype)[:, :width]
+                 for _ in range(n_inputs))
+
+
+def make_out(case: Case, inputs: tuple) -> torch.Tensor:
+    x = inputs[0]
+    return torch.empty((case["rows"], case["cols"]), dtype=x.dtype, device=x.device)
+
+
+def edge_cases(case: Case) -> list[Case]:
+    """Variations a candidate rendered for `case` must survive: the width is baked into it (the
+    dispatcher only sends it that width), so edges vary what stays free at run time: one row, a
+    prime row count, and inputs that are column slices of wider rows (non-contiguous)."""
+    width = 2 * case["cols"] if case["layout"] == "packed" else case["cols"]
+    cases = [
+        {**case, "rows": 1},
+        {**case, "rows": 7},
+        {**case, "rows": 4, "row_stride": width + 64},
+    ]
+    unique = []
+    for c in cases:
+        if c not in unique and c != case:
+            unique.append(c)
+    return unique
+
+
+def element_size(case: Case) -> int:
+    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
+
+
+def min_bytes(case: Case) -> int:
+    """Read gate and up once, write the product once."""
+    return 3 * case["rows"] * case["cols"] * element_size(case)
+
+
+# Per output element: silu is exp, add, divide, multiply; the tanh GELU adds the cubic
+# (3 multiplies, 1 add, 1 scale); both end with the multiply by up.
+_FLOPS_PER_ELEMENT = {"silu": 5, "gelu_tanh": 10}
+
+
+def flops(case: Case) -> int:
+    return _FLOPS_PER_ELEMENT[case["act"]] * case["rows"] * case["cols"]

@@ -1,0 +1,105 @@
+"""Patching the fused GELU into a model: per activation-module instance, reversible.
+
+Every `NewGELUActivation` instance (GPT-2's `model.transformer.h.*.mlp.act`) gets an
+instance-level forward (never a class-level one: that would leak into every model built later
+in the process) that asks `forward_by_case(case)` on each call and runs the module's own code
+when the answer is None, so a kernel accepted for one workload only runs on that workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from codegen.family import Case
+from codegen.gelu.reference import dtype_name, make_case, params
+
+ACT_CLASSES = ("NewGELUActivation",)
+
+
+def find_activations(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(path, m) for path, m in model.named_modules()
+            if type(m).__name__ in ACT_CLASSES]
+
+
+def _features_out(module: nn.Module) -> int | None:
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    return getattr(module, "nf", None)  # transformers' Conv1D (GPT-2) stores its width as nf
+
+
+def input_width(model: nn.Module, path: str) -> int | None:
+    """The activation's input width, read from its MLP: HF MLPs declare the up projection
+    (GPT-2's c_fc, Phi's fc1) as their first projection child, and it feeds the activation."""
+    parent_path = path.rpartition(".")[0]
+    parent = model.get_submodule(parent_path) if parent_path else model
+    for child in parent.children():
+        width = _features_out(child)
+        if width is not None:
+            return width
+    return None
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    cases = []
+    for path, _ in find_activations(model):
+        width = input_width(model, path)
+        if width is None:
+            continue
+        case = make_case(workload.tokens, width, workload.dtype)
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def case_of(x: torch.Tensor) -> Case:
+    return make_case(x.numel() // x.shape[-1], x.shape[-1], dtype_name(x.dtype))
+
+
+def needs_graph(x: torch.Tensor) -> bool:
+    """The kernel writes a plain buffer with no autograd history; when a backward pass will
+    need one, the original code runs instead."""
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
+    """Shadow the class's forward on this instance only; the undo puts back exactly what was
+    there (nothing, or an earlier instance-level forward)."""
+    had = "forward" in module.__dict__
+    previous = module.__dict__.get("forward")
+    module.forward = forward
+
+    def undo() -> None:
+        if had:
+            module.forward = previous
+        else:
+            del module.forward
+
+    return undo
+
+
+def _dispatching_forward(original: Callable, forward_by_case: Callable) -> Callable:
+    def forward(input):
+        case = case_of(input)
+        kernel = None if needs_graph(input) else forward_by_case(case)
+        if kernel is None:
+            return original(input)
+        out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+        kernel(input, out=out, **params(case))
+        return out
+
+    return forward
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
+    undos = [set_instance_forward(m, _dispatching_forward(m.forward, forward_by_case))
+             for _, m in find_activations(model)]
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+        undos.clear()
+
+    return undo

@@ -1,0 +1,109 @@
+"""Patching the LayerNorm kernel into a model, one module instance at a time.
+
+Recognition mirrors the RMSNorm family: the class name must end in LayerNorm, the module must
+normalise over one trailing dimension with a weight and a bias, and its class forward, run on
+a bf16 CPU probe with probe parameters swapped in, must equal `F.layer_norm` bitwise.
+Only the plain norm is patched: the fused residual variant is a kernel and reference for the
+verifier, since fusing it into a model means rewriting each block's forward.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+from codegen.family import Case
+from codegen.layernorm.reference import layer_norm, params
+from codegen.rmsnorm.patch import install_forwards, rows_per_token, swapped_params
+from codegen.rmsnorm.reference import dtype_name
+
+NAME_RE = re.compile(r".*LayerNorm$")
+
+
+def recognise(module: torch.nn.Module) -> dict | None:
+    """{"eps"} when `module` computes nn.LayerNorm over its last dimension, else None."""
+    if not NAME_RE.match(type(module).__name__):
+        return None
+    weight, bias = module._parameters.get("weight"), module._parameters.get("bias")
+    eps = getattr(module, "eps", None)
+    if weight is None or bias is None or weight.dim() != 1 or bias.shape != weight.shape:
+        return None
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        return None
+    if tuple(getattr(module, "normalized_shape", weight.shape)) != tuple(weight.shape):
+        return None
+    hidden = weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, hidden, generator=gen).to(torch.bfloat16)
+    probe = {"weight": (1 + 0.5 * torch.randn(hidden, generator=gen)).to(torch.bfloat16),
+             "bias": (0.5 * torch.randn(hidden, generator=gen)).to(torch.bfloat16)}
+    try:
+        with torch.no_grad(), swapped_params(module, probe):
+            got = type(module).forward(module, x)
+    except Exception:  # noqa: BLE001 - a forward that cannot run on the probe is not ours
+        return None
+    want = layer_norm(x, probe["weight"], probe["bias"], eps=float(eps))
+    if isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want):
+        return {"eps": float(eps)}
+    return None
+
+
+def _kernel_can_take(x: torch.Tensor, module: torch.nn.Module) -> bool:
+    weight, bias = module.weight, module.bias
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or bias.requires_grad):
+        return False
+    if x.dim() == 0 or x.numel() == 0 or x.shape[-1] != weight.shape[0]:
+        return False
+    # F.layer_norm would promote mixed dtypes; the kernel writes the input's dtype only.
+    return x.dtype == weight.dtype == bias.dtype and x.device == weight.device
+
+
+def _wrap(module: torch.nn.Module, eps: float, chooser: Callable) -> Callable:
+    original = module.forward
+
+    def forward(hidden_states, *args, **kwargs):
+        if args or kwargs or not _kernel_can_take(hidden_states, module):
+            return original(hidden_states, *args, **kwargs)
+        hidden = module.weight.shape[0]
+        case = {"rows": hidden_states.numel() // hidden, "hidden": hidden,
+                "dtype": dtype_name(hidden_states.dtype), "eps": eps}
+        fn = chooser(case)
+        if fn is None:
+            return original(hidden_states)
+        x = hidden_states.contiguous().view(-1, hidden)
+        out = torch.empty_like(x)
+        fn(x, module.weight, module.bias, out=out, **params(case))
+        return out.view(hidden_states.shape)
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) -> Callable[[], None]:
+    """Replace the forward of every recognised LayerNorm instance in `model`; returns undo."""
+    replacements = []
+    for _, module in model.named_modules():
+        form = recognise(module)
+        if form is not None:
+            replacements.append((module, _wrap(module, form["eps"], chooser)))
+    return install_forwards(replacements)
+
+
+def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:
+    cases: list[Case] = []
+    for name, module in model.named_modules():
+        form = recognise(module)
+        if form is None:
+            continue
+        hidden = module.weight.shape[0]
+        per_token = rows_per_token(name, hidden, getattr(model, "config", None))
+        if per_token is None:
+            continue
+        case = {"rows": workload.tokens * per_token, "hidden": hidden,
+                "dtype": workload.dtype, **form}
+        if case not in cases:
+            cases.append(case)
+    return cases

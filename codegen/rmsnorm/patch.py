@@ -1,0 +1,161 @@
+"""Patching RMSNorm kernels into a model, one module instance at a time.
+
+A module is taken for an RMSNorm by its class name *and* by what its class's forward computes:
+it is run once on a small bf16 probe (on the CPU, with a probe weight swapped in, so neither
+the model's device nor its weights matter) and must equal one of the reference forms bitwise.
+bf16 is where the Llama and Gemma cast orders differ, so the probe tells them apart.
+
+The wrapper dispatches every call by its case: `chooser(case)` returns a candidate forward
+(accepted for that shape) or None, which keeps the module's original code for that call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+from codegen.family import Case
+from codegen.rmsnorm.reference import dtype_name, params, rms_norm
+
+NAME_RE = re.compile(r".*RMSNorm$")
+_PROBE_ROWS = 4
+_MISSING = object()
+
+
+@contextmanager
+def swapped_params(module: torch.nn.Module, values: dict[str, torch.Tensor]):
+    """Temporarily give `module` other parameter tensors (its own stay untouched)."""
+    saved = {name: module._parameters[name] for name in values}
+    try:
+        module._parameters.update(values)
+        yield module
+    finally:
+        module._parameters.update(saved)
+
+
+def module_eps(module: torch.nn.Module) -> float | None:
+    for attr in ("variance_epsilon", "eps"):
+        value = getattr(module, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def recognise(module: torch.nn.Module) -> dict | None:
+    """{"eps", "offset", "cast_first"} when `module` is an RMSNorm of a known form, else None."""
+    if not NAME_RE.match(type(module).__name__):
+        return None
+    weight = module._parameters.get("weight")
+    eps = module_eps(module)
+    if weight is None or weight.dim() != 1 or eps is None:
+        return None
+    hidden = weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(_PROBE_ROWS, hidden, generator=gen).to(torch.bfloat16)
+    probe_w = (torch.randn(hidden, generator=gen) * 0.5).to(torch.bfloat16)
+    try:
+        with torch.no_grad(), swapped_params(module, {"weight": probe_w}):
+            got = type(module).forward(module, x)
+    except Exception:  # noqa: BLE001 - a forward that cannot run on the probe is not ours
+        return None
+    for form in ({"offset": 0.0, "cast_first": True}, {"offset": 1.0, "cast_first": False},
+                 {"offset": 1.0, "cast_first": True}, {"offset": 0.0, "cast_first": False}):
+        want = rms_norm(x, probe_w, eps=eps, **form)
+        if isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want):
+            return {"eps": eps, **form}
+    return None
+
+
+def make_case(x: torch.Tensor, hidden: int, form: dict) -> Case:
+    return {"rows": x.numel() // hidden, "hidden": hidden, "dtype": dtype_name(x.dtype), **form}
+
+
+def kernel_can_take(x: torch.Tensor, weight: torch.Tensor, form: dict) -> bool:
+    """Calls the kernels do not cover go to the original code: autograd (no backward here),
+    other widths, empty inputs, and a Llama-form weight whose dtype would promote the output."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    if x.dim() == 0 or x.shape[-1] != weight.shape[0] or x.numel() == 0:
+        return False
+    if x.device != weight.device or not x.dtype.is_floating_point:
+        return False
+    return not form["cast_first"] or weight.dtype == x.dtype
+
+
+def install_forwards(replacements: list[tuple[torch.nn.Module, Callable]]) -> Callable[[], None]:
+    """Set each module's instance `forward`; the returned undo puts back exactly what was there
+    before (nothing, or an earlier instance patch), never touching the class."""
+    previous = [(m, m.__dict__.get("forward", _MISSING)) for m, _ in replacements]
+    for module, forward in replacements:
+        module.forward = forward
+
+    def undo() -> None:
+        for module, before in reversed(previous):
+            if before is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = before
+
+    return undo
+
+
+def _wrap(module: torch.nn.Module, form: dict, chooser: Callable) -> Callable:
+    original = module.forward
+
+    def forward(hidden_states, *args, **kwargs):
+        weight = module.weight
+        if args or kwargs or not kernel_can_take(hidden_states, weight, form):
+            return original(hidden_states, *args, **kwargs)
+        hidden = weight.shape[0]
+        case = make_case(hidden_states, hidden, form)
+        fn = chooser(case)
+        if fn is None:
+            return original(hidden_states)
+        x = hidden_states.contiguous().view(-1, hidden)
+        out = torch.empty_like(x)
+        fn(x, weight, out=out, **params(case))
+        return out.view(hidden_states.shape)
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) -> Callable[[], None]:
+    """Replace the forward of every recognised RMSNorm instance in `model`; returns undo."""
+    replacements = []
+    for _, module in model.named_modules():
+        form = recognise(module)
+        if form is not None:
+            replacements.append((module, _wrap(module, form, chooser)))
+    return install_forwards(replacements)
+
+
+def rows_per_token(name: str, hidden: int, config) -> int | None:
+    """How many rows one token gives this norm: 1 across the model width, one per head for the
+    per-head q/k norms (Qwen3, Gemma3); None when the use cannot be read from the config."""
+    text_config = getattr(config, "get_text_config", lambda: config)()
+    if hidden == getattr(text_config, "hidden_size", None):
+        return 1
+    leaf = name.rsplit(".", 1)[-1]
+    heads = {"q_norm": "num_attention_heads", "k_norm": "num_key_value_heads"}.get(leaf)
+    return getattr(text_config, heads, None) if heads else None
+
+
+def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:
+    cases: list[Case] = []
+    for name, module in model.named_modules():
+        form = recognise(module)
+        if form is None:
+            continue
+        hidden = module.weight.shape[0]
+        per_token = rows_per_token(name, hidden, getattr(model, "config", None))
+        if per_token is None:
+            continue
+        case = {"rows": workload.tokens * per_token, "hidden": hidden, "dtype": workload.dtype,
+                **form}
+        if case not in cases:
+            cases.append(case)
+    return cases

@@ -1,0 +1,202 @@
+"""Triton rotary embedding: q and k rotated in one launch, read and written in place by stride.
+
+HF runs 10 kernels per call (per tensor: mul, neg, cat, mul, add; plus a cat per tensor for
+partial rotary) and materialises rotate_half. Here one program takes one (batch, position) and
+one block of BLOCK_H heads, of q or of k: axis 1 enumerates q's head blocks, then k's, so q and
+k share the launch and the cos/sin row each program loads. Rows (batch x seq) go on axis 0 since
+CUDA caps axis 1 at 65535.
+
+q and k arrive as transposed views of the projections; every tensor is addressed through its
+own strides, so nothing is copied, and the outputs may have any layout too.
+
+All arithmetic runs in fp32 on values converted right after the load and rounded once before
+the store; this also keeps the kernel exact under Triton's CPU interpreter (it gets arithmetic
+on bf16 values wrong). The pass-through dims of partial rotary are copied without conversion.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import textwrap
+
+import triton
+import triton.language as tl
+
+from codegen.family import Case
+
+HEAD_BLOCKS = (1, 2, 4, 8, 16)
+WARPS = (1, 2, 4)
+MAX_TILE = 4096  # elements per [BLOCK_H, half] tile before registers spill
+
+
+@triton.jit
+def _rope_rotate_heads(x_ptr, o_ptr, x_head_stride, x_dim_stride, o_head_stride, o_dim_stride,
+                       c1, c2, s1, s2, first_head,
+                       N_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                       BLOCK_PASS: tl.constexpr):
+    heads = first_head + tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_HALF)
+    head_ok = (heads < N_HEADS)[:, None]
+    mask = head_ok & (dims < HALF)[None, :]
+    x_rows = x_ptr + heads[:, None] * x_head_stride
+    o_rows = o_ptr + heads[:, None] * o_head_stride
+    x1 = tl.load(x_rows + dims[None, :] * x_dim_stride, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_rows + (dims[None, :] + HALF) * x_dim_stride, mask=mask,
+                 other=0.0).to(tl.float32)
+    # rotate_half(x) = cat(-x2, x1), so x * cos + rotate_half(x) * sin splits into two halves.
+    y1 = x1 * c1[None, :] - x2 * s1[None, :]
+    y2 = x2 * c2[None, :] + x1 * s2[None, :]
+    tl.store(o_rows + dims[None, :] * o_dim_stride, y1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_rows + (dims[None, :] + HALF) * o_dim_stride, y2.to(o_ptr.dtype.element_ty),
+             mask=mask)
+    if BLOCK_PASS > 0:
+        rest = 2 * HALF + tl.arange(0, BLOCK_PASS)
+        rest_mask = head_ok & (rest < HEAD_DIM)[None, :]
+        kept = tl.load(x_rows + rest[None, :] * x_dim_stride, mask=rest_mask)
+        tl.store(o_rows + rest[None, :] * o_dim_stride, kept, mask=rest_mask)
+
+
+@triton.jit
+def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, seq_len,
+                         q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd,
+                         qo_sb, qo_sh, qo_ss, qo_sd, ko_sb, ko_sh, ko_ss, ko_sd,
+                         cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                         HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                         BLOCK_PASS: tl.constexpr):
+    # int64: batch * stride passes 2**31 at long sequences of wide models.
+    row = tl.program_id(0).to(tl.int64)
+    b = row // seq_len
+    s = row % seq_len
+    head_block = tl.program_id(1)
+    dims = tl.arange(0, BLOCK_HALF)
+    dim_ok = dims < HALF
+    cos_row = cos_ptr + b * cos_sb + s * cos_ss
+    sin_row = sin_ptr + b * sin_sb + s * sin_ss
+    c1 = tl.load(cos_row + dims * cos_sd, mask=dim_ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_row + (dims + HALF) * cos_sd, mask=dim_ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_row + dims * sin_sd, mask=dim_ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_row + (dims + HALF) * sin_sd, mask=dim_ok, other=0.0).to(tl.float32)
+    q_blocks = (HEADS + BLOCK_H - 1) // BLOCK_H
+    if head_block < q_blocks:
+        _rope_rotate_heads(q_ptr + b * q_sb + s * q_ss, qo_ptr + b * qo_sb + s * qo_ss,
+                           q_sh, q_sd, qo_sh, qo_sd, c1, c2, s1, s2, head_block * BLOCK_H,
+                           HEADS, HEAD_DIM, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
+    else:
+        _rope_rotate_heads(k_ptr + b * k_sb + s * k_ss, ko_ptr + b * ko_sb + s * ko_ss,
+                           k_sh, k_sd, ko_sh, ko_sd, c1, c2, s1, s2,
+                           (head_block - q_blocks) * BLOCK_H,
+                           KV_HEADS, HEAD_DIM, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
+
+
+def block_sizes(head_dim: int, rot_dim: int) -> tuple[int, int]:
+    """(BLOCK_HALF, BLOCK_PASS): powers of two covering half the rotated dims and the
+    pass-through dims (0 when the rotation covers the whole head)."""
+    rest = head_dim - rot_dim
+    return triton.next_power_of_2(rot_dim // 2), triton.next_power_of_2(rest) if rest else 0
+
+
+def search_space(case: Case) -> list[dict]:
+    """Heads per program x warps, keeping 1 to 8 tile elements per thread. Few heads per
+    program suit decode (few positions, so parallelism must come from heads); many suit
+    prefill (fewer reloads of the cos/sin row)."""
+    block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])
+    most = triton.next_power_of_2(max(case["heads"], case["kv_heads"]))
+    configs = []
+    for bh in HEAD_BLOCKS:
+        tile = bh * block_half
+        if bh > most or tile > MAX_TILE:
+            continue
+        for w in WARPS:
+            if 1 <= tile / (32 * w) <= 8 or (w == 1 and tile < 32):
+                configs.append({"BLOCK_H": bh, "num_warps": w})
+    return configs[:12]
+
+
+def rope_forward(q, k, cos, sin, *, out, BLOCK_H: int = 4, num_warps: int = 2) -> None:
+    """Host wrapper: HF layout (unsqueeze_dim=1); out = (q_embed, k_embed), any strides."""
+    q_out, k_out = out
+    batch, heads, seq, head_dim = q.shape
+    kv_heads, rot_dim = k.shape[1], cos.shape[-1]
+    block_half, block_pass = block_sizes(head_dim, rot_dim)
+    cos = cos.expand(batch, seq, rot_dim)
+    sin = sin.expand(batch, seq, rot_dim)
+    grid = (batch * seq, triton.cdiv(heads, BLOCK_H) + triton.cdiv(kv_heads, BLOCK_H))
+    _rope_forward_kernel[grid](
+        q, k, cos, sin, q_out, k_out, seq, *q.stride(), *k.stride(), *q_out.stride(),
+        *k_out.stride(), *cos.stride(), *sin.stride(), HEADS=heads, KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim, HALF=rot_dim // 2, BLOCK_H=BLOCK_H, BLOCK_HALF=block_half,
+        BLOCK_PASS=block_pass, num_warps=num_warps)
+
+
+def kernel_source(kernel) -> str:
+    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
+    return textwrap.dedent(inspect.getsource(kernel.fn))
+
+
+_FORWARD = '''\
+def _check_params(params):
+    if params and params != BAKED_PARAMS:
+        raise ValueError(f"specialised for {BAKED_PARAMS}, called with {params}")
+
+
+def forward(q, k, cos, sin, *, out, **params) -> None:
+    """q (batch, HEADS, seq, HEAD_DIM), k (batch, KV_HEADS, seq, HEAD_DIM), any strides;
+    cos, sin (1 or batch, seq, ROT_DIM); out = (q_embed, k_embed) shaped like q and k."""
+    _check_params(params)
+    q_out, k_out = out
+    batch, seq = q.shape[0], q.shape[2]
+    if (tuple(q.shape) != (batch, HEADS, seq, HEAD_DIM)
+            or tuple(k.shape) != (batch, KV_HEADS, seq, HEAD_DIM)
+            or q_out.shape != q.shape or k_out.shape != k.shape
+            or cos.shape[0] not in (1, batch) or tuple(cos.shape[1:]) != (seq, ROT_DIM)
+            or sin.shape != cos.shape):
+        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)}"
+                         f" do not fit heads={HEADS}/{KV_HEADS}, head_dim={HEAD_DIM}, "
+                         f"rot_dim={ROT_DIM}")
+    # A batch-1 cos/sin broadcasts over the batch through a zero stride, without a copy.
+    cos = cos.expand(batch, seq, ROT_DIM)
+    sin = sin.expand(batch, seq, ROT_DIM)
+    grid = (batch * seq, triton.cdiv(HEADS, BLOCK_H) + triton.cdiv(KV_HEADS, BLOCK_H))
+    _rope_forward_kernel[grid](
+        q, k, cos, sin, q_out, k_out, seq, *q.stride(), *k.stride(), *q_out.stride(),
+        *k_out.stride(), *cos.stride(), *sin.stride(), HEADS=HEADS, KV_HEADS=KV_HEADS,
+        HEAD_DIM=HEAD_DIM, HALF=ROT_DIM // 2, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF,
+        BLOCK_PASS=BLOCK_PASS, num_warps=NUM_WARPS)
+'''
+
+
+def render(config: dict, case: Case) -> str:
+    heads, kv_heads, d, rot = case["heads"], case["kv_heads"], case["head_dim"], case["rot_dim"]
+    block_h, warps = config["BLOCK_H"], config["num_warps"]
+    block_half, block_pass = block_sizes(d, rot)
+    kind = "full rotary" if rot == d else f"partial rotary: {rot} of {d} dims, rest copied"
+    header = textwrap.dedent(f'''\
+        """Rotary embedding candidate: q_embed and k_embed in one launch ({kind}).
+
+        Generated by codegen.rope.kernel.render. HF layout (unsqueeze_dim=1), rotate_half
+        convention; computes in fp32, rounds once to the output dtype.
+        Specialised for heads={heads}, kv_heads={kv_heads}, head_dim={d}, rot_dim={rot};
+        tuned for batch {case["batch"]} x seq {case["seq"]} of {case["dtype"]}.
+        Launch: one program per (position, block of {block_h} heads of q or k), {warps} warps.
+        case:   {json.dumps(case)}
+        config: {json.dumps(config)}
+        """
+
+        import triton
+        import triton.language as tl
+
+        HEADS = {heads}
+        KV_HEADS = {kv_heads}
+        HEAD_DIM = {d}
+        ROT_DIM = {rot}
+        BLOCK_HALF = {block_half}
+        BLOCK_PASS = {block_pass}
+        BLOCK_H = {block_h}
+        NUM_WARPS = {warps}
+        BAKED_PARAMS = {{}}
+        ''')
+    return "\n\n".join([header, kernel_source(_rope_rotate_heads),
+                        kernel_source(_rope_forward_kernel), _FORWARD])

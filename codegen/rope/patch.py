@@ -1,0 +1,199 @@
+"""Patching the fused rotary embedding into a model: per attention instance, reversible.
+
+`apply_rotary_pos_emb` is a module-level function of `transformers.models.<family>.modeling_<family>`
+that the attention's forward calls by its global name, so Python looks it up in that module's
+globals at call time. No attribute of the attention instance reaches it, and rebinding the
+module global for good would change every model of that family in the process (the leak seen
+with Liger's class-level patches). So each attention instance gets an instance-level forward
+that swaps the global for a dispatching version for the duration of its own call and restores
+it in a `finally`; between calls, and for other models, the module global is the original.
+(Not thread-safe: two threads running forwards of the same family at once could see each
+other's swap; the pipeline runs one forward at a time.)
+
+An attention module is patched only when its module's `apply_rotary_pos_emb` and `rotate_half`
+are, statement for statement, Llama's or Phi-3's (compared as syntax trees, docstrings aside):
+that is what the kernel computes. Other variants (interleaved, multimodal sections) keep their
+own code.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable
+from functools import cache
+
+import torch
+from torch import nn
+
+from codegen.family import Case
+from codegen.rope.reference import dtype_name, make_case, params
+
+GLOBAL_NAME = "apply_rotary_pos_emb"
+
+
+def _code_shape(fn) -> str:
+    """A function's body as a syntax tree, without its docstring, name or decorators."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+def _signature(fn) -> str:
+    return str(inspect.signature(inspect.unwrap(fn)))
+
+
+@cache
+def _known_forms() -> dict[tuple[str, str, str], str]:
+    from transformers.models.llama import modeling_llama
+    from transformers.models.phi3 import modeling_phi3
+
+    return {(_signature(m.apply_rotary_pos_emb), _code_shape(m.apply_rotary_pos_emb),
+             _code_shape(m.rotate_half)): form
+            for m, form in ((modeling_llama, "full"), (modeling_phi3, "partial"))}
+
+
+def rotary_form(module_globals: dict) -> str | None:
+    """"full" (Llama's code), "partial" (Phi-3's) or None for the module owning these globals."""
+    fn, half = module_globals.get(GLOBAL_NAME), module_globals.get("rotate_half")
+    if not callable(fn) or not callable(half):
+        return None
+    try:
+        key = (_signature(fn), _code_shape(fn), _code_shape(half))
+    except (OSError, TypeError, ValueError):  # no source to compare
+        return None
+    return _known_forms().get(key)
+
+
+def _forward_globals(module: nn.Module) -> dict | None:
+    """The globals the class's forward resolves names in, when it calls the rotary by name."""
+    fn = inspect.unwrap(type(module).forward)
+    code = getattr(fn, "__code__", None)
+    if code is None or GLOBAL_NAME not in code.co_names:
+        return None
+    return fn.__globals__
+
+
+def find_rotary_attentions(model: nn.Module) -> list[tuple[str, nn.Module, dict, str]]:
+    """(path, module, module globals, form) of every attention that applies a known rotary."""
+    found = []
+    for path, module in model.named_modules():
+        module_globals = _forward_globals(module)
+        if module_globals is None:
+            continue
+        form = rotary_form(module_globals)
+        if form is not None:
+            found.append((path, module, module_globals, form))
+    return found
+
+
+def _rot_dim(model: nn.Module, head_dim: int) -> int:
+    """The rotary width, from the rotary embedding's inverse frequencies (one per dim pair);
+    Phi-3's partial_rotary_factor shows up there as fewer of them."""
+    for module in model.modules():
+        inv_freq = getattr(module, "inv_freq", None)
+        if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
+            return 2 * inv_freq.numel()
+    return head_dim
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    """One case per distinct attention shape. Position ids built by the model have batch 1,
+    so cos/sin do too (cos_batch=1); a decode step rotates one position per sequence."""
+    seq = workload.seq if workload.mode == "prefill" else 1
+    cases = []
+    for _, module, _, _ in find_rotary_attentions(model):
+        config = module.config
+        head_dim = module.head_dim
+        case = make_case(workload.batch, seq, config.num_attention_heads,
+                         config.num_key_value_heads, head_dim, _rot_dim(model, head_dim),
+                         workload.dtype)
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def case_of(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> Case:
+    batch, heads, seq, head_dim = q.shape
+    return make_case(batch, seq, heads, k.shape[1], head_dim, cos.shape[-1],
+                     dtype_name(q.dtype), cos.shape[0])
+
+
+def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
+    """Calls the kernel handles exactly as the HF function would; others keep HF's code
+    (including its errors, e.g. Llama's form given a partial cos)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, cos, sin)):
+        return False  # the kernel's outputs carry no autograd history
+    if unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3:
+        return False
+    if sin.shape != cos.shape or not (q.dtype == k.dtype == cos.dtype == sin.dtype):
+        return False
+    batch, _, seq, head_dim = q.shape
+    rot = cos.shape[-1]
+    if rot % 2 or rot > head_dim or (form == "full" and rot != head_dim):
+        return False
+    return (k.shape[0] == batch and k.shape[2:] == q.shape[2:]
+            and cos.shape[0] in (1, batch) and cos.shape[1] == seq)
+
+
+def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable) -> Callable:
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if not _fits(form, q, k, cos, sin, unsqueeze_dim):
+            return original(q, k, cos, sin, unsqueeze_dim)
+        case = case_of(q, k, cos)
+        kernel = forward_by_case(case)
+        if kernel is None:
+            return original(q, k, cos, sin, unsqueeze_dim)
+        # empty_like keeps q's (batch, seq, heads, dim) memory order, as HF's elementwise
+        # result does, so downstream attention sees the layout it sees unpatched.
+        out = (torch.empty_like(q), torch.empty_like(k))
+        kernel(q, k, cos, sin, out=out, **params(case))
+        return out
+
+    return apply_rotary_pos_emb
+
+
+def _swapping_forward(forward: Callable, module_globals: dict, rotary: Callable) -> Callable:
+    def forward_with_fused_rotary(*args, **kwargs):
+        previous = module_globals[GLOBAL_NAME]
+        module_globals[GLOBAL_NAME] = rotary
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            module_globals[GLOBAL_NAME] = previous
+
+    return forward_with_fused_rotary
+
+
+def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
+    """Shadow the class's forward on this instance only; the undo puts back exactly what was
+    there (nothing, or an earlier instance-level forward)."""
+    had = "forward" in module.__dict__
+    previous = module.__dict__.get("forward")
+    module.forward = forward
+
+    def undo() -> None:
+        if had:
+            module.forward = previous
+        else:
+            del module.forward
+
+    return undo
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
+    undos = []
+    for _, module, module_globals, form in find_rotary_attentions(model):
+        rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case)
+        forward = _swapping_forward(module.forward, module_globals, rotary)
+        undos.append(set_instance_forward(module, forward))
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+        undos.clear()
+
+    return undo

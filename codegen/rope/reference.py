@@ -1,0 +1,129 @@
+"""Rotary position embedding as Hugging Face applies it, and the case side of the family.
+
+Layout (HF, `unsqueeze_dim=1`): q (batch, heads, seq, head_dim) and k (batch, kv_heads, seq,
+head_dim) are transposed views of the projections' (batch, seq, heads, head_dim) outputs, so
+they are not contiguous; cos and sin are (cos_batch, seq, rot_dim), with cos_batch 1 when the
+model builds position ids itself. Convention `rotate_half`: the first and second halves of the
+rotated dims pair up (not even/odd lanes).
+
+Two HF forms: Llama's rotates all of head_dim; Phi-3's rotates the first rot_dim = cos.shape[-1]
+dims and passes the rest through (partial rotary). `apply_rotary` repeats whichever form the
+shapes call for literally, so it is bitwise identical to both functions (tests check it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.family import Case
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == q.shape[-1]:
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        return q_embed, k_embed
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)
+    k_embed = torch.cat([(k_rot * cos) + (rotate_half(k_rot) * sin), k_pass], dim=-1)
+    return q_embed, k_embed
+
+
+def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, rot_dim: int,
+              dtype: str, cos_batch: int = 1) -> Case:
+    if rot_dim % 2 or not 0 < rot_dim <= head_dim:
+        raise ValueError(f"rot_dim must be even and in (0, head_dim], got {rot_dim}/{head_dim}")
+    return {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
+            "head_dim": int(head_dim), "rot_dim": int(rot_dim), "cos_batch": int(cos_batch),
+            "dtype": dtype}
+
+
+def params(case: Case) -> dict:
+    """Rotary has no scalar params (unsqueeze_dim=1 is the layout itself)."""
+    return {}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
+    """q, k as HF makes them (transposed views; contiguous when the case says `contiguous`),
+    cos/sin from real angles at random positions."""
+    b, s, d, rot = case["batch"], case["seq"], case["head_dim"], case["rot_dim"]
+    dtype = torch_dtype(case["dtype"])
+    gen_device = generator.device if generator is not None else "cpu"
+
+    def heads_view(n_heads):
+        if case.get("contiguous"):
+            x = torch.randn((b, n_heads, s, d), generator=generator, device=gen_device)
+            return x.to(device=device, dtype=dtype)
+        x = torch.randn((b, s, n_heads, d), generator=generator, device=gen_device)
+        return x.to(device=device, dtype=dtype).transpose(1, 2)
+
+    q, k = heads_view(case["heads"]), heads_view(case["kv_heads"])
+    start = torch.randint(0, 4096, (case["cos_batch"], 1), generator=generator,
+                          device=gen_device)
+    positions = (start + torch.arange(s, device=gen_device)).float()
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, device=gen_device).float() / rot))
+    freqs = positions[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos().to(device=device, dtype=dtype)
+    sin = emb.sin().to(device=device, dtype=dtype)
+    return q, k, cos, sin
+
+
+def make_out(case: Case, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    q = inputs[0]
+    b, s, d = case["batch"], case["seq"], case["head_dim"]
+    return (torch.empty((b, case["heads"], s, d), dtype=q.dtype, device=q.device),
+            torch.empty((b, case["kv_heads"], s, d), dtype=q.dtype, device=q.device))
+
+
+def edge_cases(case: Case) -> list[Case]:
+    """Variations a candidate rendered for `case` must survive: head counts and dims are baked
+    into it (the dispatcher only sends it those), so edges vary what stays free at run time:
+    one token (a decode step); an odd batch and a prime sequence with cos/sin given per
+    sequence; contiguous q/k instead of HF's transposed views."""
+    cases = [
+        {**case, "batch": 1, "seq": 1},
+        {**case, "batch": 3, "seq": 7, "cos_batch": 3},
+        {**case, "batch": 2, "seq": 5, "contiguous": True},
+    ]
+    unique = []
+    for c in cases:
+        if c not in unique and c != case:
+            unique.append(c)
+    return unique
+
+
+def element_size(case: Case) -> int:
+    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
+
+
+def min_bytes(case: Case) -> int:
+    """Read q, k, cos, sin once; write q_embed and k_embed once."""
+    qk = case["batch"] * case["seq"] * (case["heads"] + case["kv_heads"]) * case["head_dim"]
+    cos_sin = 2 * case["cos_batch"] * case["seq"] * case["rot_dim"]
+    return (2 * qk + cos_sin) * element_size(case)
+
+
+def flops(case: Case) -> int:
+    """Two multiplies and an add per rotated element."""
+    rows = case["batch"] * case["seq"] * (case["heads"] + case["kv_heads"])
+    return 3 * rows * case["rot_dim"]

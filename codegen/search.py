@@ -1,0 +1,165 @@
+"""Conventional search over a family's parameter space, one recorded case at a time.
+
+Every config is rendered to a readable source file under
+`candidates/<family>/<case>/<config>/kernel.py`, run once against the reference (a quick
+screen, not the verification), and timed with the verify stage's harness beside the baseline
+(the family reference, which mirrors the Hugging Face code) on the same inputs. The search runs
+in a worker process: a config that crashes or hangs the worker is logged as such and the search
+resumes with the next one. A file the user edited is kept and searched as it is.
+
+The log keeps every candidate tried, its time and spread, kept or discarded, and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import queue
+import time
+import traceback
+from pathlib import Path
+
+from codegen.family import Case, Family
+
+SCREEN_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+def case_key(case: Case) -> str:
+    short = "-".join(f"{k}{v}" for k, v in sorted(case.items())
+                     if isinstance(v, int) and not isinstance(v, bool))
+    digest = hashlib.sha1(json.dumps(case, sort_keys=True).encode()).hexdigest()[:6]
+    return f"{case.get('dtype', '')}-{short}-{digest}"[:80]
+
+
+def config_key(config: dict) -> str:
+    return "_".join(f"{k}{v}" for k, v in sorted(config.items())) or "default"
+
+
+def write_candidate(family: Family, config: dict, case: Case, path: Path) -> str:
+    """Render into `path` unless the user edited the file there; returns its origin."""
+    source = family.render(config, case)
+    stamp = path.with_suffix(".rendered.sha1")
+    digest = hashlib.sha1(source.encode()).hexdigest()
+    if path.exists() and stamp.exists() and \
+            hashlib.sha1(path.read_bytes()).hexdigest() != stamp.read_text().strip():
+        return "user-edited"
+    from pipeline.artifacts import write_text
+
+    write_text(path, source)
+    write_text(stamp, digest)
+    return "generated"
+
+
+def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str, out_q) -> None:
+    """Worker: run each source once, screen it against the reference, time it."""
+    import torch
+
+    from codegen.registry import get_family
+    from codegen.source import load_forward
+    from verify.loading import case_params
+    from verify.timing import bench
+
+    family = get_family(family_name)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    inputs = family.make_inputs(case, device, gen)
+    params = case_params(family, case)
+    ref = family.reference(*inputs, **params)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    base = bench(lambda: family.reference(*inputs, **params), device=device,
+                 min_bytes=family.min_bytes(case))
+    out_q.put({"baseline": base.to_dict()})
+    for path in paths:
+        out_q.put({"start": path})
+        try:
+            fwd = load_forward(path)
+            out = family.make_out(case, inputs)
+            fwd(*inputs, out=out, **params)
+            outs = out if isinstance(out, tuple) else (out,)
+            rtol = SCREEN_RTOL.get(case["dtype"], 1e-2)
+            ok = all(torch.allclose(o.float(), r.float(), rtol=rtol, atol=rtol)
+                     for o, r in zip(outs, refs))
+            entry = {"path": path, "screen": "pass" if ok else "wrong result"}
+            if ok:
+                t = bench(lambda: fwd(*inputs, out=out, **params), device=device,
+                          min_bytes=family.min_bytes(case))
+                entry["timing"] = t.to_dict()
+        except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
+            entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
+                     "trace": traceback.format_exc(limit=3)[-600:]}
+        out_q.put(entry)
+
+
+def search(family: Family, case: Case, root: Path, device: str, max_configs: int | None = None,
+           timeout_s: float = 300.0) -> dict:
+    """Render, screen and time every config for one case; returns the search log entry."""
+    configs = family.search_space(case)
+    configs = configs[:max_configs] if max_configs else configs
+    folder = root / family.name / case_key(case)
+    jobs = []
+    for cfg in configs:
+        path = folder / config_key(cfg) / "kernel.py"
+        origin = write_candidate(family, cfg, case, path)
+        jobs.append({"path": str(path), "config": cfg, "origin": origin})
+    baseline, entries = screen_and_time(family, case, jobs, device, timeout_s)
+    entry = {"family": family.name, "case": case, "case_key": case_key(case), "device": device,
+             "baseline": baseline, "candidates": entries}
+    rank_entries(entry)
+    return entry
+
+
+def rank_entries(entry: dict) -> None:
+    """Order screened candidates by median time and say why each was kept or discarded."""
+    timed = sorted((e for e in entry["candidates"] if e.get("timing")),
+                   key=lambda e: e["timing"]["median_ms"])
+    for e in entry["candidates"]:
+        e["decision"] = f"discarded: {e['screen']}"
+    for rank, e in enumerate(timed):
+        e["decision"] = "best" if rank == 0 else "slower than best"
+    entry["order"] = [e["path"] for e in timed]
+
+
+def screen_and_time(family: Family, case: Case, jobs: list[dict], device: str,
+                    timeout_s: float = 300.0) -> tuple[dict | None, list[dict]]:
+    """Run the jobs (dicts with "path") in worker processes; a crash or hang fails only the
+    candidate that was running, and a fresh worker carries on with the rest."""
+    results: dict[str, dict] = {}
+    baseline = None
+    pending = list(jobs)
+    ctx = mp.get_context("spawn")
+    while pending:
+        q = ctx.Queue()
+        proc = ctx.Process(target=_screen_and_time,
+                           args=(family.name, case, [j["path"] for j in pending], device, q))
+        proc.start()
+        current = None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                msg = q.get(timeout=1.0)
+                deadline = time.monotonic() + timeout_s
+            except queue.Empty:
+                if proc.is_alive() and time.monotonic() < deadline:
+                    continue
+                msg = None  # the worker died (segfault, illegal address) or hung
+            if msg is None:
+                proc.kill()
+                if current is None:
+                    for j in pending:
+                        results[j["path"]] = {"screen": "worker failed before any candidate"}
+                else:
+                    results[current] = {"screen": "crashed or hung the worker"}
+                pending = [j for j in pending if j["path"] not in results]
+                break
+            if "baseline" in msg:
+                baseline = msg["baseline"]
+            elif "start" in msg:
+                current = msg["start"]
+            else:
+                results[msg["path"]] = msg
+                if all(j["path"] in results for j in pending):
+                    pending = []
+                    break
+        proc.join(timeout=10)
+    entries = [{**j, **results.get(j["path"], {"screen": "not run"})} for j in jobs]
+    return baseline, entries

@@ -1,0 +1,46 @@
+"""Loading candidate source files (generated, proposed or hand-written) as callables.
+
+Every candidate is a standalone Python file defining `forward(*inputs, out, **params)`; each is
+imported under its own unique module name so that two candidates of one family, or two
+versions of one file, never share a module object or a Triton JIT cache entry keyed on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+_counter = itertools.count()
+
+
+def load_module(path: str | Path):
+    """Import the file at `path` as a fresh module (registered in sys.modules: Triton's JIT
+    looks its kernels' globals up through the module, and dataclasses/pickling need it)."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"candidate source not found: {path}")
+    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    name = f"_candidate_{stem}_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_forward(path: str | Path) -> Callable[..., None]:
+    """The `forward` entry point of the candidate file at `path`."""
+    module = load_module(path)
+    forward = getattr(module, "forward", None)
+    if not callable(forward):
+        raise AttributeError(f"{path} defines no callable `forward(*inputs, out, **params)`")
+    return forward

@@ -1,0 +1,215 @@
+"""Integrate accepted kernels into the model, check it, measure it, accept per workload.
+
+- Patches go through each family's adapter, per model instance, reversibly; a chooser maps each
+  call's case to the accepted kernel for that exact case, or to the original code.
+- Whole-model check (DESIGN.md): with an fp32 copy of the model as reference, the patched
+  logits' relative error may be at most 1.5x the unpatched model's in the same dtype, on several
+  fresh random inputs. A failure is bisected to the families that cause it, which are rejected.
+- The patch must show in a re-profile: the replaced patterns are no longer found.
+- Per workload, baseline and patched run interleaved; each family alone, then all kept ones.
+  A family whose paired-ratio 95 % CI shows a slowdown is rolled back for that workload; if the
+  whole set still regresses, everything is rolled back there. Never ship a regression.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import ExitStack, contextmanager
+from typing import Callable
+
+import torch
+
+from codegen.registry import get_family
+from codegen.search import case_key
+from codegen.source import load_forward
+
+ERROR_RATIO = 1.5
+ERROR_FLOOR = 1e-6  # fp32 models agree with their fp32 reference to rounding: allow that much
+
+
+def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = None):
+    """case -> forward for the exact cases accepted for `family` (and allowed), else None."""
+    by_case = {}
+    for acc in accepted.values():
+        if acc["family"] == family:
+            key = case_key(acc["case"])
+            if allowed_cases is None or key in allowed_cases:
+                by_case[key] = acc["source"]
+    loaded: dict[str, Callable] = {}
+
+    def chooser(case):
+        key = case_key(case)
+        src = by_case.get(key)
+        if src is None:
+            return None
+        if key not in loaded:
+            loaded[key] = load_forward(src)
+        return loaded[key]
+
+    return chooser
+
+
+@contextmanager
+def patched(model, accepted: dict, families: list[str], workload_cases: dict | None = None):
+    """Apply the accepted kernels of `families`; undone on exit, whatever happens."""
+    with ExitStack() as stack:
+        for name in families:
+            allowed = None if workload_cases is None else workload_cases.get(name, set())
+            undo = get_family(name).patch(model, make_chooser(accepted, name, allowed))
+            stack.callback(undo)
+        yield model
+
+
+def logits_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def whole_model_check(model, ref_model, accepted: dict, families: list[str], workload,
+                      seeds=(0, 1, 2)) -> dict:
+    """Errors against the fp32 reference, unpatched and patched, on fresh inputs."""
+    from profiling.capture import make_runner
+
+    trials = []
+    with torch.no_grad():
+        for seed in seeds:
+            runner = make_runner(model, workload, seed=seed + 100)
+            ids = runner.input_ids
+            ref = ref_model(ids).logits
+            base = model(ids).logits
+            with patched(model, accepted, families):
+                new = model(ids).logits
+            e_base, e_new = logits_error(base, ref), logits_error(new, ref)
+            limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
+            trials.append({"seed": seed + 100, "error_unpatched": e_base,
+                           "error_patched": e_new, "limit": limit, "passed": e_new <= limit})
+    return {"families": families, "trials": trials, "passed": all(t["passed"] for t in trials)}
+
+
+def check_and_bisect(model, ref_model, accepted: dict, families: list[str], workload) -> dict:
+    """Whole-model check of the set; on failure, each family alone, failing ones rejected."""
+    full = whole_model_check(model, ref_model, accepted, families, workload)
+    result = {"set": full, "rejected": {}, "kept": list(families)}
+    if full["passed"] or not families:
+        return result
+    for name in families:
+        alone = whole_model_check(model, ref_model, accepted, [name], workload)
+        if not alone["passed"]:
+            result["rejected"][name] = alone
+    result["kept"] = [f for f in families if f not in result["rejected"]]
+    if result["kept"]:
+        result["kept_set"] = whole_model_check(model, ref_model, accepted, result["kept"],
+                                               workload)
+        if not result["kept_set"]["passed"]:
+            result["rejected"].update({f: result["kept_set"] for f in result["kept"]})
+            result["kept"] = []
+    return result
+
+
+def patch_took_effect(model, accepted: dict, families: list[str], workload) -> dict:
+    """Prove the patch is live: each family's kernel is dispatched, and the aten compute ops
+    it replaces run fewer times in the patched forward (a TorchDispatchMode counts them, on
+    any device). On a GPU a re-profile also lists the new kernels by name. (A CPU re-profile
+    with stacks would trace every Python line the Triton interpreter runs.)"""
+    from profiling.capture import make_runner
+    from verify.integrity import OpRecorder
+
+    runner = make_runner(model, workload)
+    calls: dict[str, int] = {f: 0 for f in families}
+
+    def counting(name):
+        inner = make_chooser(accepted, name)
+
+        def chooser(case):
+            fn = inner(case)
+            if fn is not None:
+                calls[name] += 1
+            return fn
+        return chooser
+
+    def count_ops():
+        with torch.no_grad(), OpRecorder() as rec:
+            runner.call()
+        runner.reset()
+        return rec.counts
+
+    before = count_ops()
+    with ExitStack() as stack:
+        for name in families:
+            stack.callback(get_family(name).patch(model, counting(name)))
+        after = count_ops()
+        kernels = _gpu_kernel_names(runner) if workload.device.startswith("cuda") else []
+    fewer = {}
+    for name in families:
+        ops = set(get_family(name).aten_ops)
+        fewer[name] = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(ops)}
+    ok = all(calls[f] > 0 and any(a < b for b, a in fewer[f].values()) for f in families)
+    return {"kernel_calls": calls, "aten_ops_before_after": fewer, "new_kernels": kernels,
+            "passed": ok}
+
+
+def _gpu_kernel_names(runner) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.call()
+        torch.cuda.synchronize()
+    runner.reset()
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    return sorted(n for n in names if not n.startswith(("void at::", "at::", "Memset", "Memcpy")))
+
+
+def twin(model):
+    """A second module tree over the same parameters and buffers (no weight copy), so the
+    baseline and a patched variant can run interleaved without re-patching per call."""
+    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo=shared)
+
+
+def measure(model, workload, accepted: dict, families: list[str], workload_cases: dict,
+            pairs: int, paired_ratio) -> dict:
+    """Each family alone against the baseline, then all kept ones; interleaved pairs."""
+    from profiling.capture import make_runner
+
+    def runner_for(m):
+        r = make_runner(m, workload)
+
+        def run():
+            with torch.no_grad():
+                r.call()
+            r.reset()
+        return run
+
+    base = runner_for(model)
+    device = workload.device
+    per_family, kept = {}, []
+    for name in families:
+        variant = twin(model)
+        with patched(variant, accepted, [name], workload_cases):
+            r = paired_ratio(base, runner_for(variant), n=pairs, device=device)
+        per_family[name] = {**r.to_dict(), "decision": _decision(r)}
+        if per_family[name]["decision"] != "rolled back":
+            kept.append(name)
+    combined = None
+    if kept:
+        variant = twin(model)
+        with patched(variant, accepted, kept, workload_cases):
+            r = paired_ratio(base, runner_for(variant), n=pairs, device=device)
+        combined = {**r.to_dict(), "decision": "kept"}
+        if r.meaningful and r.verdict == "slower":
+            combined["decision"] = "rolled back: the combined set regresses"
+            kept = []
+    return {"per_family": per_family, "combined": combined, "kept": kept}
+
+
+def _decision(r) -> str:
+    if not r.meaningful:
+        return "kept (timing not meaningful here: no decision on speed)"
+    if r.verdict == "slower":
+        return "rolled back"
+    return "kept" if r.verdict == "faster" else "kept (no significant difference)"
+
+
+def fp32_reference(model):
+    ref = copy.deepcopy(model).float()
+    return ref.eval()

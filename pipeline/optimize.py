@@ -1,0 +1,246 @@
+"""`pipeline optimize`: rank -> generate -> verify -> integrate -> report on one run directory.
+
+Each stage writes its artifact atomically; with `--resume` a stage whose artifact exists is
+skipped, and inside generate/verify every (family, case) already done is skipped too.
+
+Decisions written down here:
+- The top N are families (a family replaces all its occurrences), taken from the ranking by
+  whole-model gain, best rank over all profiled workloads.
+- A candidate is specialised to its case (constexpr widths); families give edge cases that keep
+  those widths (one row, prime row counts, strided rows), so the verifier runs the very file
+  that will run in the model on them. Awkward widths exercise the generator: tests/codegen
+  renders and checks them on every commit.
+- The projection is frozen (written to projection.json) before integration measures anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from pipeline.artifacts import read_json, write_json
+from pipeline.errors import UserError
+
+def choose_families(ranking: dict, top: int) -> list[str]:
+    best: dict[str, tuple] = {}
+    for w in ranking["workloads"]:
+        fam_rows = [r for r in w["rows"] if r["family"]]
+        for i, r in enumerate(fam_rows):
+            gain = r["replay_gain"] or r["amdahl_gain"]
+            cur = best.get(r["family"])
+            if cur is None or (-gain, i) < cur:
+                best[r["family"]] = (-gain, i)
+    return [f for f, _ in sorted(best.items(), key=lambda kv: kv[1])][:top]
+
+
+def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
+                   say: Callable[[str], None], resume: bool, max_configs: int | None) -> dict:
+    from codegen.registry import get_family
+    from codegen.search import case_key, search
+
+    path = run_dir / "candidates" / "search_log.json"
+    log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
+    done = {(s["family"], s["case_key"]) for s in log["searches"]}
+    for name in families:
+        fam = get_family(name)
+        cases = []
+        for w in workloads:
+            for c in fam.cases_from_model(model, w):
+                if c not in cases:
+                    cases.append(c)
+        if not cases:
+            log["searches"].append({"family": name, "case_key": None, "case": None,
+                                    "note": "the model has no call this family can replace"})
+            continue
+        for case in cases:
+            if (name, case_key(case)) in done:
+                continue
+            say(f"generate {name} {case_key(case)}")
+            log["searches"].append(search(fam, case, run_dir / "candidates", device,
+                                          max_configs=max_configs))
+            write_json(path, log)
+    write_json(path, log)
+    return log
+
+
+def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], None],
+                 resume: bool) -> dict:
+    """Fully verify the fastest screened candidate of every (family, case); next if rejected."""
+    from codegen.registry import get_family
+    from verify.harness import verify_candidate
+
+    path = run_dir / "verification" / "summary.json"
+    summary = read_json(path, "verification summary") if (resume and path.exists()) \
+        else {"accepted": {}, "rejected": []}
+    for s in log["searches"]:
+        if not s.get("case_key"):
+            continue
+        key = f"{s['family']}/{s['case_key']}"
+        if key in summary["accepted"] or any(r["key"] == key for r in summary["rejected"]):
+            continue
+        fam = get_family(s["family"])
+        tried = []
+        for cand in s["order"] or []:
+            say(f"verify {key} {Path(cand).parent.name}")
+            res = verify_candidate(fam, cand, [s["case"]], device=device, record_dir=run_dir,
+                                   candidate=f"{s['case_key']}__{Path(cand).parent.name}")
+            tried.append({"candidate": cand, "verdict": res.verdict, "reasons": res.reasons,
+                          "record": res.record_path})
+            if res.accepted:
+                entry = next(e for e in s["candidates"] if e["path"] == cand)
+                summary["accepted"][key] = {
+                    "family": s["family"], "case": s["case"], "source": cand,
+                    "config": entry["config"], "kernel": entry["timing"],
+                    "baseline": s["baseline"], "record": res.record_path,
+                    "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
+                    "verification_timing": res.timing}
+                break
+        else:
+            summary["rejected"].append({"key": key, "family": s["family"], "tried": tried,
+                                        "reason": "no candidate passed verification"
+                                        if tried else "no candidate passed the screen"})
+        write_json(path, summary)
+    write_json(path, summary)
+    return summary
+
+
+def kernel_speedups(summary: dict) -> dict[str, float]:
+    """family -> measured kernel speedup over its baseline (median over the family's cases)."""
+    import statistics
+
+    by_family: dict[str, list[float]] = {}
+    for acc in summary["accepted"].values():
+        by_family.setdefault(acc["family"], []).append(acc["speedup"])
+    return {f: statistics.median(v) for f, v in by_family.items()}
+
+
+def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool) -> dict:
+    """Re-rank with measured kernel times (not rooflines) and freeze the projection."""
+    from pipeline.rank_stage import amdahl, project_with
+
+    ranking = read_json(run_dir / "ranking.json", "ranking")
+    speed = kernel_speedups(summary) if on_gpu else {}
+    out = {"stage": "projection", "kernel_speedups": speed, "families": families,
+           "workloads": {}}
+    for w in ranking["workloads"]:
+        rows = [r for r in w["rows"] if r["family"] in speed]
+        parts = [(r["share"], speed[r["family"]]) for r in rows]
+        out["workloads"][w["key"]] = {
+            "amdahl": amdahl(parts) if parts else 1.0,
+            "replay": project_with(run_dir, w["key"], {r["pattern"]: speed[r["family"]]
+                                                       for r in rows}) if on_gpu else None,
+            "patterns": [r["pattern"] for r in rows],
+            "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
+                                        "timings, so no speedup is projected",
+        }
+    write_json(run_dir / "projection.json", out)
+    return out
+
+
+def load_run(target: str | None) -> Path:
+    from pipeline.rundir import latest_run
+
+    if target is None:
+        return latest_run()
+    p = Path(target)
+    if p.is_dir():
+        if not (p / "profile.json").exists():
+            raise UserError(f"{p} has no profile.json; run `pipeline profile` first")
+        return p
+    raise UserError(f"{target} is not a run directory")
+
+
+def describe_accepted(summary: dict) -> list[str]:
+    return [f"{k}: {v['speedup']:.2f}x over baseline" for k, v in summary["accepted"].items()]
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=1, default=str)
+
+
+def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: list[str],
+                    say: Callable[[str], None], pairs: int) -> dict:
+    import torch
+
+    from codegen.search import case_key
+    from codegen.registry import get_family
+    from models.loader import build
+    from pipeline import integrate as ig
+    from pipeline.env import environment
+    from verify.timing import paired_ratio
+
+    accepted = summary["accepted"]
+    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
+    result = {"stage": "integrate", "families": fams, "environment":
+              environment(workloads[0].device), "workloads": {}}
+    by_dtype: dict[tuple, list] = {}
+    for w in workloads:
+        by_dtype.setdefault((w.dtype, w.device), []).append(w)
+    for (dtype, device), ws in by_dtype.items():
+        say(f"building {spec.model_id} ({dtype}) for integration")
+        model = build(spec, ws[0].torch_dtype(), device)
+        ref = ig.fp32_reference(model)
+        say("whole-model check")
+        check = ig.check_and_bisect(model, ref, accepted, fams, ws[0])
+        del ref
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        kept = check["kept"]
+        effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
+        for w in ws:
+            say(f"measure {w.key}")
+            cases = {f: sorted({case_key(c) for c in get_family(f).cases_from_model(model, w)})
+                     for f in fams}
+            m = ig.measure(model, w, accepted, kept, {f: set(v) for f, v in cases.items()},
+                           pairs, paired_ratio)
+            result["workloads"][w.key] = {"workload": w.to_dict(), "check": check,
+                                          "patch_effect": effect, "cases": cases, **m}
+        del model
+    write_json(run_dir / "integration.json", result)
+    return result
+
+
+def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bool = False,
+                 max_configs: int | None = None, pairs: int | None = None,
+                 proposer: str | None = None) -> dict:
+    """All stages after profile on `run_dir`; returns the paths of what was written."""
+    from models.loader import resolve
+    from pipeline.rank_stage import run_rank
+    from pipeline.workload import Workload
+
+    profile = read_json(run_dir / "profile.json", "profile")
+    workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
+    device = workloads[0].device
+    on_gpu = device.startswith("cuda")
+    if not on_gpu:
+        # Triton kernels run under its CPU interpreter; workers inherit the environment
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if not (resume and (run_dir / "ranking.json").exists()):
+        say("rank")
+        run_rank(run_dir)
+    ranking = read_json(run_dir / "ranking.json", "ranking")
+    families = choose_families(ranking, top)
+    if not families:
+        raise UserError("the ranking names no pattern a kernel family can replace")
+    spec = resolve(profile["model"]["id"])
+    from models.loader import build
+
+    model = build(spec, workloads[0].torch_dtype(), device)
+    # on the CPU the interpreter makes timings meaningless: one config per case is enough
+    max_configs = max_configs or (None if on_gpu else 1)
+    log = generate_stage(run_dir, families, model, workloads, device, say, resume, max_configs)
+    if proposer:
+        from codegen.proposer import run_proposer
+
+        log = run_proposer(proposer, run_dir, log, device, say)
+    del model
+    summary = verify_stage(run_dir, log, device, say, resume)
+    projection = freeze_projection(run_dir, summary, families, on_gpu)
+    integration = integrate_stage(run_dir, spec, workloads, summary, families, say,
+                                  pairs or (30 if on_gpu else 3))
+    from pipeline.report import write_report
+
+    say("report")
+    return write_report(run_dir)

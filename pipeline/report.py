@@ -1,0 +1,400 @@
+"""The report stage: whatever artifacts a run directory holds -> report.md, report.html,
+report.json, plots/*.png and acceptance/<family>.md (one acceptance record per verified family).
+
+Any subset of artifacts renders (after `pipeline profile` only profile.json and ranking.json
+exist). Words as DESIGN.md defines them. Measured whole-model speedup = 1 / (paired ratio
+time(patched) / time(baseline)), its CI the inverted ratio CI; projection error =
+|projected - measured| / measured, for the Amdahl and the replay projection alike. Timings
+labelled not meaningful (CPU, Triton interpreter) are shown as such, never as speedups.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline import report_plots as rp
+from pipeline.artifacts import read_json, write_json, write_text
+from pipeline.errors import UserError
+from pipeline.rank_stage import LAUNCH_BOUND_BUSY
+
+ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
+             "search": "candidates/search_log.json", "verification": "verification/summary.json",
+             "projection": "projection.json", "integration": "integration.json"}
+TIMING_KEYS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "n", "method", "meaningful",
+               "reason", "gbps", "tflops")
+TOP = 12
+LM_HEAD_SUGGEST = 0.05
+NOT_MEANINGFUL = "not meaningful (CPU / Triton interpreter timing): no speedup derived"
+
+
+def write_report(run_dir: Path) -> dict:
+    """Write every report file for `run_dir`; returns their paths and the data behind them."""
+    run_dir = Path(run_dir)
+    arts = {k: read_json(run_dir / p, k) for k, p in ARTIFACTS.items() if (run_dir / p).exists()}
+    if "profile" not in arts and "ranking" not in arts:
+        raise UserError(f"{run_dir} has neither profile.json nor ranking.json: nothing to report")
+    data = collect(arts)
+    plots = rp.make_plots(run_dir, data)
+    acceptance, records = {}, {}
+    for fam in verified_families(data):
+        records[fam] = acceptance_record(fam, data, lambda p, f=fam: _record(run_dir, f, p))
+        acceptance[fam] = write_text(run_dir / "acceptance" / f"{fam}.md", (
+            f"# Acceptance record: {fam}\n\n```text\n{records[fam]}\n```\n"))
+    data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
+    data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
+    blocks = rp.document(data, records)
+    md = write_text(run_dir / "report.md", rp.to_markdown(blocks))
+    html = write_text(run_dir / "report.html",
+                      rp.to_html(blocks, f"Kernel report: {data['model'].get('id')}"))
+    js = write_json(run_dir / "report.json", data)
+    return {"markdown": md, "html": html, "json": js, "plots": list(plots.values()),
+            "acceptance": list(acceptance.values())}
+
+
+def collect(arts: dict) -> dict:
+    """The numbers the report shows (report.json), from whatever artifacts were read."""
+    prof, rank = arts.get("profile") or {}, arts.get("ranking") or {}
+    pw = {w["key"]: w for w in prof.get("workloads", [])}
+    rw = {w["key"]: w for w in rank.get("workloads", [])}
+    iw = (arts.get("integration") or {}).get("workloads", {})
+    keys = list(dict.fromkeys([*pw, *rw, *iw]))
+    fam_of = {r["pattern"]: r.get("family") for w in rank.get("workloads", []) for r in w["rows"]}
+    kernels = _kernels(arts.get("verification"), arts.get("search"))
+    proj = arts.get("projection")
+    model = prof.get("model") or {"id": rank.get("model")}
+    return {
+        "stage": "report", "artifacts": sorted(arts),
+        "model": {k: model.get(k) for k in ("id", "source", "weights", "model_type", "revision",
+                                            "num_layers", "hidden_size", "notes")},
+        "environment": prof.get("environment") or (arts.get("integration") or {}).get(
+            "environment") or {},
+        "ceilings": prof.get("ceilings") or rank.get("ceilings") or {},
+        "kernel_speedups": (proj or {}).get("kernel_speedups"),
+        "chosen_families": (proj or {}).get("families"),
+        "kernels": kernels,
+        "workloads": [_workload(k, pw.get(k), rw.get(k), proj, iw.get(k), fam_of) for k in keys],
+    }
+
+
+def _workload(key, p, r, proj, iw, fam_of) -> dict:
+    r = r or {}
+    base = p or r or {"workload": (iw or {}).get("workload", {}), "time_basis": None}
+    basis = base.get("time_basis")
+    rows = r.get("rows") or [
+        {"pattern": o["op"], "family": None, "share": o["share"], "time_us": o["time_us"],
+         "occurrences": o["calls"]} for o in (p or {}).get("by_op", [])]
+    rest = (p or {}).get("rest_share")
+    rest = max(0.0, 1 - sum(x["share"] for x in rows)) if rest is None else rest
+    busy = base.get("gpu_busy_share")
+    launch_bound = bool(r.get("launch_bound")) or (busy is not None and busy < LAUNCH_BOUND_BUSY)
+    wall = (p or {}).get("wall") or {"median_ms": r.get("wall_ms")}
+    w = {
+        "key": key, "workload": base.get("workload", {}), "time_basis": basis,
+        "timing_meaningful": basis == "device", "wall_ms": wall.get("median_ms"),
+        "wall_p10_ms": wall.get("p10_ms"), "wall_p90_ms": wall.get("p90_ms"),
+        "profiled_ms_per_step": (p or {}).get("profiled_ms_per_step"),
+        "gpu_busy_share": busy, "gpu_idle_share": base.get("gpu_idle_share"),
+        "launch_bound": launch_bound, "regime": r.get("regime") or _regime(basis, busy),
+        "rest_share": rest, "shares": _share_rows(rows, rest), "ranked_by": r.get("ranked_by"),
+        "top_patterns": [{k: x.get(k) for k in (
+            "pattern", "family", "occurrences", "share", "time_us", "launches",
+            "attainable_speedup", "target_source", "achieved_GBps", "amdahl_gain",
+            "replay_gain")} for x in rows[:TOP]],
+        "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
+        "ceiling_replay": r.get("ceiling_replay")}
+    w["projected"] = _projected(key, proj, fam_of)
+    w.update(_integration(iw, w["projected"]))
+    w["suggestions"] = _suggestions(w, p)
+    return w
+
+
+def _regime(basis, busy) -> str:
+    if basis != "device":
+        return "CPU profile: shares are host time of aten ops"
+    bound = "launch" if busy is not None and busy < LAUNCH_BOUND_BUSY else "device"
+    return f"{bound}-bound: the GPU is busy {busy or 0:.0%} of the wall time"
+
+
+def _share_rows(rows: list[dict], rest: float) -> list[dict]:
+    """Top patterns by share, the remainder of the device work, and the host/launch/idle row:
+    together they sum to 1 like the profile's shares."""
+    by_share = sorted(rows, key=lambda x: -x["share"])
+    out = [{"label": x["pattern"], "share": x["share"],
+            "kind": "family" if x.get("family") else "other"} for x in by_share[:TOP]]
+    other = sum(x["share"] for x in by_share[TOP:])
+    if other > 1e-4:
+        out.append({"label": f"({len(by_share) - TOP} other patterns)", "share": other,
+                    "kind": "other"})
+    out.append({"label": "rest: host/launch/idle", "share": rest, "kind": "rest"})
+    return out
+
+
+def _projected(key, proj, fam_of) -> dict | None:
+    pw = (proj or {}).get("workloads", {}).get(key)
+    if pw is None:
+        return None
+    speed = proj.get("kernel_speedups") or {}
+    fams = sorted({fam_of.get(p) or p for p in pw.get("patterns", [])} & set(speed))
+    return {"amdahl": None if pw.get("note") else pw.get("amdahl"),
+            "replay": None if pw.get("note") else pw.get("replay"), "families": fams,
+            "patterns": pw.get("patterns", []), "note": pw.get("note"),
+            "kernel_speedups": {f: speed[f] for f in fams}}
+
+
+def _ratio(d: dict, families: list[str], scope: str) -> dict:
+    ok = bool(d.get("meaningful")) and bool(d.get("estimate"))
+    lo, hi = d.get("ci_low"), d.get("ci_high")
+    return {"families": families, "scope": scope, "ratio": d.get("estimate"),
+            "ratio_ci": [lo, hi], "meaningful": ok,
+            "reason": None if ok else (d.get("reason") or NOT_MEANINGFUL),
+            "verdict": d.get("verdict"), "decision": d.get("decision"), "pairs": len(
+                d.get("ratios") or []),
+            "speedup": 1 / d["estimate"] if ok else None,
+            "ci": [1 / hi, 1 / lo] if ok and lo and hi else None, "note": None}
+
+
+def _rolled_back(d: dict | None) -> bool:
+    return str((d or {}).get("decision", "")).startswith("rolled back")
+
+
+def _integration(iw: dict | None, projected: dict | None) -> dict:
+    if iw is None:
+        return {"measured": None, "shipped": None, "projection_error": None, "per_family": [],
+                "rollbacks": [], "kept": None, "check": None, "patch_effect": None}
+    per, comb, check = iw.get("per_family") or {}, iw.get("combined"), iw.get("check") or {}
+    in_comb = [f for f, d in per.items() if not _rolled_back(d)]
+    want = (projected or {}).get("families")
+    measured = None
+    if comb and (want is None or set(in_comb) == set(want)):
+        measured = _ratio(comb, in_comb, "all kept kernels together")
+    elif want and len(want) == 1 and want[0] in per:
+        measured = _ratio(per[want[0]], want, f"{want[0]} alone")
+    elif comb:
+        measured = _ratio(comb, in_comb, "all kept kernels together")
+    if measured and want is not None and not projected["note"] and \
+            set(measured["families"]) != set(want):
+        measured["note"] = (f"the measured set ({', '.join(measured['families']) or 'none'}) "
+                            f"differs from the projected set ({', '.join(want) or 'none'})")
+    error = None
+    if measured and measured["speedup"] and projected and not projected["note"]:
+        m = measured["speedup"]
+        error = {k: abs(projected[k] - m) / m if projected.get(k) is not None else None
+                 for k in ("amdahl", "replay")}
+    kept = list(iw.get("kept") or [])
+    if kept and comb:
+        c = _ratio(comb, kept, "shipped")
+        shipped = {"families": kept, "speedup": c["speedup"], "ci": c["ci"],
+                   "note": None if c["meaningful"] else c["reason"]}
+    else:
+        shipped = {"families": [], "speedup": 1.0, "ci": None,
+                   "note": "nothing kept: the model runs its original code on this workload"}
+    rollbacks = [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
+                 for f, res in (check.get("rejected") or {}).items()]
+    for f, d in per.items():
+        if _rolled_back(d):
+            r = _ratio(d, [f], "alone")
+            rollbacks.append({"family": f, "stage": "timing", "reason": (
+                f"alone {rp.speed(r['speedup'])} {rp.ci(r['ci'])}: the 95% CI of the paired "
+                f"ratio shows a slowdown")})
+    if _rolled_back(comb):
+        r = _ratio(comb, in_comb, "combined")
+        rollbacks.append({"family": ", ".join(in_comb), "stage": "combined", "reason": (
+            f"{comb['decision']} ({rp.speed(r['speedup'])} {rp.ci(r['ci'])}); every kernel "
+            f"rolled back here")})
+    return {"measured": measured, "shipped": shipped, "projection_error": error,
+            "per_family": [{"family": f, **_ratio(d, [f], "alone")} for f, d in per.items()],
+            "rollbacks": rollbacks, "kept": kept,
+            "check": {**{k: (check.get("set") or {}).get(k) for k in ("families", "passed")},
+                      "trials": (check.get("set") or {}).get("trials") or [],
+                      "rejected": sorted(check.get("rejected") or {})} if check else None,
+            "patch_effect": iw.get("patch_effect")}
+
+
+def _check_reason(res: dict) -> str:
+    t = next((t for t in res.get("trials", []) if not t.get("passed")), None)
+    if t is None:
+        return "whole-model check failed"
+    return (f"whole-model check failed: patched logits error {t['error_patched']:.3g} > limit "
+            f"{t['limit']:.3g} (1.5x the unpatched error {t['error_unpatched']:.3g}, "
+            f"seed {t['seed']})")
+
+
+def _suggestions(w: dict, p: dict | None) -> list[str]:
+    out = []
+    wl = w["workload"]
+    if p and wl.get("mode", "prefill") == "prefill":
+        lm = sum(o.get("share", 0.0) for o in p.get("ops", [])
+                 if str(o.get("module") or "").split(".")[-1] == "lm_head")
+        seq = max(1, int(wl.get("seq") or 1))
+        if lm >= LM_HEAD_SUGGEST:
+            gain = 1 / (1 - lm + lm / seq)
+            out.append(f"lm_head takes {lm:.1%} of the prefill wall time: when generating, "
+                       f"compute logits for the last position only (logits_to_keep=1); up to "
+                       f"{gain:.2f}x by Amdahl. This changes what model() returns, so it is a "
+                       f"model-level suggestion, not counted as a kernel gain.")
+    if w["launch_bound"] and w["time_basis"] == "device":
+        out.append("The pass is launch-bound: capture the step in a CUDA graph (e.g. "
+                   "torch.compile(mode='reduce-overhead')) or batch more tokens per call; host "
+                   "dispatch, not kernel time, sets the pace. Not counted as a kernel gain.")
+    return out
+
+
+def _timing(t: dict | None) -> dict | None:
+    return {k: t.get(k) for k in TIMING_KEYS} if t else None
+
+
+def _kernels(summ: dict | None, log: dict | None) -> dict:
+    searches = {f"{s['family']}/{s['case_key']}": s for s in (log or {}).get("searches", [])
+                if s.get("case_key")}
+
+    def search(key):
+        cands = searches.get(key, {}).get("candidates")
+        return None if cands is None else {
+            "configs": len(cands), "passed_screen": sum(c.get("screen") == "pass" for c in cands)}
+
+    accepted = []
+    for key, a in (summ or {}).get("accepted", {}).items():
+        k, b = _timing(a.get("kernel")), _timing(a.get("baseline"))
+        ok = bool(k and k["meaningful"] and b and b["meaningful"])
+        entry = next((c for c in searches.get(key, {}).get("candidates", [])
+                      if c.get("path") == a.get("source")), {})
+        accepted.append({"key": key, "family": a["family"], "case_key": key.split("/", 1)[-1],
+                         "case": a.get("case"), "config": a.get("config"),
+                         "origin": entry.get("origin"), "source": a.get("source"),
+                         "record": a.get("record"), "kernel": k, "baseline": b,
+                         "meaningful": ok, "speedup": a.get("speedup") if ok else None,
+                         "search": search(key)})
+    rejected = [{"key": r["key"], "family": r["family"], "reason": r.get("reason"),
+                 "case": searches.get(r["key"], {}).get("case"),
+                 "tried": [{"candidate": t.get("candidate"), "verdict": t.get("verdict"),
+                            "reasons": (t.get("reasons") or [])[:3], "record": t.get("record")}
+                           for t in r.get("tried", [])], "search": search(r["key"])}
+                for r in (summ or {}).get("rejected", [])]
+    no_call = [f"{s['family']}: {s.get('note')}" for s in (log or {}).get("searches", [])
+               if not s.get("case_key")]
+    return {"accepted": accepted, "rejected": rejected, "not_applicable": no_call}
+
+
+def verified_families(data: dict) -> list[str]:
+    k = data["kernels"]
+    return list(dict.fromkeys(e["family"] for e in k["accepted"] + k["rejected"]))
+
+
+def _record(run_dir: Path, family: str, path: str | None) -> dict | None:
+    """A verification record, found where it was written or under this run directory."""
+    if not path:
+        return None
+    p = Path(path)
+    for c in (p, run_dir / p, run_dir / "verification" / family / p.name):
+        if c.is_file():
+            try:
+                return read_json(c, "verification record")
+            except UserError:
+                return None
+    return None
+
+
+# ---------------------------------------------------------------- acceptance records
+
+ROLLBACK_RULE = ("rolled back on a workload when the 95% CI of its paired whole-model ratio "
+                 "shows a slowdown, when the combined set regresses there, or when the patched "
+                 "logits' error against the fp32 model exceeds 1.5x the unpatched error")
+
+
+def acceptance_record(fam: str, data: dict, load) -> str:
+    """One kernel family's acceptance record in the DESIGN.md form (six labelled fields)."""
+    acc = [a for a in data["kernels"]["accepted"] if a["family"] == fam]
+    rej = [r for r in data["kernels"]["rejected"] if r["family"] == fam]
+    recs = [(a["case_key"], load(a["record"])) for a in acc]
+    tried = [(x, load(x["record"])) for r in rej for x in r["tried"]]
+    m, env = data["model"], data["environment"]
+    renv = next((r["environment"] for _, r in recs + tried if r), {})
+    cases = [(a["case_key"], a["case"]) for a in acc] + [(r["key"].split("/", 1)[-1], r["case"])
+                                                         for r in rej]
+    dtypes = sorted({str((c or {}).get("dtype")) for _, c in cases})
+    ws = data["workloads"]
+    f = {"Workload": [
+        (f"model {m.get('id')} ({m.get('source')}, {m.get('weights')} weights, "
+        f"{m.get('model_type')}); revision {m.get('revision') or 'not pinned'}"),
+        *[f"case {k}: " + ", ".join(f"{n}={v}" for n, v in (c or {}).items()) for k, c in cases],
+        "workloads: " + "; ".join(f"{w['key']} (batch {w['workload'].get('batch')}, seq "
+                                  f"{w['workload'].get('seq')}, {w['workload'].get('mode')})"
+                                  for w in ws),
+        ("concurrency: one process, one stream, one call at a time (the batch is the only "
+        "parallelism)")],
+        "Environment": [
+        (f"accelerator: {env.get('gpu') or renv.get('accelerator') or 'none (CPU)'}, driver "
+        f"{env.get('driver') or 'n/a'}"),
+        (f"compiler: triton {renv.get('triton') or env.get('triton')}, torch "
+        f"{renv.get('torch') or env.get('torch')}, CUDA {env.get('cuda') or 'n/a'}"),
+        "precision: " + ", ".join(dtypes)],
+        "Comparison": [
+        ("baseline: the model's own code for the pattern (the family reference mirrors the "
+        "Hugging Face forward), same inputs, same harness"),
+        *[f"candidate {a['case_key']}: {a['source']} config {a['config']} "
+          f"({a['origin'] or 'generated'}), sha256 {(r or {}).get('source_sha256', '')[:12]}"
+          for a, (_, r) in zip(acc, recs, strict=True)],
+        *[f"candidate (rejected): {x['candidate']}" for x, _ in tried],
+        "kernel timing: " + ("; ".join(sorted({a["kernel"]["method"] for a in acc if a["kernel"]}))
+                             + ", median of n repetitions, spread p20-p80" if acc else
+                             "none (no candidate accepted, nothing timed)"),
+        ("end to end: baseline and patched model interleaved in one process, median paired "
+        "ratio with a bootstrap 95% CI; it counts only when the CI excludes 1.0")],
+        "Correctness": [
+        ("reference: float64 run of the baseline (float32 where float64 fails); an element "
+        "passes when |c - r| <= |b - r| + atol + rtol*|r|"),
+        "tolerances: " + "; ".join(
+            f"{d} atol {t['atol']:g} rtol {t['rtol']:g}"
+            for d, t in (renv.get("tolerances") or {}).items() if d in dtypes) or "not recorded"]}
+    for name, r in recs + [(Path(str(x["candidate"])).parent.name, r) for x, r in tried]:
+        if r is None:
+            f["Correctness"].append(f"{name}: verification record not found")
+            continue
+        edges = [c["label"] for c in r.get("cases", []) if c.get("origin") != "given"]
+        ok = sum(1 for c in r.get("checks", []) if c.get("passed"))
+        f["Correctness"].append(
+            f"{r.get('candidate', name)}: {r.get('verdict')}, {ok}/{len(r.get('checks', []))} "
+            f"checks passed on {len(r.get('cases', []))} input sets ({len(edges)} edge cases), "
+            f"seeds master {r.get('seeds', {}).get('master')} x {r.get('seeds', {}).get('trials')}"
+            f" trials")
+        f["Correctness"] += [f"  failure: {x}" for x in r.get("reasons", [])[:3]]
+    for w in ws:
+        chk = w["check"]
+        if chk and fam in (chk["families"] or []):
+            errs = ", ".join(f"{t['error_patched']:.3g} vs {t['error_unpatched']:.3g}"
+                             for t in chk["trials"])
+            f["Correctness"].append(f"whole model {w['key']}: logits error patched vs unpatched "
+                                    f"(fp32 reference) {errs}: "
+                                    f"{'failed' if fam in chk['rejected'] else 'passed'}")
+    f["Measurements"] = []
+    for a in acc:
+        kt, bt, s = a["kernel"] or {}, a["baseline"] or {}, a["search"]
+        line = (f"{a['case_key']}: baseline {bt.get('median_ms', 0):.4f} ms "
+                f"[{bt.get('p20_ms', 0):.4f}-{bt.get('p80_ms', 0):.4f}], kernel "
+                f"{kt.get('median_ms', 0):.4f} ms [{kt.get('p20_ms', 0):.4f}-"
+                f"{kt.get('p80_ms', 0):.4f}], n={kt.get('n')}: ")
+        line += (f"{rp.speed(a['speedup'])}" + (f", {kt['gbps']:.0f} GB/s" if kt.get("gbps")
+                                                 else "")) if a["meaningful"] else NOT_MEANINGFUL
+        f["Measurements"].append(line + (f"; {s['configs']} configs tried, "
+                                         f"{s['passed_screen']} passed the screen" if s else ""))
+    decision = [f"accepted for cases: {', '.join(a['case_key'] for a in acc)}" if acc else
+                "rejected: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej)]
+    if rej and acc:
+        decision.append("rejected cases: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej))
+    for w in ws:
+        per = next((x for x in w["per_family"] if x["family"] == fam), None)
+        if per:
+            f["Measurements"].append(
+                f"end to end {w['key']} ({fam} alone, {per['pairs']} pairs): " +
+                (f"{rp.speed(per['speedup'])} {rp.ci(per['ci'])}, {per['verdict']}"
+                 if per["meaningful"] else NOT_MEANINGFUL))
+        rb = [r for r in w["rollbacks"] if fam in r["family"].split(", ")]
+        if rb:
+            decision.append(f"rolled back on {w['key']}: " + "; ".join(r["reason"] for r in rb))
+        elif w["kept"] is not None and fam in w["kept"]:
+            decision.append(f"kept on {w['key']}")
+    if not f["Measurements"]:
+        f["Measurements"] = ["none: no candidate was accepted, nothing timed end to end"]
+    f["Decision"] = decision + [f"rollback conditions: {ROLLBACK_RULE}"]
+    return "\n".join(f"{(label + ':'):<14}{line}" if i == 0 else f"{'':14}{line}"
+                     for label, lines in f.items() for i, line in enumerate(lines))

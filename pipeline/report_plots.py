@@ -1,0 +1,394 @@
+"""How the report looks: number formats, the markdown and HTML renderers of report.py's
+blocks, and the plots (matplotlib on the Agg canvas: no display, no pyplot state).
+
+Everything here takes numbers report.py computed (the numbers report.json holds) and only
+draws or formats them; nothing here decides what a number means. Plots are written atomically.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from pathlib import Path
+
+from pipeline.artifacts import write_text
+
+COLORS = {"family": "#4c72b0", "other": "#8da0cb", "rest": "#b0b0b0", "amdahl": "#4c72b0",
+          "replay": "#dd8452", "measured": "#55a868"}
+
+
+def speed(v) -> str:
+    return "-" if v is None else f"{v:.3f}x"
+
+
+def pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def ms(v) -> str:
+    return "-" if v is None else f"{v:.3f} ms"
+
+
+def ci(pair) -> str:
+    return "" if not pair else f"[{pair[0]:.3f}x, {pair[1]:.3f}x]"
+
+
+# Blocks: ("h", level, text) ("p", text) ("note", text) ("table", headers, rows)
+# ("img", src, alt) ("ul", items) ("links", [(text, href)]) ("pre", text)
+
+
+def _cell(v) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(blocks: list[tuple]) -> str:
+    def table(head, rows):
+        def line(cells):
+            return "| " + " | ".join(_cell(c) for c in cells) + " |"
+        return "\n".join([line(head), "|" + "---|" * len(head)] + [line(r) for r in rows])
+    fmt = {"h": lambda level, t: "#" * level + " " + t, "p": lambda t: t,
+           "note": lambda t: "> **Note:** " + t, "table": table,
+           "img": lambda src, alt: f"![{alt}]({src})",
+           "ul": lambda items: "\n".join(f"- {i}" for i in items),
+           "links": lambda links: "\n".join(f"- [{t}]({h})" for t, h in links),
+           "pre": lambda t: "```text\n" + t.rstrip() + "\n```"}
+    return "\n\n".join(fmt[b[0]](*b[1:]) for b in blocks) + "\n"
+
+
+CSS = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1150px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;
+padding-bottom:.2em;margin-top:1.8em}table{border-collapse:collapse;margin:.6em 0 1.2em;
+font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f2f2f2}td.num{text-align:right;font-variant-numeric:tabular-nums}
+img{max-width:100%;border:1px solid #e4e4e4;margin:.4em 0}.note{background:#fff8e1;
+border-left:4px solid #f0b400;padding:.5em .8em;margin:.8em 0}pre{background:#f6f8fa;
+padding:.8em;overflow-x:auto;font-size:.85em}"""
+_NUM = re.compile(r"^[-+]?[\d.]+(e[-+]?\d+)?(x|%| ms| us)?$")
+
+
+def to_html(blocks: list[tuple], title: str) -> str:
+    e = html.escape
+
+    def table(head, rows):
+        th = "".join(f"<th>{e(str(h))}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f'<td{" class=num" if _NUM.match(str(c)) else ""}>'
+                                        f"{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    fmt = {"h": lambda level, t: f"<h{level}>{e(t)}</h{level}>", "p": lambda t: f"<p>{e(t)}</p>",
+           "note": lambda t: f'<div class="note"><b>Note:</b> {e(t)}</div>', "table": table,
+           "img": lambda src, alt: f'<img src="{e(src)}" alt="{e(alt)}">',
+           "ul": lambda items: "<ul>" + "".join(f"<li>{e(i)}</li>" for i in items) + "</ul>",
+           "links": lambda links: "<ul>" + "".join(f'<li><a href="{e(h)}">{e(t)}</a></li>'
+                                                   for t, h in links) + "</ul>",
+           "pre": lambda t: f"<pre>{e(t)}</pre>"}
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}'
+            f"</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(fmt[b[0]](*b[1:]) for b in blocks) + "\n</body></html>\n")
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _save(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_text(path, buf.getvalue())
+    return path
+
+
+def _short(text: str, n: int = 46) -> str:
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+def share_plot(path: Path, key: str, rows: list[dict], basis: str) -> Path:
+    """Horizontal bars of the wall-time share per pattern; rows: {label, share, kind}, where
+    kind is "family" (a kernel family can replace it), "other" or "rest"."""
+    fig = _figure(8.0, 0.38 * len(rows) + 1.4)
+    ax = fig.add_subplot()
+    rows = list(reversed(rows))
+    y = range(len(rows))
+    ax.barh(list(y), [r["share"] * 100 for r in rows],
+            color=[COLORS.get(r["kind"], COLORS["other"]) for r in rows])
+    ax.set_yticks(list(y), [_short(r["label"]) for r in rows], fontsize=8)
+    top = max([r["share"] * 100 for r in rows] + [1.0])
+    for i, r in enumerate(rows):
+        ax.text(r["share"] * 100 + top * 0.01, i, f"{r['share']:.1%}", va="center", fontsize=7)
+    ax.set_xlim(0, top * 1.15)
+    what = "device time" if basis == "device" else "host (CPU) time"
+    ax.set_xlabel(f"share of the wall time (%) - {what}; dark bars: a kernel family applies")
+    ax.set_title(f"{key}: where the time goes", fontsize=10)
+    return _save(fig, path)
+
+
+def cumulative_plot(path: Path, key: str, curve: list[dict], basis_note: str) -> Path:
+    """Projected whole-model speedup when the top n candidate families are replaced."""
+    fig = _figure(8.0, 4.2)
+    ax = fig.add_subplot()
+    n = [p["n"] for p in curve]
+    ax.plot(n, [p["amdahl"] for p in curve], marker="o", color=COLORS["amdahl"],
+            label="Amdahl over shares")
+    replay = [(p["n"], p["replay"]) for p in curve if p.get("replay") is not None]
+    if replay:
+        ax.plot([x for x, _ in replay], [v for _, v in replay], marker="s",
+                color=COLORS["replay"], label="trace replay (critical path)")
+    ax.axhline(1.0, color="#666", lw=0.8, ls="--")
+    ax.set_xticks(n, [_short(f"+{p['pattern']}", 24) for p in curve], rotation=30, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("projected whole-model speedup (x)")
+    ax.set_title(f"{key}: cumulative projection ({basis_note})", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def comparison_plot(path: Path, entries: list[dict]) -> Path:
+    """Per workload: projected (Amdahl, replay) next to the measured speedup with its 95 % CI,
+    bars drawn from 1.0 so a slowdown points down. entries: {key, amdahl, replay, measured,
+    ci}; a value that is None is not drawn."""
+    fig = _figure(max(6.0, 1.9 * len(entries) + 2), 4.4)
+    ax = fig.add_subplot()
+    width, seen = 0.26, [1.0]
+    for j, (name, label) in enumerate((("amdahl", "projected: Amdahl"),
+                                       ("replay", "projected: replay"),
+                                       ("measured", "measured (95% CI)"))):
+        pts = [(i + (j - 1) * width, e[name], e.get("ci") if name == "measured" else None)
+               for i, e in enumerate(entries) if e.get(name) is not None]
+        if not pts:
+            continue
+        err = [[max(0.0, v - c[0]) if c else 0.0 for _, v, c in pts],
+               [max(0.0, c[1] - v) if c else 0.0 for _, v, c in pts]]
+        ax.bar([x for x, _, _ in pts], [v - 1.0 for _, v, _ in pts], width, bottom=1.0,
+               label=label, color=COLORS[name], yerr=err, capsize=3 if name == "measured" else 0)
+        for x, v, c in pts:
+            seen += [v, *(c or ())]
+            y = (c[1] if v >= 1 else c[0]) if c else v  # beyond the CI, clear of its caps
+            ax.text(x, y, f"{v:.3f}", ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
+    span = max(seen) - min(seen) or 0.05
+    ax.set_ylim(min(seen) - 0.25 * span, max(seen) + 0.25 * span)
+    ax.axhline(1.0, color="#666", lw=0.8)
+    ax.set_xticks(range(len(entries)), [_short(e["key"], 28) for e in entries], fontsize=8)
+    ax.set_ylabel("whole-model speedup (x); 1.0 = unchanged")
+    ax.set_title("projected vs measured whole-model speedup per workload", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def make_plots(run_dir: Path, data: dict) -> dict[str, Path]:
+    """Every plot the data supports; keys name them in report.json."""
+    out: dict[str, Path] = {}
+    for w in data["workloads"]:
+        k = w["key"]
+        if w["shares"]:
+            out[f"share/{k}"] = share_plot(run_dir / "plots" / f"share_{k}.png", k,
+                                           w["shares"], w["time_basis"] or "cpu")
+        if w["cumulative"]:
+            measured = any(r.get("target_source") == "measured kernel"
+                           for r in w["top_patterns"] if r.get("family"))
+            basis = ("measured kernel times" if measured else "roofline targets") + (
+                "" if w["time_basis"] == "device" else ", CPU host-time shares")
+            out[f"cumulative/{k}"] = cumulative_plot(
+                run_dir / "plots" / f"cumulative_{k}.png", k, w["cumulative"], basis)
+    entries = []
+    for w in data["workloads"]:
+        p, m = w["projected"] or {}, w["measured"] or {}
+        entries.append({"key": w["key"], "amdahl": p.get("amdahl"), "replay": p.get("replay"),
+                        "measured": m.get("speedup"), "ci": m.get("ci")})
+    if len(entries) > 1 and any(e[v] is not None for e in entries
+                                for v in ("amdahl", "replay", "measured")):
+        out["comparison"] = comparison_plot(run_dir / "plots" / "comparison.png", entries)
+    return out
+
+
+def _proj_cells(w: dict) -> tuple[str, str]:
+    p = w["projected"]
+    if p is None:
+        a, r = w.get("ceiling_amdahl"), w.get("ceiling_replay")
+        return ((f"ceiling {speed(a)}" if a else "-"), (f"ceiling {speed(r)}" if r else "-"))
+    if p["note"]:
+        return "n/a (CPU: no GPU kernel times)", "n/a (CPU: no GPU kernel times)"
+    return speed(p["amdahl"]), speed(p["replay"])
+
+
+def _measured_cell(m: dict | None) -> str:
+    if m is None:
+        return "not measured"
+    return speed(m["speedup"]) if m["meaningful"] else "not meaningful (CPU timing)"
+
+
+def _shipped_cell(s: dict | None) -> str:
+    if s is None:
+        return "-"
+    return speed(s["speedup"]) if s["speedup"] is not None else "not meaningful (CPU timing)"
+
+
+def document(data: dict, records: dict[str, str]) -> list[tuple]:
+    """The report as blocks, rendered by to_markdown and to_html alike."""
+    m, env, c, plots = data["model"], data["environment"], data["ceilings"], data["plots"]
+    b: list[tuple] = [("h", 1, f"Kernel report: {m.get('id')}"),
+                      ("p", "Artifacts read: " + ", ".join(data["artifacts"]) + ".")]
+    if not {"verification", "projection", "integration"} & set(data["artifacts"]):
+        b.append(("note", ("Only profiling and ranking have run: the projections are roofline "
+                          "ceilings from before any kernel exists. Run `pipeline optimize` to "
+                          "generate, verify, integrate and measure kernels.")))
+    weights = str(m.get("weights"))
+    if weights == "random":
+        weights += " (timing does not depend on weight values; outputs are not meaningful text)"
+    rows = [("model", m.get("id")), ("source", m.get("source")), ("weights", weights),
+            ("model type", m.get("model_type")),
+            ("layers / hidden size", f"{m.get('num_layers')} / {m.get('hidden_size')}")]
+    rows += [(k, env[k]) for k in ("gpu", "driver", "cuda", "torch", "triton", "transformers",
+                                   "python", "cpu", "device") if env.get(k) is not None]
+    b += [("h", 2, "Model and environment"), ("table", ["", "value"], rows)]
+    if c:
+        b += [("h", 2, "Ceilings (measured on this machine)"), ("table", ["ceiling", "value"], [
+            ("copy bandwidth", f"{c.get('bandwidth_GBps', 0):.0f} GB/s"),
+            ("matmul peak", f"{c.get('matmul_TFLOPs', 0):.1f} TFLOP/s ({c.get('matmul_dtype')})"),
+            ("launch cost", f"{c.get('launch_us', 0):.2f} us"), ("device", c.get("device")),
+            ("measured at", c.get("measured_at"))]),
+            ("p", (f"How: {c.get('method')}. Measured by `pipeline calibrate` on the device in "
+                  "use (cached per device name), never taken from a datasheet."))]
+    b += [("h", 2, "Whole-model speedup per workload"), ("table", [
+        "workload", "regime", "wall", "projected (Amdahl)", "projected (replay)", "measured",
+        "95% CI", "error (Amdahl)", "error (replay)", "shipped"], [
+        [w["key"], "CPU" if w["time_basis"] != "device" else
+         ("launch-bound" if w["launch_bound"] else "device-bound"), ms(w["wall_ms"]),
+         *_proj_cells(w), _measured_cell(w["measured"]),
+         ci((w["measured"] or {}).get("ci")) or "-",
+         pct((w["projection_error"] or {}).get("amdahl")),
+         pct((w["projection_error"] or {}).get("replay")), _shipped_cell(w["shipped"])]
+        for w in data["workloads"]])]
+    if "comparison" in plots:
+        b.append(("img", plots["comparison"], "projected vs measured speedup per workload"))
+    b.append(("p", ("Projected: frozen before integration from the profile and the verified "
+                   "kernel times (Amdahl over shares, and a replay of the trace's critical "
+                   "path). Measured: 1 / the median paired ratio time(patched) / time(baseline) "
+                   "of interleaved whole-model runs, with its bootstrap 95% CI. Projection "
+                   "error = |projected - measured| / measured. Shipped: what the patched model "
+                   "runs after rollbacks.")))
+    for w in data["workloads"]:
+        b += _workload_blocks(w, plots)
+    b += _kernel_blocks(data)
+    if records:
+        b.append(("h", 2, "Acceptance records"))
+        b.append(("links", [(f"acceptance/{f}.md", data["acceptance"][f]) for f in records]))
+        for f, text in records.items():
+            b += [("h", 3, f), ("pre", text)]
+    return b
+
+
+def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
+    wl, k = w["workload"], w["key"]
+    b = [("h", 2, f"Workload {k}"), ("p", (
+        f"batch {wl.get('batch')}, seq {wl.get('seq')}, {wl.get('dtype')}, {wl.get('mode')} on "
+        f"{wl.get('device')}. Wall time {ms(w['wall_ms'])} median (p10 {ms(w['wall_p10_ms'])}, "
+        f"p90 {ms(w['wall_p90_ms'])}), timed without the profiler; profiled step "
+        f"{ms(w['profiled_ms_per_step'])}."))]
+    if w["time_basis"] == "device":
+        b.append(("p", (f"GPU busy {pct(w['gpu_busy_share'])}, idle {pct(w['gpu_idle_share'])} "
+                       f"of the wall time.")))
+    else:
+        b.append(("note", ("CPU run: shares are host time of top-level aten ops, and every "
+                          "timing here is a CPU / Triton-interpreter timing: not meaningful, "
+                          "never shown as a speedup.")))
+    if w["launch_bound"]:
+        b.append(("note", (f"Launch-bound: the GPU is busy only {pct(w['gpu_busy_share'])} of "
+                          "the wall time, so faster kernels cannot help much here; the host "
+                          "(dispatch and launches) sets the pace. Fusion helps only by removing "
+                          f"launches (see the replay projection). Ranking: {w['regime']}")))
+    else:
+        b.append(("p", f"Regime: {w['regime']}."))
+    if f"share/{k}" in plots:
+        b.append(("img", plots[f"share/{k}"], f"time share by pattern, {k}"))
+    rows = [[i + 1, r["pattern"], r.get("family") or "-", r.get("occurrences"), pct(r["share"]),
+             ms((r.get("time_us") or 0) / 1e3), speed(r.get("attainable_speedup")),
+             speed(r.get("amdahl_gain")), speed(r.get("replay_gain")),
+             r.get("target_source") or "-"] for i, r in enumerate(w["top_patterns"])]
+    rows.append(["", "rest: host/launch/idle", "", "", pct(w["rest_share"]), "", "", "", "", ""])
+    b += [("h", 3, f"Top patterns (ranked by {w['ranked_by'] or 'share'})"), ("table", [
+        "#", "pattern", "family", "occ", "share", "time", "attainable", "gain (Amdahl)",
+        "gain (replay)", "target"], rows)]
+    if f"cumulative/{k}" in plots:
+        last = w["cumulative"][-1]
+        b += [("img", plots[f"cumulative/{k}"], f"cumulative projection, {k}"),
+              ("p", (f"Replacing all {last['n']} candidate families: Amdahl "
+                    f"{speed(last['amdahl'])}, replay {speed(last.get('replay'))}."))]
+    p, m, err = w["projected"], w["measured"], w["projection_error"] or {}
+    b.append(("h", 3, "Projected vs measured"))
+    if p is None and m is None:
+        b.append(("p", "Not optimized yet: no projection frozen, nothing measured."))
+    else:
+        a_cell, r_cell = _proj_cells(w)
+        rows = [("kernel speedups projected", ", ".join(
+                    f"{f} {speed(s)}" for f, s in (p or {}).get("kernel_speedups", {}).items())
+                 or "none"), ("projected (Amdahl)", a_cell), ("projected (replay)", r_cell)]
+        if m:
+            rows += [(f"measured ({m['scope']})", _measured_cell(m) + (
+                f" {ci(m['ci'])}, {m['pairs']} pairs, {m['verdict']}" if m["meaningful"] else
+                f" ({m['reason']})"))]
+        rows += [("projection error (Amdahl)", pct(err.get("amdahl"))),
+                 ("projection error (replay)", pct(err.get("replay"))),
+                 ("shipped", _shipped_cell(w["shipped"]) + (
+                     f" ({w['shipped']['note']})" if (w["shipped"] or {}).get("note") else ""))]
+        b.append(("table", ["", "value"], rows))
+        for note in ((p or {}).get("note"), (m or {}).get("note")):
+            if note:
+                b.append(("note", note))
+    if w["per_family"] or w["check"]:
+        b += [("h", 3, "Kernels on this workload"), ("table", [
+            "family", "whole-model speedup alone", "95% CI", "verdict", "decision"], [
+            [f["family"], _measured_cell(f), ci(f["ci"]) or "-",
+             f["verdict"] if f["meaningful"] else "-", f["decision"]]
+            for f in w["per_family"]])]
+        chk, eff = w["check"], w["patch_effect"]
+        if chk:
+            worst = max((t["error_patched"] / t["limit"] for t in chk["trials"] if t["limit"]),
+                        default=None)
+            b.append(("p", (f"Whole-model check (fp32 reference, {len(chk['trials'])} trials): "
+                           f"{'passed' if chk['passed'] else 'failed'}; worst patched error "
+                           f"{pct(worst)} of its limit. Kept: "
+                           f"{', '.join(w['kept']) or 'none'}.")))
+        if eff:
+            b.append(("p", "Patch took effect: " + ("yes" if eff.get("passed") else "NO") +
+                      f" (pattern occurrences left in a re-profile: "
+                      f"{eff.get('remaining_occurrences')}; new kernels: "
+                      f"{', '.join(eff.get('new_kernels') or []) or 'none'})."))
+        b.append(("p", "Rollbacks: none." if not w["rollbacks"] else "Rollbacks:"))
+        if w["rollbacks"]:
+            b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"
+                             for r in w["rollbacks"]]))
+    if w["suggestions"]:
+        b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
+              ("ul", w["suggestions"])]
+    return b
+
+
+def _kernel_blocks(data: dict) -> list[tuple]:
+    k = data["kernels"]
+    if not (k["accepted"] or k["rejected"] or k["not_applicable"]):
+        return []
+    b = [("h", 2, "Kernels")]
+
+    def t(x):
+        return "-" if not x else (f"{x['median_ms']:.4f} ms [{x['p20_ms']:.4f}-{x['p80_ms']:.4f}]"
+                                  + ("" if x["meaningful"] else " (CPU timing)"))
+    if k["accepted"]:
+        b += [("h", 3, "Accepted (verified)"), ("table", [
+            "family", "case", "config", "kernel (median [p20-p80])", "baseline", "kernel speedup",
+            "GB/s", "configs tried / passed screen"], [
+            [a["family"], a["case_key"], a["config"], t(a["kernel"]), t(a["baseline"]),
+             speed(a["speedup"]) if a["meaningful"] else "not meaningful (CPU timing)",
+             f"{a['kernel']['gbps']:.0f}" if a["meaningful"] and a["kernel"]["gbps"] else "-",
+             f"{a['search']['configs']} / {a['search']['passed_screen']}" if a["search"] else "-"]
+            for a in k["accepted"]])]
+    if k["rejected"]:
+        b += [("h", 3, "Rejected"), ("table", ["family/case", "reason", "candidates tried"], [
+            [r["key"], r["reason"], "; ".join(
+                f"{Path(str(x['candidate'])).parent.name}: {x['verdict']}"
+                + (f" ({x['reasons'][0]})" if x["reasons"] else "") for x in r["tried"]) or "-"]
+            for r in k["rejected"]])]
+    if k["not_applicable"]:
+        b += [("p", "Families chosen but not applicable:"), ("ul", k["not_applicable"])]
+    return b

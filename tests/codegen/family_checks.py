@@ -1,0 +1,132 @@
+"""Checks shared by the family tests: run a rendered candidate the way the verifier does (poisoned
+output, inputs checked untouched), count the calls a patched model sends to a kernel, and run a
+model under the profiler through the project's own attribution and pattern matching."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from codegen.source import load_forward
+from pipeline.workload import Workload
+from profiling.attribution import attribute
+from profiling.capture import capture, make_runner, module_names
+from profiling.patterns import BASE_PATTERNS, match
+from profiling.trace import load_trace
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def as_tuple(x) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def load_rendered(family, config, case, tmp_path):
+    path = tmp_path / f"cand_{abs(hash((repr(config), repr(sorted(case.items())))))}.py"
+    path.write_text(family.render(config, case))
+    return load_forward(path)
+
+
+def poison(outs: tuple) -> None:
+    for o in outs:
+        if o.dtype.is_floating_point:
+            o.fill_(float("nan"))
+
+
+def run_candidate(family, config, case, tmp_path, seed=0, rendered_for=None):
+    """(out, reference) for one config on one case; asserts every output element was written
+    and no input was modified. `rendered_for`: the case the candidate is specialised to, when
+    it differs from the one it runs (edge cases run the candidate of their base case, as the
+    verifier does)."""
+    forward = load_rendered(family, config, rendered_for or case, tmp_path)
+    inputs = family.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
+    before = [t.clone() for t in inputs]
+    out = family.make_out(case, inputs)
+    poison(as_tuple(out))
+    params = family.extras["params"](case)
+    forward(*inputs, out=out, **params)
+    for t, b in zip(inputs, before):
+        assert torch.equal(t, b), "candidate modified its input"
+    ref = family.reference(*inputs, **params)
+    return out, ref
+
+
+def assert_close(out, ref, tol):
+    atol, rtol = tol
+    for o, r in zip(as_tuple(out), as_tuple(ref)):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
+
+
+class CountingChooser:
+    """A forward_by_case that renders and loads one candidate per case (the last config of its
+    space: the widest blocks, the fewest programs for the interpreter to run) and
+    counts the calls that reach a kernel; `give=False` declines every case."""
+
+    def __init__(self, family, tmp_path, give=True):
+        self.family, self.tmp_path, self.give = family, tmp_path, give
+        self.calls, self.cases, self._cache = 0, [], {}
+
+    def __call__(self, case):
+        self.cases.append(case)
+        if not self.give:
+            return None
+        key = repr(sorted(case.items()))
+        if key not in self._cache:
+            config = self.family.search_space(case)[-1]
+            self._cache[key] = load_rendered(self.family, config, case, self.tmp_path)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self._cache[key](*args, **kwargs)
+
+        return counted
+
+    def distinct_cases(self) -> list:
+        out = []
+        for c in self.cases:
+            if c not in out:
+                out.append(c)
+        return out
+
+
+def _family_patterns() -> list:
+    """The patterns of the families these tests cover, imported directly: under pytest,
+    tests/codegen (no __init__.py, on sys.path) shadows the codegen package as a namespace
+    package, so codegen.registry's folder walk would list test files, not families."""
+    from codegen.cross_entropy import FAMILY as cross_entropy
+    from codegen.gated_act import FAMILY as gated_act
+    from codegen.gelu import FAMILY as gelu
+    from codegen.rope import FAMILY as rope
+    from codegen.softmax import FAMILY as softmax
+
+    return [p for f in (gated_act, gelu, rope, softmax, cross_entropy) for p in f.patterns]
+
+
+def profiled_occurrences(model, tmp_path, batch=1, seq=8):
+    """Pattern occurrences of one profiled CPU forward: [(pattern, family, ops Counter)]."""
+    runner = make_runner(model, Workload(batch, seq))
+    trace_path = tmp_path / "trace.json.gz"
+    capture(runner, "cpu", trace_path)
+    att = attribute(load_trace(trace_path), module_names(model, runner))
+    ops = [op.to_dict() for op in att.ops]
+    found, _ = match(ops, list(BASE_PATTERNS) + _family_patterns())
+    return [(o.pattern, o.family, collections.Counter(ops[i]["name"] for i in o.ops))
+            for o in found]
+
+
+def verify_on_cpu_or_gpu(family, case, tmp_path):
+    """The project's verifier on one rendered candidate (its case plus the family's edge cases,
+    poisoned outputs, stress values, NaN/inf, forbidden aten ops, isolation)."""
+    from verify.harness import verify_candidate
+
+    path = tmp_path / "kernel.py"
+    path.write_text(family.render(family.search_space(case)[-1], case))
+    result = verify_candidate(family, path, [case], device=DEVICE, trials=1, timing=False,
+                              fail_fast=False, timeout_s=240)
+    assert result.accepted, result.reasons
+
+
+def instance_forwards(model) -> list[str]:
+    return [name for name, m in model.named_modules() if "forward" in m.__dict__]

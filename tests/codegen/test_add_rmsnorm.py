@@ -1,0 +1,220 @@
+"""Fused residual add + RMSNorm: reference == the decoder layer's own code, rendered kernels ==
+reference, pattern == profile, and the decoder-layer adapter on tiny models (prefill, decode
+with a KV cache, stacked with the RMSNorm patch), with undo."""
+
+from __future__ import annotations
+
+import collections
+import inspect
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+
+import codegen.rmsnorm
+from codegen.add_rmsnorm import ADD_RMSNORM_PATTERN, FAMILY
+from codegen.add_rmsnorm.patch import recognise
+from codegen.source import load_forward
+from models.loader import build, resolve
+from pipeline.workload import Workload
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
+FORMS = codegen.rmsnorm.FAMILY.extras["forms"]
+SHAPES = [(2 * 8, 64), (1, 1023), (3, 257), (7, 4096)]
+
+
+def case_of(rows, hidden, dtype, form, eps=1e-6):
+    return {"rows": rows, "hidden": hidden, "dtype": dtype, "eps": eps, **FORMS[form]}
+
+
+def run_candidate(config, case, tmp_path, seed=0, rendered_for=None):
+    """Render for `rendered_for` (default: `case`), run on `case`, poisoned output."""
+    rendered_for = rendered_for or case
+    path = tmp_path / f"cand_{abs(hash((str(config), str(rendered_for))))}.py"
+    path.write_text(FAMILY.render(config, rendered_for))
+    forward = load_forward(path)
+    inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
+    before = [t.clone() for t in inputs]
+    out = FAMILY.make_out(case, inputs)
+    for o in out:
+        o.fill_(float("nan"))
+    forward(*inputs, out=out, **FAMILY.extras["params"](case))
+    for t, b in zip(inputs, before, strict=True):
+        assert torch.equal(t, b), "candidate modified its input"
+    return out, FAMILY.reference(*inputs, **FAMILY.extras["params"](case))
+
+
+def assert_close(out, ref, dtype):
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_is_bitwise_the_layer_code(form, dtype):
+    norm = (LlamaRMSNorm if form == "llama" else GemmaRMSNorm)(96, eps=1e-5)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        norm.weight.normal_(1.0 - FORMS[form]["offset"], 0.1, generator=g)
+    norm = norm.to(dtype)
+    residual, attn_out = (torch.randn(2, 3, 96, generator=g) * 4).to(dtype).unbind(0)
+    with torch.no_grad():
+        total = residual + attn_out  # what the decoder layer does, then its norm
+        want = (total, norm(total))
+        got = FAMILY.reference(attn_out, residual, norm.weight, eps=1e-5, **FORMS[form])
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("rows, hidden", SHAPES)
+def test_rendered_matches_reference(rows, hidden, dtype, form, tmp_path):
+    case = case_of(rows, hidden, dtype, form)
+    configs = FAMILY.search_space(case)
+    assert 1 <= len(configs) <= 12
+    for config in (configs[0], configs[-1]):
+        out, ref = run_candidate(config, case, tmp_path)
+        assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_edge_cases(dtype, tmp_path):
+    """One rendered candidate runs on all edge cases of its case, as the verifier runs it."""
+    base = case_of(16, 64, dtype, "llama")
+    for case in FAMILY.edge_cases(base):
+        out, ref = run_candidate(FAMILY.search_space(base)[-1], case, tmp_path,
+                                 rendered_for=base)
+        assert_close(out, ref, dtype)
+
+
+def test_pattern_ops_are_what_the_profiler_records():
+    """Marks every child module with a record_function range, so the layer's own ops are the
+    aten events whose parent is the layer's range."""
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    layer = model.model.layers[0]
+    open_ranges, handles = [], []
+
+    def enter(name):
+        def hook(module, args, kwargs=None):
+            open_ranges.append(torch.profiler.record_function(name))
+            open_ranges[-1].__enter__()
+        return hook
+
+    def leave(module, args, output):
+        open_ranges.pop().__exit__(None, None, None)
+
+    for name, module in [("layer", layer), *layer.named_children()]:
+        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_hook(leave))
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(torch.arange(3, 11).view(1, 8))
+    for h in handles:
+        h.remove()
+    own = collections.Counter(e.name for e in prof.events()
+                              if e.cpu_parent is not None and e.cpu_parent.name == "layer")
+    own.pop("self_attn"), own.pop("mlp")
+    own.pop("input_layernorm"), own.pop("post_attention_layernorm")
+    assert dict(own) == ADD_RMSNORM_PATTERN.ops
+
+
+def test_recognise_takes_only_the_known_layout():
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    layer = model.model.layers[0]
+    assert recognise(layer)["form"] == {"eps": 1e-6, **FORMS["llama"]}
+
+    class PostNormLayer(LlamaDecoderLayer):  # same parts, different order of operations
+        def forward(self, hidden_states, **kwargs):
+            hidden_states = hidden_states + self.self_attn(hidden_states=hidden_states,
+                                                          **kwargs)[0]
+            return self.post_attention_layernorm(hidden_states)
+
+    assert recognise(PostNormLayer(model.config, 0)) is None
+    gpt2 = build(resolve("tiny-gpt2"), torch.float32, "cpu")
+    assert not any(recognise(m) for m in gpt2.modules())
+
+
+def make_chooser(tmp_path, calls):
+    loaded = {}
+
+    def chooser(case):
+        key = repr(sorted(case.items()))
+        if key not in loaded:
+            path = tmp_path / f"chosen_{len(loaded)}.py"
+            path.write_text(FAMILY.render(FAMILY.search_space(case)[0], case))
+            loaded[key] = load_forward(path)
+
+        def counted(*args, **kwargs):
+            calls.append(case["rows"])
+            return loaded[key](*args, **kwargs)
+
+        return counted
+
+    return chooser
+
+
+@pytest.mark.parametrize("model_id", ["tiny-llama", "tiny-gemma", "tiny-phi3"])
+def test_patch_prefill_and_decode_and_undo(model_id, tmp_path):
+    model = build(resolve(model_id), torch.float32, DEVICE)
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    nxt = torch.tensor([[5], [7]], device=DEVICE)
+
+    # transformers renamed past_key_values to cache (5.2x); the H200 stack has the old name.
+    params = inspect.signature(inspect.unwrap(type(model).forward)).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def prefill_and_step():
+        out = model(ids, use_cache=True)
+        step = model(nxt, **{cache_kw: out.past_key_values})
+        return out.logits, step.logits
+
+    calls = []
+    with torch.no_grad():
+        before = prefill_and_step()
+        undo = FAMILY.patch(model, make_chooser(tmp_path, calls))
+        patched = prefill_and_step()
+        undo()
+        after = prefill_and_step()
+    assert calls == [16, 16, 2, 2]  # two layers, prefill then one decode step
+    for p, b in zip(patched, before, strict=True):
+        torch.testing.assert_close(p, b, atol=1e-4, rtol=1e-4)
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_patch_stacks_with_the_rmsnorm_patch(tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    fused, plain = [], []
+    rms_family = codegen.rmsnorm.FAMILY
+
+    def rms_chooser(case):
+        path = tmp_path / f"rms_{len(plain)}.py"
+        path.write_text(rms_family.render(rms_family.search_space(case)[0], case))
+        plain.append(case["rows"])
+        return load_forward(path)
+
+    with torch.no_grad():
+        before = model(ids).logits
+        undo_rms = rms_family.patch(model, rms_chooser)
+        undo_fused = FAMILY.patch(model, make_chooser(tmp_path, fused))
+        patched = model(ids).logits
+        undo_fused()
+        undo_rms()
+        after = model(ids).logits
+    # Input norms of both layers and the final norm stay with the RMSNorm kernel; the
+    # post-attention norms run inside the fused kernel instead.
+    assert len(fused) == 2 and len(plain) == 3
+    torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+    assert torch.equal(after, before)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_cases_from_model():
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    cases = FAMILY.cases_from_model(model, Workload(batch=3, seq=8, mode="decode"))
+    assert cases == [{"rows": 3, "hidden": 64, "dtype": "float32", "eps": 1e-6,
+                      **FORMS["llama"]}]

@@ -1,0 +1,224 @@
+"""Gated activation family: reference == the HF MLPs' own activation path (Llama, Gemma, Phi-3),
+rendered kernels == reference, patterns == what the profile's matcher finds, per-instance
+patching and undo on tiny models. CPU runs the kernels under Triton's interpreter (fp32, fp16);
+bf16 kernel checks run on a GPU (the interpreter gets bf16 math wrong)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import (
+    DEVICE,
+    CountingChooser,
+    assert_close,
+    instance_forwards,
+    load_rendered,
+    profiled_occurrences,
+    run_candidate,
+    verify_on_cpu_or_gpu,
+)
+from transformers import GemmaConfig, LlamaConfig, Phi3Config
+from transformers.models.gemma.modeling_gemma import GemmaMLP
+from transformers.models.llama.modeling_llama import LlamaMLP
+from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+from codegen.gated_act import FAMILY
+from codegen.gated_act.patch import find_gated_mlps
+from codegen.gated_act.reference import make_case
+from models.loader import build, resolve
+from pipeline.workload import Workload
+
+# sigmoid(z) = 1 / (1 + exp(-z)) overflows exp for z << 0 on the way to the right 0.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
+FORMS = [("silu", "separate"), ("gelu_tanh", "separate"), ("silu", "packed")]
+SHAPES = [(16, 176), (1, 1023), (3, 257), (2, 2048)]
+HIDDEN, INTER = 32, 48
+
+
+def _mlp(kind: str, dtype):
+    torch.manual_seed(0)
+    if kind == "llama":
+        mlp = LlamaMLP(LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER))
+    elif kind == "gemma":
+        mlp = GemmaMLP(GemmaConfig(hidden_size=HIDDEN, intermediate_size=INTER,
+                                   hidden_act="gelu_pytorch_tanh"))
+    else:
+        mlp = Phi3MLP(Phi3Config(hidden_size=HIDDEN, intermediate_size=INTER))
+    return mlp.to(dtype)
+
+
+def _hf_activation_path(mlp, x):
+    """The projection outputs the activation reads and the tensor down_proj receives."""
+    seen = {}
+    proj = mlp.gate_up_proj if isinstance(mlp, Phi3MLP) else None
+    hooks = [mlp.down_proj.register_forward_pre_hook(
+        lambda m, args: seen.__setitem__("hidden", args[0]))]
+    if proj is not None:
+        hooks.append(proj.register_forward_hook(lambda m, a, out: seen.__setitem__("in", (out,))))
+    else:
+        hooks.append(mlp.gate_proj.register_forward_hook(
+            lambda m, a, out: seen.__setitem__("gate", out)))
+        hooks.append(mlp.up_proj.register_forward_hook(
+            lambda m, a, out: seen.__setitem__("up", out)))
+    with torch.no_grad():
+        mlp(x)
+    for h in hooks:
+        h.remove()
+    inputs = seen["in"] if proj is not None else (seen["gate"], seen["up"])
+    return inputs, seen["hidden"]
+
+
+@pytest.mark.parametrize("kind, act", [("llama", "silu"), ("gemma", "gelu_tanh"),
+                                       ("phi3", "silu")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_is_bitwise_the_hf_mlp(kind, act, dtype):
+    mlp = _mlp(kind, dtype)
+    x = torch.randn(2, 5, HIDDEN, generator=torch.Generator().manual_seed(1)).to(dtype)
+    inputs, hidden = _hf_activation_path(mlp, x)
+    got = FAMILY.reference(*inputs, act=act)
+    assert got.dtype == hidden.dtype and torch.equal(got, hidden)
+
+
+@pytest.mark.parametrize("act, layout", FORMS)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("rows, cols", SHAPES)
+def test_rendered_matches_reference(rows, cols, dtype, act, layout, tmp_path):
+    case = make_case(rows, cols, dtype, act, layout)
+    configs = FAMILY.search_space(case)
+    assert 1 <= len(configs) <= 12
+    for config in {repr(c): c for c in (configs[0], configs[-1])}.values():
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert_close(out, ref, TOL[dtype])
+
+
+def test_every_config_of_a_space_is_correct(tmp_path):
+    case = make_case(3, 1500, "float16", "gelu_tanh", "separate")
+    for config in FAMILY.search_space(case):
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert_close(out, ref, TOL["float16"])
+
+
+@pytest.mark.parametrize("act, layout", FORMS)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_edge_cases(dtype, act, layout, tmp_path):
+    base = make_case(16, 176, dtype, act, layout)
+    edges = FAMILY.edge_cases(base)
+    assert any(c["rows"] == 1 for c in edges) and any("row_stride" in c for c in edges)
+    assert all(c["cols"] == base["cols"] for c in edges)  # the width is baked into a candidate
+    for case in edges:
+        out, ref = run_candidate(FAMILY, FAMILY.search_space(base)[0], case, tmp_path,
+                                 rendered_for=base)
+        assert_close(out, ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("act, layout", [("silu", "packed"), ("gelu_tanh", "separate")])
+def test_the_verifier_accepts_a_rendered_candidate(act, layout, tmp_path):
+    verify_on_cpu_or_gpu(FAMILY, make_case(16, 176, "float16", act, layout), tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, on inf inside the interpreter
+def test_special_values_propagate_like_hf(tmp_path):
+    case = make_case(1, 8, "float32", "silu", "separate")
+    forward = load_rendered(FAMILY, FAMILY.search_space(case)[0], case, tmp_path)
+    gate = torch.tensor([[float("nan"), float("inf"), float("-inf"), -100.0, 100.0, 0.0, -0.0,
+                          1e-30]], device=DEVICE)
+    up = torch.tensor([[1.0, 2.0, 3.0, 1.0, 0.5, float("inf"), 1.0, 1.0]], device=DEVICE)
+    out = torch.empty_like(gate)
+    forward(gate, up, out=out)
+    assert_close(out, FAMILY.reference(gate, up, act="silu"), TOL["float32"])
+
+
+def test_rendered_source_is_specialised_and_guards_its_params(tmp_path):
+    case = make_case(4, 300, "float32", "gelu_tanh", "packed")
+    source = FAMILY.render({"BLOCK": 512, "num_warps": 4}, case)
+    for line in ("COLS = 300", "BLOCK = 512", "NUM_WARPS = 4", "GELU_TANH = True",
+                 "def _gated_act_forward_kernel", "def forward(gate_up, *, out, **params)"):
+        assert line in source
+    forward = load_rendered(FAMILY, {"BLOCK": 512, "num_warps": 4}, case, tmp_path)
+    (gate_up,) = FAMILY.make_inputs(case)
+    with pytest.raises(ValueError):
+        forward(gate_up, out=torch.empty(4, 300), act="silu")
+    with pytest.raises(ValueError):
+        forward(gate_up, out=torch.empty(4, 299), act="gelu_tanh")
+
+
+@pytest.mark.parametrize("model_id, pattern, act_op", [("tiny-llama", "swiglu_mlp", "aten::silu"),
+                                                       ("tiny-gemma", "geglu_mlp", "aten::gelu"),
+                                                       ("tiny-phi3", "swiglu_mlp", "aten::silu")])
+def test_patterns_match_the_profiled_mlps(model_id, pattern, act_op, tmp_path):
+    model = build(resolve(model_id), torch.float32, "cpu")
+    found = [(name, ops) for name, fam, ops in profiled_occurrences(model, tmp_path)
+             if fam == "gated_act"]
+    assert [name for name, _ in found] == [pattern] * 2
+    for _, ops in found:
+        assert {n: c for n, c in ops.items() if n in (act_op, "aten::mul")} == {act_op: 1,
+                                                                             "aten::mul": 1}
+        assert "aten::linear" not in ops
+
+
+@pytest.mark.parametrize("model_id, layout", [("tiny-llama", "separate"),
+                                              ("tiny-gemma", "separate"),
+                                              ("tiny-phi3", "packed")])
+def test_patch_runs_the_kernel_and_undo_restores(model_id, layout, tmp_path):
+    model = build(resolve(model_id), torch.float32, DEVICE)
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        assert len(instance_forwards(model)) == 2
+        patched = model(ids).logits
+        undo()
+        after = model(ids).logits
+    assert chooser.calls == 2
+    assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8))
+    assert chooser.cases[0]["layout"] == layout
+    torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+    assert torch.equal(after, before)
+    assert instance_forwards(model) == []
+
+
+def test_decode_cases_have_one_row_per_sequence():
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    (case,) = FAMILY.cases_from_model(model, Workload(3, 64, mode="decode", dtype="bfloat16"))
+    assert case == make_case(3, 176, "bfloat16", "silu", "separate")
+
+
+def test_patch_keeps_original_code_when_chooser_declines(tmp_path):
+    model = build(resolve("tiny-phi3"), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(FAMILY, tmp_path, give=False)
+        undo = FAMILY.patch(model, chooser)
+        declined = model(ids).logits
+    undo()
+    assert len(chooser.cases) == 2 and chooser.calls == 0
+    assert torch.equal(declined, before)
+
+
+def test_lookalike_mlps_are_left_alone():
+    class ScaledMLP(LlamaMLP):  # right name and children, different computation
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            small = {"hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2}
+            self.a = ScaledMLP(LlamaConfig(**small))
+            self.b = LlamaMLP(LlamaConfig(**small, hidden_act="relu"))
+            self.c = LlamaMLP(LlamaConfig(**small))
+
+    assert [m.path for m in find_gated_mlps(MLP())] == ["c"]
+
+
+def test_patch_falls_back_when_autograd_needs_the_graph(tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(model, chooser)
+    model(torch.arange(3, 11, device=DEVICE).view(1, 8)).logits.sum().backward()
+    undo()
+    assert chooser.calls == 0

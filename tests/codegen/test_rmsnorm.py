@@ -1,0 +1,214 @@
+"""RMSNorm family: reference == transformers, rendered kernels == reference, pattern == profile,
+per-instance patching and undo on tiny models. CPU runs the kernels under Triton's interpreter
+(fp32, fp16); bf16 kernel checks run only on a GPU (the interpreter gets bf16 math wrong)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from codegen.rmsnorm import FAMILY, GEMMA_PATTERN, LLAMA_PATTERN
+from codegen.rmsnorm.patch import recognise
+from codegen.source import load_forward
+from models.loader import build, resolve
+from pipeline.workload import Workload
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+KERNEL_DTYPES = ["float32", "float16",
+                 pytest.param("bfloat16", marks=pytest.mark.gpu)]
+FORMS = FAMILY.extras["forms"]
+SHAPES = [(2 * 8, 64), (1, 1023), (3, 257), (7, 4096)]
+
+
+def case_of(rows, hidden, dtype, form, eps=1e-6):
+    return {"rows": rows, "hidden": hidden, "dtype": dtype, "eps": eps, **FORMS[form]}
+
+
+def run_candidate(config, case, tmp_path, seed=0, rendered_for=None):
+    """Render for `rendered_for` (default: `case`), run on `case`, poisoned output."""
+    rendered_for = rendered_for or case
+    path = tmp_path / f"cand_{abs(hash((str(config), str(rendered_for))))}.py"
+    path.write_text(FAMILY.render(config, rendered_for))
+    forward = load_forward(path)
+    inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
+    before = [t.clone() for t in inputs]
+    out = FAMILY.make_out(case, inputs).fill_(float("nan"))  # poison: every element written
+    forward(*inputs, out=out, **FAMILY.extras["params"](case))
+    for t, b in zip(inputs, before, strict=True):
+        assert torch.equal(t, b), "candidate modified its input"
+    return out, FAMILY.reference(*inputs, **FAMILY.extras["params"](case))
+
+
+def assert_close(out, ref, dtype):
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_is_bitwise_the_hf_module(form, dtype):
+    hidden, eps = 96, 1e-5
+    module = (LlamaRMSNorm if form == "llama" else GemmaRMSNorm)(hidden, eps=eps)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        module.weight.copy_(FAMILY.make_inputs(case_of(1, hidden, "float32", form), "cpu", g)[1])
+    module = module.to(dtype)
+    x = (torch.randn(3, 5, hidden, generator=g) * 3).to(dtype)
+    with torch.no_grad():
+        want = module(x)
+    got = FAMILY.reference(x, module.weight.detach(), eps=eps, **FORMS[form])
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("rows, hidden", SHAPES)
+def test_rendered_matches_reference(rows, hidden, dtype, form, tmp_path):
+    case = case_of(rows, hidden, dtype, form)
+    configs = FAMILY.search_space(case)
+    assert 1 <= len(configs) <= 12
+    for config in (configs[0], configs[-1]):
+        out, ref = run_candidate(config, case, tmp_path)
+        assert_close(out, ref, dtype)
+
+
+def test_every_config_of_a_space_is_correct(tmp_path):
+    case = case_of(6, 257, "float16", "llama")
+    for config in FAMILY.search_space(case):
+        out, ref = run_candidate(config, case, tmp_path)
+        assert_close(out, ref, "float16")
+
+
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_edge_cases(dtype, form, tmp_path):
+    """One rendered candidate runs on all edge cases of its case, as the verifier runs it."""
+    base = case_of(16, 64, dtype, form)
+    edges = FAMILY.edge_cases(base)
+    assert any(c["rows"] == 1 for c in edges) and any("row_stride" in c for c in edges)
+    for case in edges:
+        out, ref = run_candidate(FAMILY.search_space(base)[-1], case, tmp_path,
+                                 rendered_for=base)
+        assert_close(out, ref, dtype)
+
+
+def test_rendered_source_is_specialised_and_guards_its_params(tmp_path):
+    case = case_of(4, 300, "float32", "gemma", eps=1e-5)
+    source = FAMILY.render({"rows_per_program": 2, "num_warps": 4}, case)
+    for line in ("HIDDEN = 300", "BLOCK = 512", "ROWS_PER_PROGRAM = 2", "NUM_WARPS = 4",
+                 "def _rms_norm_forward_kernel", "def forward(x, weight, *, out, **params)"):
+        assert line in source
+    path = tmp_path / "cand.py"
+    path.write_text(source)
+    forward = load_forward(path)
+    x, w = FAMILY.make_inputs(case)
+    with pytest.raises(ValueError):
+        forward(x, w, out=torch.empty_like(x), eps=1e-6, offset=1.0, cast_first=False)
+
+
+def _direct_ops(module, x):
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        module(x)
+    direct = collections.Counter(e.name for e in prof.events() if e.cpu_parent is None)
+    every = {e.name for e in prof.events()}
+    return dict(direct), every
+
+
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pattern_ops_are_what_the_profiler_records(form, dtype):
+    module = (LlamaRMSNorm if form == "llama" else GemmaRMSNorm)(64).to(dtype)
+    pattern = LLAMA_PATTERN if form == "llama" else GEMMA_PATTERN
+    direct, every = _direct_ops(module, torch.randn(4, 64).to(dtype))
+    assert direct == pattern.ops
+    assert every <= set(pattern.ops) | set(pattern.extra_ok)
+
+
+def test_recognise_tells_the_forms_apart_and_rejects_lookalikes():
+    assert recognise(LlamaRMSNorm(32, eps=1e-5)) == {"eps": 1e-5, **FORMS["llama"]}
+    assert recognise(GemmaRMSNorm(32, eps=1e-6)) == {"eps": 1e-6, **FORMS["gemma"]}
+
+    class ScaledRMSNorm(LlamaRMSNorm):  # right name, different computation
+        def forward(self, hidden_states):
+            return 2 * super().forward(hidden_states)
+
+    assert recognise(ScaledRMSNorm(32)) is None
+    assert recognise(torch.nn.LayerNorm(32)) is None
+
+
+class CountingChooser:
+    """Renders and loads one candidate per case, counting the calls that reach a kernel."""
+
+    def __init__(self, tmp_path, give=True):
+        self.tmp_path, self.give, self.calls, self.cases, self._cache = tmp_path, give, 0, [], {}
+
+    def __call__(self, case):
+        self.cases.append(case)
+        if not self.give:
+            return None
+        key = repr(sorted(case.items()))
+        if key not in self._cache:
+            path = self.tmp_path / f"chosen_{len(self._cache)}.py"
+            path.write_text(FAMILY.render(FAMILY.search_space(case)[0], case))
+            self._cache[key] = load_forward(path)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self._cache[key](*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("model_id, n_norms", [("tiny-llama", 5), ("tiny-gemma", 5)])
+def test_patch_runs_the_kernel_and_undo_restores(model_id, n_norms, tmp_path):
+    model = build(resolve(model_id), torch.float32, DEVICE)
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        patched = model(ids).logits
+        undo()
+        after = model(ids).logits
+    assert chooser.calls == n_norms
+    assert {c["rows"] for c in chooser.cases} == {16}
+    torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+    assert torch.equal(after, before)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_patch_keeps_original_code_when_chooser_declines(tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(tmp_path, give=False)
+        undo = FAMILY.patch(model, chooser)
+        declined = model(ids).logits
+    undo()
+    assert len(chooser.cases) == 5 and chooser.calls == 0
+    assert torch.equal(declined, before)
+
+
+def test_patch_falls_back_when_autograd_needs_the_graph(tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    chooser = CountingChooser(tmp_path)
+    undo = FAMILY.patch(model, chooser)
+    model(torch.arange(3, 11, device=DEVICE).view(1, 8)).logits.sum().backward()
+    undo()
+    assert chooser.calls == 0 and chooser.cases == []
+
+
+def test_cases_from_model():
+    model = build(resolve("tiny-gemma"), torch.float32, "cpu")
+    prefill = FAMILY.cases_from_model(model, Workload(batch=2, seq=8, dtype="bfloat16"))
+    decode = FAMILY.cases_from_model(model, Workload(batch=4, seq=8, mode="decode"))
+    assert prefill == [{"rows": 16, "hidden": 64, "dtype": "bfloat16", "eps": 1e-6,
+                        **FORMS["gemma"]}]
+    assert [c["rows"] for c in decode] == [4]

@@ -1,0 +1,200 @@
+"""Rotary family: reference == transformers' apply_rotary_pos_emb (Llama full, Phi-3 partial),
+rendered kernels == reference on HF's strided layout, patterns == what the profile's matcher
+finds, per-instance patching through the module global, and undo, on tiny models. CPU runs the
+kernels under Triton's interpreter (fp32, fp16); bf16 kernel checks run on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import (
+    DEVICE,
+    CountingChooser,
+    assert_close,
+    instance_forwards,
+    load_rendered,
+    profiled_occurrences,
+    run_candidate,
+    verify_on_cpu_or_gpu,
+)
+from transformers.models.llama import modeling_llama
+from transformers.models.phi3 import modeling_phi3
+
+from codegen.rope import FAMILY
+from codegen.rope.patch import find_rotary_attentions
+from codegen.rope.reference import make_case
+from models.loader import build, resolve
+from pipeline.workload import Workload
+
+TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
+# (batch, seq, heads, kv_heads, head_dim, rot_dim): prefill GQA, decode, Phi-3-like partial,
+# a head_dim whose half is no power of two.
+SHAPES = [(2, 8, 4, 2, 16, 16), (3, 1, 8, 2, 64, 64), (1, 6, 4, 4, 32, 16), (2, 3, 3, 1, 96, 96)]
+
+
+def _partial_phi3_spec(factor=0.5):
+    spec = resolve("tiny-phi3")
+    spec.config.rope_parameters = {**spec.config.rope_parameters,
+                                   "partial_rotary_factor": factor}
+    return spec
+
+
+@pytest.mark.parametrize("rot_dim, hf", [(16, modeling_llama), (8, modeling_phi3),
+                                         (16, modeling_phi3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_is_bitwise_the_hf_function(rot_dim, hf, dtype):
+    case = make_case(2, 5, 4, 2, 16, rot_dim, str(dtype).removeprefix("torch."), cos_batch=2)
+    q, k, cos, sin = FAMILY.make_inputs(case, "cpu", torch.Generator().manual_seed(1))
+    assert not q.is_contiguous() and not k.is_contiguous()  # HF's transposed views
+    want = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    got = FAMILY.reference(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rendered_matches_reference(shape, dtype, tmp_path):
+    case = make_case(*shape, dtype)
+    configs = FAMILY.search_space(case)
+    assert 1 <= len(configs) <= 12
+    for config in {repr(c): c for c in (configs[0], configs[-1])}.values():
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert_close(out, ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_edge_cases(dtype, tmp_path):
+    base = make_case(2, 8, 4, 2, 16, 16, dtype)
+    edges = FAMILY.edge_cases(base)
+    assert any(c["seq"] == 1 for c in edges) and any(c.get("contiguous") for c in edges)
+    baked = ("heads", "kv_heads", "head_dim", "rot_dim")
+    assert all(c[k] == base[k] for c in edges for k in baked)
+    for case in edges:
+        out, ref = run_candidate(FAMILY, FAMILY.search_space(base)[-1], case, tmp_path,
+                                 rendered_for=base)
+        assert_close(out, ref, TOL[dtype])
+
+
+def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
+    verify_on_cpu_or_gpu(FAMILY, make_case(2, 4, 4, 2, 16, 8, "float16"), tmp_path)
+
+
+def test_outputs_may_be_strided_views_too(tmp_path):
+    """The patch allocates outputs like q (HF's elementwise result keeps q's memory order)."""
+    case = make_case(2, 5, 4, 2, 32, 16, "float32")
+    forward = load_rendered(FAMILY, FAMILY.search_space(case)[0], case, tmp_path)
+    q, k, cos, sin = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(0))
+    out = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")))
+    assert out[0].stride() == q.stride()
+    forward(q, k, cos, sin, out=out)
+    assert_close(out, FAMILY.reference(q, k, cos, sin), TOL["float32"])
+
+
+def test_rendered_source_is_specialised_and_checks_shapes(tmp_path):
+    case = make_case(2, 8, 4, 2, 32, 16, "float16")
+    config = {"BLOCK_H": 2, "num_warps": 1}
+    source = FAMILY.render(config, case)
+    for line in ("HEADS = 4", "KV_HEADS = 2", "HEAD_DIM = 32", "ROT_DIM = 16", "BLOCK_H = 2",
+                 "BLOCK_PASS = 16", "NUM_WARPS = 1", "def _rope_forward_kernel",
+                 "def _rope_rotate_heads", "def forward(q, k, cos, sin, *, out, **params)"):
+        assert line in source
+    forward = load_rendered(FAMILY, config, case, tmp_path)
+    q, k, cos, sin = FAMILY.make_inputs(case)
+    with pytest.raises(ValueError):
+        forward(q, k, cos[..., :8], sin[..., :8], out=FAMILY.make_out(case, (q,)))
+    with pytest.raises(ValueError):
+        forward(q, k, cos, sin, out=FAMILY.make_out(case, (q,)), unsqueeze_dim=2)
+
+
+@pytest.mark.parametrize("model_id, pattern", [("tiny-llama", "rope"), ("tiny-gemma", "rope"),
+                                               ("tiny-phi3", "rope_partial")])
+def test_patterns_match_the_profiled_rotary_calls(model_id, pattern, tmp_path):
+    model = build(resolve(model_id), torch.float32, "cpu")
+    found = [(name, ops) for name, fam, ops in profiled_occurrences(model, tmp_path)
+             if fam == "rope"]
+    assert [name for name, _ in found] == [pattern] * 2
+    want = next(p for p in FAMILY.patterns if p.name == pattern).ops
+    for _, ops in found:
+        assert {n: ops[n] for n in want} == want
+
+
+@pytest.mark.parametrize("model_id", ["tiny-llama", "tiny-gemma", "tiny-phi3", "phi3-partial"])
+def test_patch_runs_the_kernel_and_undo_restores(model_id, tmp_path):
+    spec = _partial_phi3_spec() if model_id == "phi3-partial" else resolve(model_id)
+    model = build(spec, torch.float32, DEVICE)
+    attentions = find_rotary_attentions(model)
+    module_globals = attentions[0][2]
+    original = module_globals["apply_rotary_pos_emb"]
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        assert len(instance_forwards(model)) == 2
+        patched = model(ids).logits
+        # between calls the module global is the original: other models never see the swap
+        assert module_globals["apply_rotary_pos_emb"] is original
+        undo()
+        after = model(ids).logits
+    assert chooser.calls == 2
+    assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8))
+    if model_id == "phi3-partial":
+        assert chooser.cases[0]["rot_dim"] == chooser.cases[0]["head_dim"] // 2
+    torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+    assert torch.equal(after, before)
+    assert instance_forwards(model) == []
+    assert module_globals["apply_rotary_pos_emb"] is original
+
+
+def test_other_models_of_the_family_are_untouched(tmp_path):
+    patched_model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    other = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(patched_model, chooser)
+    ids = torch.arange(3, 11, device=DEVICE).view(1, 8)
+    with torch.no_grad():
+        other(ids)
+        assert chooser.calls == 0
+        patched_model(ids)
+        assert chooser.calls == 2
+    undo()
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+def test_decode_step_uses_the_decode_cases(tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        step = model(ids[:, :1], past_key_values=cache, use_cache=True).logits
+        undo()
+    assert chooser.calls == 2
+    assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8,
+                                                                              mode="decode"))
+    assert torch.isfinite(step).all()
+
+
+def test_patch_keeps_original_code_when_chooser_declines(tmp_path):
+    model = build(resolve("tiny-phi3"), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(FAMILY, tmp_path, give=False)
+        undo = FAMILY.patch(model, chooser)
+        declined = model(ids).logits
+    undo()
+    assert len(chooser.cases) == 2 and chooser.calls == 0
+    assert torch.equal(declined, before)
+
+
+def test_patch_falls_back_when_autograd_needs_the_graph(tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(model, chooser)
+    model(torch.arange(3, 11, device=DEVICE).view(1, 8)).logits.sum().backward()
+    undo()
+    assert chooser.calls == 0 and chooser.cases == []

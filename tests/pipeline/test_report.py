@@ -1,0 +1,276 @@
+"""The report stage on synthetic artifacts: profile+ranking only, a full GPU run (one family
+accepted, one rejected, a rollback on one of two workloads), and a CPU run whose timings are
+not meaningful."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from matplotlib.image import imread
+
+from pipeline.artifacts import read_json, write_json
+from pipeline.report import write_report
+
+PRE, DEC = "prefill-b8-s1024-bf16", "decode-b1-s128-bf16"
+HEADINGS = ("Workload", "Environment", "Comparison", "Correctness", "Measurements", "Decision")
+RMS_KEY = "rmsnorm/bfloat16-hidden64-rows8192-abc123"
+GATED_KEY = "gated_act/bfloat16-inter172-rows8192-def456"
+
+
+def timing(median, meaningful=True):
+    return {"median_ms": median, "p20_ms": median * 0.98, "p80_ms": median * 1.02,
+            "iqr_ms": median * 0.04, "min_ms": median * 0.95, "max_ms": median * 1.1, "n": 100,
+            "meaningful": meaningful,
+            "reason": None if meaningful else "CPU / Triton interpreter: not a GPU timing",
+            "method": "cuda events, L2 flushed per repetition" if meaningful
+            else "host perf_counter", "gbps": 2500.0 if meaningful else None, "tflops": None}
+
+
+def ratio(estimate, lo, hi, verdict, decision, meaningful=True):
+    return {"ratios": [estimate] * 30, "statistic": "median", "estimate": estimate,
+            "ci_low": lo, "ci_high": hi, "confidence": 0.95, "verdict": verdict,
+            "meaningful": meaningful,
+            "reason": None if meaningful else "CPU / Triton interpreter: not a GPU timing",
+            "decision": decision}
+
+
+def profile_workload(key, mode, batch, seq, busy, device="cuda"):
+    gpu = device == "cuda"
+    shares = {"rmsnorm": 0.15, "swiglu": 0.05, "linear": 0.45, "lm_head": 0.12}
+    rest = 1 - sum(shares.values())
+    return {
+        "key": key, "workload": {"batch": batch, "seq": seq, "dtype": "bfloat16",
+                                 "device": device, "mode": mode},
+        "time_basis": "device" if gpu else "cpu",
+        "wall": {"median_ms": 40.0, "p10_ms": 39.0, "p90_ms": 42.5, "min_ms": 38.0,
+                 "max_ms": 45.0, "reps": 20},
+        "profiled_ms_per_step": 46.0, "gpu_busy_share": busy if gpu else None,
+        "gpu_idle_share": 1 - busy if gpu else None, "rest_share": rest,
+        "by_op": [{"op": "aten::mm", "calls": 10, "time_us": 2e4, "share": 0.5, "cpu_us": 50.0}],
+        "ops": [{"name": "aten::linear", "module": "lm_head", "module_class": "Linear",
+                 "share": shares["lm_head"], "time_us": 4800.0},
+                {"name": "aten::linear", "module": "model.layers.0.mlp.up_proj",
+                 "module_class": "Linear", "share": shares["linear"], "time_us": 18000.0}],
+    }
+
+
+def ranking_workload(key, mode, batch, seq, busy, device="cuda"):
+    gpu = device == "cuda"
+    rows = [
+        {"pattern": "rmsnorm", "family": "rmsnorm", "share": 0.15, "attainable_speedup": 3.0,
+         "amdahl_gain": 1.111, "replay_gain": 1.09 if gpu else None},
+        {"pattern": "swiglu_mlp", "family": "gated_act", "share": 0.05,
+         "attainable_speedup": 2.5, "amdahl_gain": 1.026, "replay_gain": 1.02 if gpu else None},
+        {"pattern": "linear", "family": None, "share": 0.556, "attainable_speedup": 1.0,
+         "amdahl_gain": 1.0, "replay_gain": None},
+    ] + [{"pattern": f"op:aten::op{i} @ LlamaModel", "family": None, "share": 0.001,
+          "attainable_speedup": 1.0, "amdahl_gain": 1.0, "replay_gain": None}
+         for i in range(14)]
+    for r in rows:
+        r.update({"occurrences": 4, "modules": ["model.layers.*"], "time_us": r["share"] * 4e4,
+                  "host_us": 100.0, "launches": 8, "min_bytes": 1 << 20, "flops": 0,
+                  "roofline_us": 10.0, "target_us": 10.0, "target_source": "roofline",
+                  "achieved_GBps": 800.0, "host_share": 0.01})
+    return {"key": key, "workload": {"batch": batch, "seq": seq, "dtype": "bfloat16",
+                                     "device": device, "mode": mode},
+            "wall_ms": 40.0, "time_basis": "device" if gpu else "cpu",
+            "gpu_busy_share": busy if gpu else None,
+            "launch_bound": gpu and busy < 0.5,
+            "regime": "CPU profile: shares are host time" if not gpu else
+            "launch-bound: host time" if busy < 0.5 else "device-bound",
+            "ranked_by": "replay_gain" if gpu else "amdahl_gain", "rows": rows,
+            "cumulative": [{"n": 1, "pattern": "rmsnorm", "amdahl": 1.111,
+                            "replay": 1.09 if gpu else None},
+                           {"n": 2, "pattern": "swiglu_mlp", "amdahl": 1.14,
+                            "replay": 1.11 if gpu else None}],
+            "ceiling_amdahl": 1.14, "ceiling_replay": 1.11 if gpu else None}
+
+
+def write_profile_and_ranking(run, device="cuda"):
+    specs = [(PRE, "prefill", 8, 1024, 0.9), (DEC, "decode", 1, 128, 0.2)]
+    env = {"gpu": "NVIDIA H200" if device == "cuda" else None, "driver": "580.1",
+           "torch": "2.11", "triton": "3.6.0", "transformers": "5.1", "cuda": "13.0",
+           "python": "3.12", "cpu": "x86_64", "device": device}
+    ceil = {"device": "NVIDIA H200", "bandwidth_GBps": 4100.0, "matmul_TFLOPs": 760.0,
+            "matmul_dtype": "bfloat16", "launch_us": 4.5, "method": "copy of 1 GiB",
+            "measured_at": "2026-01-01T00:00:00Z"}
+    write_json(run / "profile.json", {
+        "stage": "profile", "environment": env, "ceilings": ceil,
+        "model": {"id": "tiny-llama", "source": "zoo", "weights": "random",
+                  "model_type": "llama", "num_layers": 2, "hidden_size": 64},
+        "workloads": [profile_workload(*s, device=device) for s in specs]})
+    write_json(run / "ranking.json", {"stage": "rank", "model": "tiny-llama", "ceilings": ceil,
+                                      "workloads": [ranking_workload(*s, device=device)
+                                                    for s in specs]})
+
+
+def write_optimize_artifacts(run, gpu=True):
+    rms_src = str(run / "candidates/rmsnorm/c/BLOCK1024/kernel.py")
+    gated_src = str(run / "candidates/gated_act/c/BLOCK256/kernel.py")
+    rec_ok = run / "verification/rmsnorm/c__BLOCK1024.json"
+    rec_bad = run / "verification/gated_act/c__BLOCK256.json"
+    tol = {"bfloat16": {"atol": 1e-3, "rtol": 1.6e-2, "why": "2 ulps"}}
+    cases = [{"label": "c0", "origin": "given", "case": {}},
+             {"label": "c0.e0", "origin": "edge of c0", "case": {}}]
+    for path, fam, verdict, reasons in (
+            (rec_ok, "rmsnorm", "accepted", []),
+            (rec_bad, "gated_act", "rejected", ["numerics in c0: max rel error 0.31 > rtol"])):
+        write_json(path, {"candidate": path.stem, "family": fam, "verdict": verdict,
+                          "checks": [{"name": "numerics", "case": "c0", "passed": not reasons,
+                                      "detail": "ok"}], "errors": [], "reasons": reasons,
+                          "timing": None, "seeds": {"master": 0, "trials": 3}, "cases": cases,
+                          "source_sha256": "ab" * 32, "device": "cuda" if gpu else "cpu",
+                          "environment": {"triton": "3.6.0", "torch": "2.11",
+                                          "tolerances": tol}, "duration_s": 3.0})
+    rms_case = {"rows": 8192, "hidden": 64, "dtype": "bfloat16"}
+    write_json(run / "candidates/search_log.json", {"searches": [
+        {"family": "rmsnorm", "case": rms_case, "case_key": RMS_KEY.split("/")[1],
+         "device": "cuda", "baseline": timing(0.034, gpu),
+         "candidates": [{"path": rms_src, "config": {"BLOCK": 1024}, "origin": "generated",
+                         "screen": "pass", "timing": timing(0.017, gpu), "decision": "best"},
+                        {"path": "x", "config": {"BLOCK": 64}, "origin": "generated",
+                         "screen": "wrong result", "decision": "discarded: wrong result"}],
+         "order": [rms_src]},
+        {"family": "gated_act", "case": {"rows": 8192, "inter": 172, "dtype": "bfloat16"},
+         "case_key": GATED_KEY.split("/")[1], "device": "cuda", "baseline": timing(0.05, gpu),
+         "candidates": [{"path": gated_src, "config": {"BLOCK": 256}, "origin": "generated",
+                         "screen": "pass", "timing": timing(0.04, gpu), "decision": "best"}],
+         "order": [gated_src]}]})
+    write_json(run / "verification/summary.json", {
+        "accepted": {RMS_KEY: {"family": "rmsnorm", "case": rms_case, "source": rms_src,
+                               "config": {"BLOCK": 1024}, "kernel": timing(0.017, gpu),
+                               "baseline": timing(0.034, gpu), "record": str(rec_ok),
+                               "speedup": 0.034 / 0.017}},
+        "rejected": [{"key": GATED_KEY, "family": "gated_act",
+                      "tried": [{"candidate": gated_src, "verdict": "rejected",
+                                 "reasons": ["numerics in c0: max rel error 0.31 > rtol"],
+                                 "record": str(rec_bad)}],
+                      "reason": "no candidate passed verification"}]})
+    note = None if gpu else "CPU/interpreter run: kernel times are not GPU timings"
+    write_json(run / "projection.json", {
+        "stage": "projection", "kernel_speedups": {"rmsnorm": 2.0} if gpu else {},
+        "families": ["rmsnorm", "gated_act"],
+        "workloads": {PRE: {"amdahl": 1.081 if gpu else 1.0, "replay": 1.07 if gpu else None,
+                            "patterns": ["rmsnorm"] if gpu else [], "note": note},
+                      DEC: {"amdahl": 1.02 if gpu else 1.0, "replay": 1.005 if gpu else None,
+                            "patterns": ["rmsnorm"] if gpu else [], "note": note}}})
+    trials = [{"seed": 100 + i, "error_unpatched": 0.02, "error_patched": 0.021,
+               "limit": 0.03, "passed": True} for i in range(3)]
+    check = {"set": {"families": ["rmsnorm"], "trials": trials, "passed": True},
+             "rejected": {}, "kept": ["rmsnorm"]}
+    effect = {"remaining_occurrences": {"rmsnorm": 0}, "new_kernels": ["_rmsnorm_fwd"],
+              "passed": True}
+    if gpu:
+        pre = {"per_family": {"rmsnorm": ratio(0.93, 0.92, 0.94, "faster", "kept")},
+               "combined": ratio(0.93, 0.92, 0.94, "faster", "kept"), "kept": ["rmsnorm"]}
+        dec = {"per_family": {"rmsnorm": ratio(1.03, 1.01, 1.05, "slower", "rolled back")},
+               "combined": None, "kept": []}
+    else:
+        d = "kept (timing not meaningful here: no decision on speed)"
+        pre = dec = {"per_family": {"rmsnorm": ratio(0.77, 0.7, 0.8, "faster", d, False)},
+                     "combined": ratio(0.77, 0.7, 0.8, "faster", "kept", False),
+                     "kept": ["rmsnorm"]}
+    write_json(run / "integration.json", {
+        "stage": "integrate", "families": ["rmsnorm"], "environment": {},
+        "workloads": {k: {"workload": {}, "check": check, "patch_effect": effect, **v}
+                      for k, v in ((PRE, pre), (DEC, dec))}})
+
+
+def section(md: str, key: str) -> str:
+    start = md.index(f"## Workload {key}")
+    nxt = md.find("\n## ", start + 5)
+    return md[start:nxt if nxt > 0 else None]
+
+
+def assert_png(path):
+    img = imread(path)
+    assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
+
+
+def test_profile_and_ranking_only(tmp_path):
+    write_profile_and_ranking(tmp_path)
+    out = write_report(tmp_path)
+    for k in ("markdown", "html", "json"):
+        assert out[k].exists()
+    assert out["acceptance"] == []
+    names = sorted(p.name for p in out["plots"])
+    assert names == sorted([f"share_{PRE}.png", f"share_{DEC}.png", f"cumulative_{PRE}.png",
+                            f"cumulative_{DEC}.png"])
+    for p in out["plots"]:
+        assert_png(p)
+    md = out["markdown"].read_text()
+    assert "Only profiling and ranking have run" in md
+    assert "not measured" in md and "ceiling 1.140x" in md
+    assert "Launch-bound" in section(md, DEC) and "Launch-bound" not in section(md, PRE)
+    assert "logits_to_keep=1" in section(md, PRE)  # lm_head is 12% of the prefill
+    assert "logits_to_keep=1" not in section(md, DEC)  # decode: one position anyway
+    data = read_json(out["json"])
+    for w in data["workloads"]:  # the share rows plus the rest row sum to 1
+        assert sum(r["share"] for r in w["shares"]) == pytest.approx(1.0)
+        assert w["shares"][-1]["label"] == "rest: host/launch/idle"
+    html = out["html"].read_text()
+    assert f'<img src="plots/share_{PRE}.png"' in html and "<table>" in html
+    assert "<style>" in html and "<script" not in html
+
+
+def test_full_gpu_run(tmp_path):
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    out = write_report(tmp_path)
+    assert {p.name for p in out["plots"]} >= {"comparison.png", f"share_{DEC}.png"}
+    for p in out["plots"]:
+        assert_png(p)
+    md = out["markdown"].read_text()
+    # prefill: projected 1.081 (Amdahl) / 1.070 (replay) vs measured 1/0.93
+    m = 1 / 0.93
+    pre = section(md, PRE)
+    for s in ("1.081x", "1.070x", f"{m:.3f}x", f"{abs(1.081 - m) / m:.1%}",
+              f"{abs(1.07 - m) / m:.1%}", f"[{1 / 0.94:.3f}x, {1 / 0.92:.3f}x]"):
+        assert s in pre, s
+    # decode: rmsnorm alone measured 1/1.03, then rolled back; shipped is the baseline
+    m = 1 / 1.03
+    dec = section(md, DEC)
+    for s in (f"{m:.3f}x", f"{abs(1.02 - m) / m:.1%}", f"{abs(1.005 - m) / m:.1%}",
+              "rolled back", "Launch-bound", "nothing kept"):
+        assert s in dec, s
+    assert "Rollbacks: none." in pre and "Rollbacks: none." not in dec
+    assert "no candidate passed verification" in md and "max rel error 0.31" in md
+    data = read_json(out["json"])
+    w = {x["key"]: x for x in data["workloads"]}
+    assert w[PRE]["measured"]["speedup"] == pytest.approx(1 / 0.93)
+    assert w[PRE]["projection_error"]["replay"] == pytest.approx(abs(1.07 - 1 / 0.93) * 0.93)
+    assert w[PRE]["rollbacks"] == [] and w[DEC]["rollbacks"][0]["family"] == "rmsnorm"
+    assert w[DEC]["shipped"]["speedup"] == 1.0
+    assert sorted(p.name for p in out["acceptance"]) == ["gated_act.md", "rmsnorm.md"]
+    for p in out["acceptance"]:
+        text = p.read_text()
+        labels = re.findall(r"^(\w+):", text, flags=re.MULTILINE)
+        assert [x for x in labels if x in HEADINGS] == list(HEADINGS), p.name
+    rms = (tmp_path / "acceptance/rmsnorm.md").read_text()
+    assert "NVIDIA H200" in rms and "bfloat16 atol 0.001 rtol 0.016" in rms
+    assert "2.000x" in rms and f"rolled back on {DEC}" in rms and f"kept on {PRE}" in rms
+    gated = (tmp_path / "acceptance/gated_act.md").read_text()
+    assert "rejected: " in gated and "max rel error 0.31" in gated
+    html = out["html"].read_text()
+    assert '<img src="plots/comparison.png"' in html and "Acceptance records" in html
+    assert json.loads(out["json"].read_text())["schema_version"] == 1
+
+
+def test_cpu_run_labels_timings_not_meaningful(tmp_path):
+    write_profile_and_ranking(tmp_path, device="cpu")
+    write_optimize_artifacts(tmp_path, gpu=False)
+    out = write_report(tmp_path)
+    md = out["markdown"].read_text()
+    assert "not meaningful" in md and "CPU run" in md
+    assert f"{1 / 0.77:.3f}x" not in md  # the CPU whole-model ratio is never a speedup
+    assert "2.000x" not in md  # nor the CPU kernel micro-benchmark
+    assert "Launch-bound" not in md  # no GPU, no launch-bound claim
+    rms = (tmp_path / "acceptance/rmsnorm.md").read_text()
+    assert "not meaningful" in rms and "2.000x" not in rms
+    data = read_json(out["json"])
+    for w in data["workloads"]:
+        assert w["measured"]["speedup"] is None and w["projection_error"] is None
+        assert w["measured"]["meaningful"] is False
+    assert data["kernels"]["accepted"][0]["speedup"] is None

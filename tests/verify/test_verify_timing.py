@@ -1,0 +1,78 @@
+"""timing.py and stats.py: labels off the GPU, and the paired-ratio verdict."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from verify.stats import bootstrap_ci, summarize
+from verify.timing import NOT_GPU_REASON, bench, paired_ratio
+
+
+class FakeClock:
+    """Synthetic timings: each fn advances the clock by its own duration."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_identical_fns_are_the_same():
+    clock, rng = FakeClock(), np.random.default_rng(1)
+
+    def fn():
+        clock.now += 0.010 * (1 + 0.05 * rng.standard_normal())
+
+    result = paired_ratio(fn, fn, n=40, clock=clock)
+    assert result.verdict == "same"
+    assert result.ci_low < 1.0 < result.ci_high
+    assert len(result.ratios) == 40
+
+
+def test_clearly_slower_and_faster_fns():
+    def fast():
+        time.sleep(0.001)
+
+    def slow():
+        time.sleep(0.004)
+
+    slower = paired_ratio(fast, slow, n=12)
+    assert slower.verdict == "slower" and slower.ci_low > 1.5
+    assert paired_ratio(slow, fast, n=12).verdict == "faster"
+    assert slower.meaningful is False and slower.reason == NOT_GPU_REASON  # CPU wall time
+
+
+def test_bootstrap_is_reproducible_and_brackets_the_estimate():
+    values = np.random.default_rng(0).normal(1.0, 0.1, 50)
+    a = bootstrap_ci(values, "median", seed=3)
+    assert a == bootstrap_ci(values, "median", seed=3)
+    estimate, low, high = bootstrap_ci(values, "mean")
+    assert low < estimate < high and high - low < 0.1
+    with pytest.raises(ValueError):
+        bootstrap_ci(values, "mode")
+
+
+def test_summary_spread():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median_ms"] == 3.0 and s["p20_ms"] < s["median_ms"] < s["p80_ms"]
+    assert s["n"] == 5 and s["max_ms"] == 100.0
+
+
+def test_cpu_bench_is_labelled_not_meaningful():
+    x = torch.randn(1024)
+    timing = bench(lambda: x * 2, device="cpu", min_bytes=8192, flops=1024, rep_ms=5)
+    assert timing.meaningful is False and timing.reason == NOT_GPU_REASON
+    assert timing.median_ms > 0 and timing.gbps > 0 and timing.tflops > 0
+
+
+@pytest.mark.gpu
+def test_gpu_bench_and_paired_ratio_are_meaningful():
+    x = torch.randn(1 << 24, device="cuda")
+    timing = bench(lambda: x * 2, device="cuda", min_bytes=2 * x.numel() * 4)
+    assert timing.meaningful and "L2 flushed" in timing.method
+    assert 100 < timing.gbps < 6000  # a memory-bound op on an H200-class GPU
+    result = paired_ratio(lambda: x * 2, lambda: x * 2, n=20, device="cuda")
+    assert result.meaningful and result.verdict in ("same", "faster", "slower")

@@ -1,0 +1,343 @@
+"""Every check a candidate goes through. Runs inside the worker process (verify/worker.py).
+
+Per case (the given ones and the family's edge cases), per input set (`trials` random draws, one
+draw per stress kind, one with NaN/+inf/-inf injected), the candidate runs twice: once into an
+output poisoned with NaN bytes and once with a large finite poison, each inside guard bytes. From
+those two runs come:
+
+    runs              forward returned without raising
+    numerics          random inputs within tolerance (rule: verify/tolerances.py)
+    stress            large / tiny / mixed-scale / all-equal-row inputs within tolerance
+    nonfinite         NaN and Inf propagate as the reference does
+    writes_all        no output element still holds the poison of both runs
+    deterministic     the two runs agree bitwise wherever they wrote
+    out_of_bounds     guard bytes around `out` (and gaps of a strided `out`) untouched
+    out_buffer        `out` keeps its storage, shape and strides (no out.set_(...))
+    inputs_unchanged  every input's whole storage is bitwise unchanged
+    aten_ops          none of family.aten_ops dispatched (TorchDispatchMode; plus the profiler
+                      on a GPU)
+    default_stream    all GPU work on the caller's stream (profiler); skipped on the CPU
+
+Each emits one record per case: {"name", "case", "passed", "detail"} (+ "skipped").
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verify.integrity import (
+    POISON_BIG,
+    POISON_NAN,
+    GuardedOut,
+    OpRecorder,
+    bits,
+    forbidden_ops,
+    normalize_op,
+    profile_streams,
+    snapshot_inputs,
+    synchronize,
+)
+from verify.loading import case_params, load_candidate, load_family
+from verify.numerics import (
+    STRESS_KINDS,
+    Comparison,
+    apply_stress,
+    as_tuple,
+    compare,
+    inject_nonfinite,
+    input_plan,
+    reference_outputs,
+    seed_for,
+    stress_indices,
+)
+from verify.timing import NOT_GPU_REASON, bench, copy_reference
+from verify.tolerances import tolerance_for
+
+CHECK_OF_KIND = {"random": "numerics", "nonfinite": "nonfinite",
+                 **{k: "stress" for k in STRESS_KINDS}}
+ORDER = ("reference", "runs", "numerics", "stress", "nonfinite", "writes_all", "deterministic",
+         "out_of_bounds", "out_buffer", "inputs_unchanged", "aten_ops", "default_stream")
+
+Emit = Callable[[str, Any], None]
+
+
+class _ContextLost(Exception):
+    """The device is unusable after the candidate (e.g. a CUDA illegal memory access)."""
+
+
+class CaseChecks:
+    """Pass/fail per check name for one case, across all its input sets."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.evaluated: Counter[str] = Counter()
+        self.failures: dict[str, list[str]] = {}
+        self.skipped: dict[str, str] = {}
+        self.stats: dict[str, Comparison] = {}  # per input kind, worst over its input sets
+        self.reference_dtype = ""
+
+    def record(self, name: str, problems: list[str], context: str) -> None:
+        self.evaluated[name] += 1
+        if problems:
+            self.failures.setdefault(name, []).append(f"{context}: {'; '.join(problems)}")
+
+    def skip(self, name: str, reason: str) -> None:
+        self.skipped[name] = reason
+
+    def add_stats(self, kind: str, c: Comparison) -> None:
+        old = self.stats.get(kind)
+        if old is None:
+            self.stats[kind] = c
+            return
+        for f in ("max_abs", "max_rel", "worst_ratio", "baseline_max_abs", "baseline_max_rel"):
+            setattr(old, f, max(getattr(old, f), getattr(c, f)))
+
+    def errors(self) -> dict:
+        """Max errors of the random trials (what the case's inputs look like in a model), the
+        worst ratio to the allowed error over every input set, and each kind on its own (stress
+        inputs can make the baseline itself lose everything, e.g. an fp32 overflow)."""
+        fields = ("max_abs", "max_rel", "worst_ratio", "baseline_max_abs", "baseline_max_rel")
+        random = self.stats.get("random")
+        return {"case": self.label, "reference_dtype": self.reference_dtype,
+                **{f: getattr(random, f) if random else None for f in fields},
+                "worst_ratio_any_input": max((c.worst_ratio for c in self.stats.values()),
+                                             default=None),
+                "by_kind": {k: {f: getattr(c, f) for f in fields} for k, c in self.stats.items()}}
+
+    def _pass_detail(self, name: str) -> str:
+        n = self.evaluated[name]
+        kinds = [k for k in self.stats if CHECK_OF_KIND[k] == name]
+        if kinds:
+            s = {f: max(getattr(self.stats[k], f) for k in kinds)
+                 for f in ("max_abs", "max_rel", "worst_ratio", "baseline_max_abs")}
+            return (f"{n} input sets: max abs {s['max_abs']:.3g}, max rel {s['max_rel']:.3g}, "
+                    f"{s['worst_ratio']:.2f} of allowed; baseline max abs "
+                    f"{s['baseline_max_abs']:.3g} (reference in {self.reference_dtype})")
+        return f"{n} runs"
+
+    def records(self) -> list[dict]:
+        out = []
+        for name in ORDER:
+            if name in self.skipped:
+                out.append({"name": name, "case": self.label, "passed": True, "skipped": True,
+                            "detail": self.skipped[name]})
+            elif self.evaluated[name]:
+                fails = self.failures.get(name, [])
+                more = f" (and {len(fails) - 1} more)" if len(fails) > 1 else ""
+                out.append({"name": name, "case": self.label, "passed": not fails,
+                            "detail": fails[0] + more if fails else self._pass_detail(name)})
+        return out
+
+
+def _describe(e: BaseException) -> str:
+    """The exception's own line first (what a reason quotes), then where it came from."""
+    only = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+    where = "".join(traceback.format_tb(e.__traceback__)[-2:])
+    return "\n".join([only[-1], *only[:-1], where.rstrip()])[:1500]
+
+
+def _out_arg(made: Any) -> Any:
+    """What `out=` receives: the tensor, or a tuple for multi-output families."""
+    return tuple(made) if isinstance(made, list) else made
+
+
+@dataclass
+class _Run:
+    outs: list[GuardedOut]
+    problems: dict[str, list[str]]
+
+
+class Suite:
+    def __init__(self, request: dict, emit: Emit) -> None:
+        self.request = request
+        self.emit = emit
+        self.device = torch.device(request["device"])
+        self.family = load_family(request["family"])
+        self.forbidden = {normalize_op(op) for op in self.family.aten_ops}
+        self.forward: Callable[..., None] | None = None
+        self.all_passed = True
+
+    # -- one candidate call -------------------------------------------------------------------
+    def _call(self, inputs: tuple, templates: tuple, single: bool, params: dict,
+              byte: int) -> _Run | str:
+        guards = [GuardedOut.like(t, byte) for t in templates]
+        out_arg = guards[0].view if single else tuple(g.view for g in guards)
+        snaps = snapshot_inputs(inputs)
+        metas = [g.meta() for g in guards]
+        recorder = OpRecorder()
+        try:
+            with recorder:
+                self.forward(*inputs, out=out_arg, **params)
+            synchronize(self.device)
+        except BaseException as e:  # noqa: BLE001 - SystemExit from a candidate is a failure too
+            if self.device.type == "cuda":
+                try:
+                    torch.cuda.synchronize(self.device)
+                except RuntimeError as lost:
+                    raise _ContextLost(f"{_describe(e)}\ndevice unusable afterwards: {lost}") \
+                        from None
+            return _describe(e)
+        problems = {
+            "inputs_unchanged": [p for i, s in snaps for p in s.problems(i)],
+            "out_buffer": [f"output {i}: was {m[:3]}, now {g.meta()[:3]}"
+                           for i, (g, m) in enumerate(zip(guards, metas)) if g.meta() != m],
+            "out_of_bounds": [f"output {i}: {n} elements outside it were written"
+                              for i, g in enumerate(guards) if (n := g.changed_outside())],
+        }
+        if self.forbidden:
+            bad = forbidden_ops(recorder.counts, self.forbidden)
+            problems["aten_ops"] = [f"ran {bad} (TorchDispatchMode)"] if bad else []
+        return _Run(guards, problems)
+
+    # -- one input set ------------------------------------------------------------------------
+    def _input_set(self, checks: CaseChecks, case: dict, params: dict, kind: str,
+                   trial: int) -> bool:
+        """False when the candidate raised (the rest of the case is skipped)."""
+        seed = seed_for(self.request["seed"], checks.label, kind, trial)
+        context = f"{kind} trial {trial} (seed {seed})" if kind == "random" else \
+            f"{kind} (seed {seed})"
+        self.emit("phase", f"{checks.label}: {context}")
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
+        where = stress_indices(self.family, inputs)
+        if kind in STRESS_KINDS and not apply_stress(inputs, where, kind, seed):
+            return True
+        if kind == "nonfinite":
+            placed = inject_nonfinite(inputs, where, seed)
+            if not placed:
+                return True
+            context += f" {', '.join(placed)}"
+        try:
+            refs, bases, checks.reference_dtype = reference_outputs(self.family, inputs, params)
+        except Exception as e:  # noqa: BLE001 - a broken reference is reported, not raised
+            checks.record("reference", [f"{type(e).__name__}: {e}"], context)
+            return True
+        made = self.family.make_out(case, inputs)
+        single = not isinstance(made, (tuple, list))
+        templates = as_tuple(made)
+        runs = []
+        for byte in (POISON_NAN, POISON_BIG):
+            run = self._call(inputs, templates, single, params, byte)
+            if isinstance(run, str):
+                checks.record("runs", [run], context)
+                return False
+            runs.append(run)
+        checks.record("runs", [], context)
+        first, second = runs
+        for name, problems in first.problems.items():
+            both = list(dict.fromkeys(problems + second.problems.get(name, [])))
+            checks.record(name, both, context)
+        unwritten, unstable = [], []
+        for i, (a, b) in enumerate(zip(first.outs, second.outs)):
+            never = a.unwritten() & b.unwritten()
+            differ = (bits(a.view) != bits(b.view)) & ~never
+            if int(never.sum()):
+                idx = [int(v) for v in never.nonzero()[0]] if never.dim() else []
+                unwritten.append(f"output {i}: {int(never.sum())} of {never.numel()} elements "
+                                 f"never written (first at {idx})")
+            if int(differ.sum()):
+                unstable.append(f"output {i}: {int(differ.sum())} elements differ between "
+                                "two runs on the same inputs")
+        checks.record("writes_all", unwritten, context)
+        checks.record("deterministic", unstable, context)
+        tols = [tolerance_for(t.dtype) for t in templates]
+        result = compare([g.view for g in first.outs], refs, bases, tols)
+        checks.add_stats(kind, result)
+        problem = [] if result.ok else [(f"{result.n_bad} elements outside tolerance "
+                                         f"({result.n_nonfinite_bad} non-finite mismatches); "
+                                         f"first {result.first_bad}")]
+        checks.record(CHECK_OF_KIND[kind], problem, context)
+        return True
+
+    # -- the GPU-only stream and profiler check -----------------------------------------------
+    def _streams(self, checks: CaseChecks, case: dict, params: dict) -> None:
+        if self.device.type != "cuda":
+            checks.skip("default_stream", "CPU: no device streams to check")
+            return
+        seed = seed_for(self.request["seed"], checks.label, "random", 0)
+        inputs = as_tuple(self.family.make_inputs(
+            case, self.device, torch.Generator(device=self.device).manual_seed(seed)))
+        out = _out_arg(self.family.make_out(case, inputs))
+        seen = profile_streams(lambda: self.forward(*inputs, out=out, **params), self.device)
+        problems = [f"{name} on stream {s} (caller's stream {seen['default_stream']})"
+                    for name, s in seen["other_streams"][:5]]
+        if seen["current_stream_changed"]:
+            problems.append("forward changed the current stream and did not restore it")
+        checks.record("default_stream", problems, f"profiled ({seen['n_gpu_events']} GPU events)")
+        if self.forbidden:
+            bad = forbidden_ops(seen["ops"], self.forbidden)
+            checks.record("aten_ops", [f"ran {bad} (profiler)"] if bad else [], "profiled")
+
+    # -- timing of a candidate that passed everything -----------------------------------------
+    def _timing(self, entries: list[dict]) -> dict:
+        cpu = self.device.type != "cuda"
+        budget = {"warmup_ms": 5.0, "rep_ms": 20.0} if cpu else {}
+        rows = []
+        for entry in entries:
+            if entry["origin"] != "given":
+                continue
+            case, label = entry["case"], entry["label"]
+            params = case_params(self.family, case)
+            self.emit("phase", f"{label}: timing")
+            gen = torch.Generator(device=self.device).manual_seed(
+                seed_for(self.request["seed"], label, "timing", 0))
+            inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
+            out = _out_arg(self.family.make_out(case, inputs))
+            rates = {"min_bytes": self.family.min_bytes(case), "flops": self.family.flops(case)}
+            cand = bench(functools.partial(self.forward, *inputs, out=out, **params),
+                         device=self.device, **rates, **budget)
+            base = bench(functools.partial(self.family.reference, *inputs, **params),
+                         device=self.device, **rates, **budget)
+            row = {"case": label, "candidate": cand.to_dict(), "baseline": base.to_dict()}
+            if not cpu:
+                copy = copy_reference(rates["min_bytes"], self.device)
+                row["copy"] = copy.to_dict()
+                row["speedup"] = base.median_ms / cand.median_ms
+                if cand.gbps and copy.gbps:
+                    row["fraction_of_copy_bandwidth"] = cand.gbps / copy.gbps
+            rows.append(row)
+        return {"meaningful": not cpu, "reason": NOT_GPU_REASON if cpu else None, "cases": rows}
+
+    # -- everything ---------------------------------------------------------------------------
+    def run(self) -> None:
+        self.emit("phase", "loading candidate")
+        try:
+            self.forward = load_candidate(self.request["source"])
+        except BaseException as e:  # noqa: BLE001 - syntax/import errors are the candidate's
+            self.emit("checks", [{"name": "load", "case": None, "passed": False,
+                                  "detail": _describe(e)}])
+            return
+        self.emit("checks", [{"name": "load", "case": None, "passed": True,
+                              "detail": "defines forward"}])
+        plan = input_plan(self.request["trials"])
+        for n, entry in enumerate(self.request["cases"]):
+            if self.request.get("fail_fast") and not self.all_passed:
+                # Rejected already; the remaining cases would only add detail, at a cost.
+                self.emit("skipped", [e["label"] for e in self.request["cases"][n:]])
+                break
+            checks = CaseChecks(entry["label"])
+            params = case_params(self.family, entry["case"])
+            try:
+                for kind, trial in plan:
+                    if not self._input_set(checks, entry["case"], params, kind, trial):
+                        break
+                else:
+                    self._streams(checks, entry["case"], params)
+            except _ContextLost as e:
+                checks.record("runs", [str(e)], "device lost")
+                self.emit("checks", checks.records())
+                self.all_passed = False
+                return
+            records = checks.records()
+            self.all_passed &= all(r["passed"] for r in records)
+            self.emit("checks", records)
+            self.emit("errors", checks.errors())
+        if self.request.get("timing") and self.all_passed:
+            self.emit("timing", self._timing(self.request["cases"]))

@@ -1,0 +1,212 @@
+"""verify_candidate: the one entry point every candidate goes through.
+
+Generated, proposed and hand-written candidates alike: a source file defining
+`forward(*inputs, out, **params)`, verified in an isolated worker on the given cases plus the
+family's edge cases, judged by verify/checks.py, recorded as
+`<record_dir>/verification/<family>/<candidate>.json`. A candidate that fails in any way comes back
+as a rejected VerificationResult; only mistakes of the caller (an unknown family, no cases) raise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codegen.family import Case, Family
+from verify.loading import candidate_name, family_spec, load_family
+from verify.numerics import input_plan, seed_for
+from verify.tolerances import TOLERANCES
+from verify.worker import WorkerOutcome, run_isolated
+
+
+@dataclass
+class VerificationResult:
+    candidate: str
+    family: str
+    verdict: str  # "accepted" | "rejected"
+    checks: list[dict]
+    errors: list[dict]
+    reasons: list[str] = field(default_factory=list)
+    timing: dict | None = None
+    seeds: dict = field(default_factory=dict)
+    cases: list[dict] = field(default_factory=list)
+    cases_skipped: list[str] = field(default_factory=list)  # not run after a failure (fail_fast)
+    source: str = ""
+    source_sha256: str = ""
+    device: str = ""
+    environment: dict = field(default_factory=dict)
+    duration_s: float = 0.0
+    record_path: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
+
+    def failed(self) -> set[str]:
+        """Names of the checks that failed (what tests and the search log key on)."""
+        return {c["name"] for c in self.checks if not c["passed"]}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def expand_cases(family: Family, cases: Sequence[Case]) -> list[dict]:
+    """The given cases, then each one's edge cases, without duplicates (first label wins)."""
+    entries, seen = [], set()
+
+    def add(case: Case, label: str, origin: str) -> None:
+        key = json.dumps(case, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            entries.append({"label": label, "origin": origin, "case": dict(case)})
+
+    for i, case in enumerate(cases):
+        add(case, f"c{i}", "given")
+    for i, case in enumerate(cases):
+        for j, edge in enumerate(family.edge_cases(case)):
+            add(edge, f"c{i}.e{j}", f"edge of c{i}")
+    return entries
+
+
+def _environment(device: str) -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": device}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["accelerator"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def _worker_checks(outcome: WorkerOutcome, timeout_s: float) -> list[dict]:
+    where = outcome.last_phase
+    if outcome.status == "timeout":
+        return [{"name": "timeout", "case": None, "passed": False,
+                 "detail": f"no result after {timeout_s:g} s (last: {where}); worker killed"}]
+    if outcome.status == "crash":
+        tail = outcome.log_tail.strip()[-1200:]
+        return [{"name": "crash", "case": None, "passed": False,
+                 "detail": f"worker {outcome.describe_exit()} during {where}"
+                           + (f"\n{tail}" if tail else "")}]
+    if outcome.status == "error":
+        text = next((m[1] for m in outcome.messages if m[0] == "error"), "")
+        return [{"name": "harness", "case": None, "passed": False,
+                 "detail": f"verifier failed during {where} (not judged: rejected)\n{text}"}]
+    return []
+
+
+# Root causes before their symptoms: an unwritten output also fails numerics, a crash ends all.
+_PRIORITY = ("harness", "load", "crash", "timeout", "runs", "reference", "out_buffer",
+             "writes_all", "out_of_bounds", "inputs_unchanged", "aten_ops", "default_stream",
+             "deterministic", "numerics", "stress", "nonfinite")
+
+
+def _reasons(checks: list[dict]) -> list[str]:
+    """One line per failed check, most fundamental first."""
+    reasons = []
+    names = dict.fromkeys(c["name"] for c in checks if not c["passed"])
+    for name in sorted(names, key=lambda n: _PRIORITY.index(n) if n in _PRIORITY else 99):
+        failed = [c for c in checks if c["name"] == name and not c["passed"]]
+        first = failed[0]
+        where = f" in {len(failed)} cases, first {first['case']}" if len(failed) > 1 else \
+            (f" in {first['case']}" if first["case"] else "")
+        reasons.append(f"{name}{where}: {first['detail'].splitlines()[0][:300]}")
+    return reasons
+
+
+def verify_candidate(family: Family | str, source_path: str | Path, cases: Sequence[Case], *,
+                     device: str, seed: int = 0, trials: int = 3, timeout_s: float = 120,
+                     record_dir: str | Path | None = None, timing: bool = True,
+                     fail_fast: bool = True, candidate: str | None = None,
+                     ) -> VerificationResult:
+    """Verify one candidate source file; a result object whatever the candidate does.
+
+    family: a Family, a codegen.registry name, or "module:attr". cases: the cases the model runs
+    (exact shapes/dtypes/strides); the family's edge cases are added. seed: master seed of every
+    input (per input set seeds are derived and recorded). timing: time an accepted candidate and
+    the baseline on the given cases (labelled not meaningful off the GPU). fail_fast: stop after
+    the first case with a failed check (the verdict is then settled). record_dir: the run
+    directory; the record goes to verification/<family>/<candidate>.json under it.
+    """
+    if not cases:
+        raise ValueError("verify_candidate needs at least one case")
+    spec = family_spec(family)
+    fam = load_family(spec) if isinstance(family, str) else family
+    source = Path(source_path)
+    name = candidate or candidate_name(source)
+    entries = expand_cases(fam, cases)
+    request = {"family": spec, "source": str(source.resolve()), "cases": entries,
+               "device": str(device), "seed": int(seed), "trials": int(trials),
+               "timing": bool(timing), "fail_fast": bool(fail_fast)}
+    started = time.monotonic()
+    outcome = run_isolated(request, timeout_s)
+    checks = [c for kind, payload in outcome.messages if kind == "checks" for c in payload]
+    checks += _worker_checks(outcome, timeout_s)
+    if outcome.status == "done" and not any(c["name"] == "load" for c in checks):
+        checks.append({"name": "harness", "case": None, "passed": False,
+                       "detail": "worker finished without reporting any check"})
+    errors = [payload for kind, payload in outcome.messages if kind == "errors"]
+    timing_data = next((payload for kind, payload in outcome.messages if kind == "timing"), None)
+    accepted = outcome.status == "done" and bool(checks) and all(c["passed"] for c in checks) \
+        and len(errors) == len(entries)
+    try:
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    except OSError:
+        digest = ""
+    result = VerificationResult(
+        candidate=name,
+        family=fam.name,
+        verdict="accepted" if accepted else "rejected",
+        checks=checks,
+        errors=errors,
+        reasons=_reasons(checks),
+        timing=timing_data,
+        seeds={"master": int(seed), "trials": int(trials),
+               "rule": "sha256 of (master, case label, input kind, trial); see numerics.seed_for",
+               "input_sets": {e["label"]: {f"{kind}/{t}": seed_for(seed, e["label"], kind, t)
+                                           for kind, t in input_plan(trials)}
+                              for e in entries}},
+        cases=entries,
+        cases_skipped=next((p for kind, p in outcome.messages if kind == "skipped"), []),
+        source=str(source),
+        source_sha256=digest,
+        device=str(device),
+        environment={**_environment(str(device)),
+                     "tolerances": {k: v.to_dict() for k, v in TOLERANCES.items()}},
+        duration_s=time.monotonic() - started,
+    )
+    if record_dir is not None:
+        from pipeline.artifacts import write_json
+
+        path = Path(record_dir) / "verification" / fam.name / f"{name}.json"
+        result.record_path = str(path)
+        write_json(path, result.to_dict())
+    return result
+
+
+def verify_candidates(family: Family | str, source_paths: Sequence[str | Path],
+                      cases: Sequence[Case], *, jobs: int = 1, **kwargs: Any,
+                      ) -> list[VerificationResult]:
+    """verify_candidate for several sources, `jobs` workers at a time (results in input order).
+
+    jobs > 1 runs candidates side by side, so keep timing=False then (or jobs=1 on a GPU): timings
+    taken while another candidate runs are not worth recording.
+    """
+    if jobs <= 1:
+        return [verify_candidate(family, p, cases, **kwargs) for p in source_paths]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda p: verify_candidate(family, p, cases, **kwargs),
+                             source_paths))

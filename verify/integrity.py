@@ -1,0 +1,199 @@
+"""Integrity: poisoned and guarded outputs, input snapshots, the aten-op recorder, stream checks.
+
+These catch kernels that are numerically right for the wrong reasons: they leave part of `out`
+unwritten (poison survives), write beyond it (guard bytes change), write into their inputs,
+rebind `out` to other storage, run the very aten ops they claim to replace, or work on a side
+stream (right after a full device synchronise, racy in a real model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Poison is written byte-wise so one value serves every dtype. 0xFF bytes are a NaN in every IEEE
+# float format (fp64 to fp8) and -1 in integers; 0x7B bytes are a large finite number in every
+# float format (fp16 6.1e4, bf16/fp32 ~1e36, e4m3fn 352), so a kernel that leaves poison is seen
+# both as NaN-where-none-belongs and as a wrong finite value.
+POISON_NAN = 0xFF
+POISON_BIG = 0x7B
+_BOOL_POISON = {POISON_NAN: 0x01, POISON_BIG: 0x00}  # other bytes are not valid booleans
+GUARD_BYTES = 16384  # guard before and after `out`: a row or more of a typical hidden size
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor reinterpreted as integers of the same width: bitwise equality, NaN included."""
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+def _poison_byte(dtype: torch.dtype, byte: int) -> int:
+    return _BOOL_POISON[byte] if dtype == torch.bool else byte
+
+
+def poison_bits(dtype: torch.dtype, byte: int) -> int:
+    one = torch.empty(1, dtype=dtype)
+    one.view(torch.uint8).fill_(_poison_byte(dtype, byte))
+    return int(bits(one)[0])
+
+
+@dataclass
+class GuardedOut:
+    """An output tensor placed inside a larger poisoned buffer: `view` is what the candidate gets;
+    every byte of `backing` outside the view's elements must still be poison afterwards."""
+
+    backing: torch.Tensor  # flat, the whole allocation
+    view: torch.Tensor
+    outside: torch.Tensor  # bool over backing: True where no element of the view lives
+    byte: int
+
+    @classmethod
+    def like(cls, template: torch.Tensor, byte: int) -> GuardedOut:
+        if any(s < 0 for s in template.stride()):
+            raise ValueError("output with a negative stride")
+        span = 1 + sum((n - 1) * s for n, s in zip(template.shape, template.stride())) \
+            if template.numel() else 0
+        guard = max(1, GUARD_BYTES // template.element_size())
+        backing = torch.empty(span + 2 * guard, dtype=template.dtype, device=template.device)
+        backing.view(torch.uint8).fill_(_poison_byte(template.dtype, byte))
+        view = backing.as_strided(template.shape, template.stride(), guard)
+        outside = torch.ones(backing.shape, dtype=torch.bool, device=template.device)
+        outside.as_strided(template.shape, template.stride(), guard).fill_(False)
+        return cls(backing, view, outside, byte)
+
+    def meta(self) -> tuple:
+        return _meta(self.view)
+
+    def changed_outside(self) -> int:
+        """Elements outside the view (guards, gaps of a strided view) that are no longer poison."""
+        want = poison_bits(self.backing.dtype, self.byte)
+        return int((bits(self.backing)[self.outside] != want).sum())
+
+    def unwritten(self) -> torch.Tensor:
+        """Bool mask over the view: still exactly the poison pattern."""
+        return bits(self.view) == poison_bits(self.view.dtype, self.byte)
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.data_ptr(), t.dtype)
+
+
+@dataclass
+class InputSnapshot:
+    """The whole storage behind an input (not only its elements: a kernel writing into the gaps
+    of a strided view corrupts the model's other data just the same) and its geometry."""
+
+    tensor: torch.Tensor
+    storage: torch.UntypedStorage
+    meta: tuple
+
+    @classmethod
+    def take(cls, t: torch.Tensor) -> InputSnapshot:
+        return cls(t, t.untyped_storage().clone(), _meta(t))
+
+    def problems(self, index: int) -> list[str]:
+        t = self.tensor
+        if _meta(t) != self.meta:
+            return [(f"input {index}: shape/strides/offset/storage changed from "
+                     f"{self.meta[:3]} to {_meta(t)[:3]}")]
+        now = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+        before = torch.empty(0, dtype=torch.uint8, device=t.device).set_(self.storage)
+        if torch.equal(now, before):
+            return []
+        old = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            self.storage, t.storage_offset(), t.shape, t.stride())
+        inside = int((bits(old) != bits(t)).sum())
+        return [(f"input {index}: {int((now != before).sum())} bytes of its storage changed "
+                 f"({inside} of its {t.numel()} elements)")]
+
+
+def normalize_op(name: str) -> str:
+    """'mul', 'aten.mul.Tensor', 'aten::mul_', 'aten::mul.out' -> 'aten::mul'.
+
+    In-place and out= variants are the same computation, so they count as the op.
+    """
+    if "::" in name:
+        ns, rest = name.split("::", 1)
+    elif name.startswith("aten."):
+        ns, rest = "aten", name[len("aten."):]
+    else:
+        ns, rest = "aten", name
+    base = rest.split(".", 1)[0]
+    if base.endswith("_") and not base.endswith("__"):
+        base = base[:-1]
+    return f"{ns}::{base}"
+
+
+class OpRecorder(TorchDispatchMode):
+    """Counts every aten op dispatched while active (after autograd and composite decomposition,
+    on any device), so a candidate that quietly calls the pattern's own ops is seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[normalize_op(func._schema.name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forbidden_ops(seen: Counter, forbidden: set[str]) -> dict[str, int]:
+    return {op: n for op, n in sorted(seen.items()) if op in forbidden}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_streams(call: Callable[[], None], device: torch.device) -> dict:
+    """Run `call` under torch.profiler and report the streams its GPU work ran on and the aten ops
+    it dispatched. A marker kernel launched and finished just before identifies the stream the
+    caller uses (the trace's stream ids are CUPTI's, not torch's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    marker = torch.zeros(1, device=device)
+    stream_before = torch.cuda.current_stream(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        marker.add_(1)
+        torch.cuda.synchronize(device)
+        with torch.profiler.record_function("verify::forward"):
+            call()
+        torch.cuda.synchronize(device)
+    stream_after = torch.cuda.current_stream(device)
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e.get("ts", 0))
+    window = [e for e in events if e.get("name") == "verify::forward"
+              and e.get("cat") == "user_annotation"]  # not its gpu_user_annotation twin
+    start = window[0]["ts"] if window else None
+    end = start + window[0].get("dur", 0) if window else None
+    ops = Counter(normalize_op(e["name"]) for e in events
+                  if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("aten::")
+                  and start is not None and start <= e.get("ts", -1) <= end)
+    default = gpu[0].get("args", {}).get("stream") if gpu else None
+    others = [(e.get("name", "?"), e.get("args", {}).get("stream")) for e in gpu[1:]
+              if e.get("args", {}).get("stream") != default]
+    return {"default_stream": default, "other_streams": others, "ops": ops,
+            "n_gpu_events": max(0, len(gpu) - 1),
+            "current_stream_changed": stream_before != stream_after}
+
+
+def snapshot_inputs(inputs: Sequence) -> list[tuple[int, InputSnapshot]]:
+    return [(i, InputSnapshot.take(a)) for i, a in enumerate(inputs)
+            if isinstance(a, torch.Tensor)]

@@ -1,0 +1,220 @@
+"""Numerics: the references, the stress and non-finite inputs, and the comparison rule.
+
+The rule itself (and why the baseline's own error is slack) is documented in verify/tolerances.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from verify.tolerances import Tolerance
+
+STRESS_KINDS = ("large", "tiny", "mixed", "equal")
+
+
+def input_plan(trials: int) -> list[tuple[str, int]]:
+    """The input sets of every case: (kind, trial) for the random trials, each stress kind and
+    the NaN/Inf injection."""
+    return [("random", t) for t in range(trials)] + [(k, 0) for k in STRESS_KINDS] + \
+        [("nonfinite", 0)]
+
+
+def seed_for(master: int, *keys: Any) -> int:
+    """A seed derived from the master seed and a path of keys (case label, input kind, trial).
+
+    Hash-derived rather than master + i so that adding a case or a trial never shifts the inputs
+    the other cases see: a record's seeds reproduce its inputs.
+    """
+    digest = hashlib.sha256(repr((int(master),) + keys).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _clone_arg(a: Any) -> Any:
+    # clone() keeps the strides of dense tensors; views with gaps come back contiguous, which
+    # changes nothing a reference computes.
+    return a.clone() if isinstance(a, torch.Tensor) else a
+
+
+def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tuple, str]:
+    """(high-precision reference, baseline, dtype name the reference ran in).
+
+    The reference runs on copies, so a reference that writes into its inputs cannot change what
+    the candidate then sees. float64 first; float32 where the device or an op has no float64.
+    """
+    base = as_tuple(family.reference(*[_clone_arg(a) for a in inputs], **params))
+    last_error: Exception | None = None
+    for dtype in (torch.float64, torch.float32):
+        try:
+            up = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else
+                  _clone_arg(a) for a in inputs]
+            return as_tuple(family.reference(*up, **params)), base, str(dtype).removeprefix("torch.")
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            last_error = e
+    raise RuntimeError(f"reference failed in float64 and float32: {last_error}")
+
+
+def stress_indices(family, inputs: Sequence) -> list[int]:
+    """Which inputs get stress values: family.extras['stress_inputs'] or else the floating inputs
+    with two or more dimensions (activations; 1-D weights and biases keep their usual values so
+    the output still depends on the stressed activations rather than overflowing outright)."""
+    chosen = family.extras.get("stress_inputs")
+    if chosen is not None:
+        return list(chosen)
+    floating = [i for i, a in enumerate(inputs)
+                if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    wide = [i for i in floating if inputs[i].dim() >= 2]
+    return wide or floating
+
+
+def _values(shape: torch.Size, dtype: torch.dtype, kind: str, gen: torch.Generator):
+    fi = torch.finfo(dtype)
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    sign = torch.where(torch.rand(shape, generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+    if kind == "large":  # a tenth to half of the largest finite value
+        return sign * fi.max * (0.1 + 0.4 * u)
+    if kind == "tiny":  # from below the smallest normal (subnormals) to 16x it
+        return sign * fi.tiny * torch.exp2(10.0 * u - 6.0)
+    if kind == "mixed":  # magnitudes spread over many binades inside one row
+        span = min(40.0, math.log2(fi.max) / 4)
+        return sign * torch.exp2((2.0 * u - 1.0) * span)
+    if kind == "equal":  # every row constant (zero variance, a uniform softmax, ...)
+        v = torch.randn(shape, generator=gen, dtype=torch.float64)
+        return v[..., :1].expand(shape) if len(shape) else v
+    raise ValueError(f"unknown stress kind {kind!r}")
+
+
+def apply_stress(inputs: Sequence, indices: Sequence[int], kind: str, seed: int) -> bool:
+    """Overwrite the chosen inputs in place (keeping their strides) with stress values.
+    False when none of them is a floating tensor (nothing to stress)."""
+    gen = torch.Generator().manual_seed(seed)
+    done = False
+    for i in indices:
+        x = inputs[i]
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
+            x.copy_(_values(x.shape, x.dtype, kind, gen).to(x.dtype).to(x.device))
+            done = True
+    return done
+
+
+def inject_nonfinite(inputs: Sequence, indices: Sequence[int], seed: int) -> list[str]:
+    """Put NaN, +inf and -inf into the first stressable input, in different rows where it has
+    them; returns where, for the record."""
+    gen = torch.Generator().manual_seed(seed)
+    for i in indices:
+        x = inputs[i]
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()):
+            continue
+        cols = x.shape[-1] if x.dim() else 1
+        rows = x.numel() // cols
+        placed = []
+        for k, value in enumerate((math.nan, math.inf, -math.inf)):
+            row = (k * max(1, rows // 3)) % rows
+            col = int(torch.randint(cols, (1,), generator=gen))
+            index = _unravel(row * cols + col, x.shape)
+            x[index] = value
+            placed.append(f"input {i}{list(index)}={value}")
+        return placed
+    return []
+
+
+def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    n_bad: int
+    n_nonfinite_bad: int
+    max_abs: float
+    max_rel: float
+    worst_ratio: float  # largest |c - r| / allowed over finite elements; <= 1 passes
+    baseline_max_abs: float
+    baseline_max_rel: float
+    first_bad: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _same_nonfinite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
+
+
+def _max(t: torch.Tensor) -> float:
+    return float(t.max()) if t.numel() else 0.0
+
+
+def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
+                tol: Tolerance) -> Comparison:
+    if cand.shape != ref.shape or base.shape != ref.shape:
+        return Comparison(False, cand.numel(), 0, math.inf, math.inf, math.inf, 0.0, 0.0,
+                          f"shape: candidate {list(cand.shape)}, reference {list(ref.shape)}, "
+                          f"baseline {list(base.shape)}")
+    c, r, b = (t.detach().to(torch.float64) for t in (cand, ref, base))
+    fc, fr, fb = torch.isfinite(c), torch.isfinite(r), torch.isfinite(b)
+    err = (c - r).abs()
+    base_err = (b - r).abs()
+    allowed = tol.atol + tol.rtol * r.abs() + torch.where(fb & fr, base_err, 0.0)
+    both = fc & fr
+    close = both & (err <= allowed)
+    ok = close | (~fr & _same_nonfinite(c, r)) | (~fb & _same_nonfinite(c, b))
+    bad = ~ok
+    n_bad = int(bad.sum())
+    significant = both & (r.abs() > tol.atol)  # relative error of values near zero means nothing
+    base_ok = fb & fr
+    ratio = torch.where(err[both] == 0, 0.0, err[both] / allowed[both])
+    first = ""
+    if n_bad:
+        flat = int(bad.reshape(-1).nonzero()[0])
+        idx = _unravel(flat, c.shape)
+        first = (f"at {list(idx)}: candidate {float(c[idx]):.6g}, reference {float(r[idx]):.6g}, "
+                 f"baseline {float(b[idx]):.6g}, allowed error {float(allowed[idx]):.3g}")
+    return Comparison(
+        ok=n_bad == 0,
+        n_bad=n_bad,
+        n_nonfinite_bad=int((bad & (~fc | ~fr)).sum()),
+        max_abs=_max(err[both]),
+        max_rel=_max(err[significant] / r.abs()[significant]),
+        worst_ratio=_max(ratio),
+        baseline_max_abs=_max(base_err[base_ok]),
+        baseline_max_rel=_max(base_err[base_ok & (r.abs() > tol.atol)] /
+                              r.abs()[base_ok & (r.abs() > tol.atol)]),
+        first_bad=first,
+    )
+
+
+def compare(cands: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
+            bases: Sequence[torch.Tensor], tols: Sequence[Tolerance]) -> Comparison:
+    """Compare every output (multi-output families) and merge into one Comparison."""
+    if not (len(cands) == len(refs) == len(bases)):
+        return Comparison(False, 1, 0, math.inf, math.inf, math.inf, 0.0, 0.0,
+                          f"{len(cands)} outputs, reference returned {len(refs)}")
+    parts = [compare_one(c, r, b, t) for c, r, b, t in zip(cands, refs, bases, tols)]
+    firsts = [f"output {i} {p.first_bad}" if len(parts) > 1 else p.first_bad
+              for i, p in enumerate(parts) if p.first_bad]
+    return Comparison(
+        ok=all(p.ok for p in parts),
+        n_bad=sum(p.n_bad for p in parts),
+        n_nonfinite_bad=sum(p.n_nonfinite_bad for p in parts),
+        max_abs=max(p.max_abs for p in parts),
+        max_rel=max(p.max_rel for p in parts),
+        worst_ratio=max(p.worst_ratio for p in parts),
+        baseline_max_abs=max(p.baseline_max_abs for p in parts),
+        baseline_max_rel=max(p.baseline_max_rel for p in parts),
+        first_bad=firsts[0] if firsts else "",
+    )
