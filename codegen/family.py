@@ -17,8 +17,9 @@ such as rotary q/k) supplied by the caller, so the verifier can poison it first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # A "case" is one concrete call: shapes, dtype name and scalar params, JSON-serialisable, e.g.
 # {"rows": 8192, "hidden": 2048, "dtype": "bfloat16", "eps": 1e-5, "offset": 0.0}.

@@ -21,8 +21,8 @@ import inspect
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from codegen.registry import get_family
 from codegen.search import rank_entries, screen_and_time

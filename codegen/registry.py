@@ -31,7 +31,8 @@ def get_family(name: str) -> Family:
     try:
         return families()[name]
     except KeyError:
-        raise UserError(f"unknown kernel family {name!r}; known: {', '.join(sorted(families()))}")
+        known = ", ".join(sorted(families()))
+        raise UserError(f"unknown kernel family {name!r}; known: {known}") from None
 
 
 def family_patterns() -> list[Pattern]:

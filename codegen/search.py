@@ -81,13 +81,30 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
                      for o, r in zip(outs, refs))
             entry = {"path": path, "screen": "pass" if ok else "wrong result"}
             if ok:
-                t = bench(lambda: fwd(*inputs, out=out, **params), device=device,
-                          min_bytes=family.min_bytes(case))
-                entry["timing"] = t.to_dict()
+                def call(fwd=fwd, out=out):
+                    fwd(*inputs, out=out, **params)
+
+                entry["timing"] = bench(call, device=device,
+                                        min_bytes=family.min_bytes(case)).to_dict()
+                entry["host_us"] = _host_call_us(call)
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
             entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
                      "trace": traceback.format_exc(limit=3)[-600:]}
         out_q.put(entry)
+
+
+def _host_call_us(call, reps: int = 50) -> float:
+    """Host time of one call, without waiting for the device: what a launch-bound pass pays
+    for this kernel (Triton's launcher, argument checks), used by the projection."""
+    import statistics
+
+    call()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(times)
 
 
 def search(family: Family, case: Case, root: Path, device: str, max_configs: int | None = None,

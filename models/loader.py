@@ -79,7 +79,8 @@ def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
     if not hub_reachable():
         if pretrained:
             raise UserError(f"--pretrained needs the Hugging Face hub, which is unreachable "
-                            f"(no network?); drop --pretrained to profile {model_id} with random weights")
+                            f"(no network?); drop --pretrained to profile {model_id} "
+                            f"with random weights")
         if name:
             return ModelSpec(name, "zoo (hub unreachable)", "random", zoo_config(name),
                              [f"hub unreachable: using the built-in config for {name}"])

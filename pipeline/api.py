@@ -12,9 +12,9 @@ call dispatches by its shape: shapes no kernel was accepted for run the original
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from pipeline.artifacts import read_json
 from pipeline.errors import UserError

@@ -14,8 +14,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
-from typing import Callable
 
 import torch
 
@@ -35,16 +35,15 @@ def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = N
             key = case_key(acc["case"])
             if allowed_cases is None or key in allowed_cases:
                 by_case[key] = acc["source"]
-    loaded: dict[str, Callable] = {}
+    loaded: dict[tuple, Callable | None] = {}
 
     def chooser(case):
-        key = case_key(case)
-        src = by_case.get(key)
-        if src is None:
-            return None
-        if key not in loaded:
-            loaded[key] = load_forward(src)
-        return loaded[key]
+        # called on every patched call: a dict lookup, not a hash of the case, on the hot path
+        frozen = tuple(sorted(case.items()))
+        if frozen not in loaded:
+            src = by_case.get(case_key(case))
+            loaded[frozen] = load_forward(src) if src is not None else None
+        return loaded[frozen]
 
     return chooser
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pipeline.artifacts import read_json, write_json
 from pipeline.errors import UserError
+
 
 def choose_families(ranking: dict, top: int) -> list[str]:
     best: dict[str, tuple] = {}
@@ -43,6 +44,7 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     path = run_dir / "candidates" / "search_log.json"
     log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
     done = {(s["family"], s["case_key"]) for s in log["searches"]}
+    before = len(log["searches"])
     for name in families:
         fam = get_family(name)
         cases = []
@@ -61,7 +63,8 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
             log["searches"].append(search(fam, case, run_dir / "candidates", device,
                                           max_configs=max_configs))
             write_json(path, log)
-    write_json(path, log)
+    if len(log["searches"]) != before or not path.exists():
+        write_json(path, log)
     return log
 
 
@@ -74,6 +77,7 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
     path = run_dir / "verification" / "summary.json"
     summary = read_json(path, "verification summary") if (resume and path.exists()) \
         else {"accepted": {}, "rejected": []}
+    changed = not path.exists()
     for s in log["searches"]:
         if not s.get("case_key"):
             continue
@@ -95,6 +99,7 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
                     "config": entry["config"], "kernel": entry["timing"],
                     "baseline": s["baseline"], "record": res.record_path,
                     "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
+                    "host_us": entry.get("host_us"),
                     "verification_timing": res.timing}
                 break
         else:
@@ -102,17 +107,20 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
                                         "reason": "no candidate passed verification"
                                         if tried else "no candidate passed the screen"})
         write_json(path, summary)
-    write_json(path, summary)
+        changed = False
+    if changed:
+        write_json(path, summary)
     return summary
 
 
-def kernel_speedups(summary: dict) -> dict[str, float]:
-    """family -> measured kernel speedup over its baseline (median over the family's cases)."""
+def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
+    """family -> median over its accepted cases of `key` (kernel speedup, or host_us)."""
     import statistics
 
     by_family: dict[str, list[float]] = {}
     for acc in summary["accepted"].values():
-        by_family.setdefault(acc["family"], []).append(acc["speedup"])
+        if acc.get(key) is not None:
+            by_family.setdefault(acc["family"], []).append(acc[key])
     return {f: statistics.median(v) for f, v in by_family.items()}
 
 
@@ -122,15 +130,18 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
 
     ranking = read_json(run_dir / "ranking.json", "ranking")
     speed = kernel_speedups(summary) if on_gpu else {}
-    out = {"stage": "projection", "kernel_speedups": speed, "families": families,
-           "workloads": {}}
+    host = kernel_speedups(summary, "host_us") if on_gpu else {}
+    out = {"stage": "projection", "kernel_speedups": speed, "kernel_host_us": host,
+           "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         rows = [r for r in w["rows"] if r["family"] in speed]
         parts = [(r["share"], speed[r["family"]]) for r in rows]
         out["workloads"][w["key"]] = {
             "amdahl": amdahl(parts) if parts else 1.0,
-            "replay": project_with(run_dir, w["key"], {r["pattern"]: speed[r["family"]]
-                                                       for r in rows}) if on_gpu else None,
+            "replay": project_with(run_dir, w["key"],
+                                   {r["pattern"]: speed[r["family"]] for r in rows},
+                                   {r["pattern"]: host.get(r["family"]) for r in rows})
+            if on_gpu else None,
             "patterns": [r["pattern"] for r in rows],
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
@@ -164,8 +175,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
                     say: Callable[[str], None], pairs: int) -> dict:
     import torch
 
-    from codegen.search import case_key
     from codegen.registry import get_family
+    from codegen.search import case_key
     from models.loader import build
     from pipeline import integrate as ig
     from pipeline.env import environment
@@ -237,9 +248,11 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         log = run_proposer(proposer, run_dir, log, device, say)
     del model
     summary = verify_stage(run_dir, log, device, say, resume)
-    projection = freeze_projection(run_dir, summary, families, on_gpu)
-    integration = integrate_stage(run_dir, spec, workloads, summary, families, say,
-                                  pairs or (30 if on_gpu else 3))
+    if not (resume and (run_dir / "projection.json").exists()):
+        freeze_projection(run_dir, summary, families, on_gpu)
+    if not (resume and (run_dir / "integration.json").exists()):
+        integrate_stage(run_dir, spec, workloads, summary, families, say,
+                        pairs or (30 if on_gpu else 3))
     from pipeline.report import write_report
 
     say("report")

@@ -88,7 +88,8 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
         rows.append({
             "pattern": name, "family": g["family"], "occurrences": len(g["occ"]),
             "modules": sorted(modules)[:6], "time_us": time_us, "share": share,
-            "host_us": host, "launches": launches, "op_calls": n_ops, "min_bytes": nbytes, "flops": flops,
+            "host_us": host, "launches": launches, "op_calls": n_ops, "min_bytes": nbytes,
+            "flops": flops,
             "roofline_us": floor_us, "target_us": target,
             "target_source": "measured kernel" if measured_kernel is not None else "roofline",
             "attainable_speedup": (time_us / target) if target > 0 else 1.0,
@@ -130,7 +131,8 @@ def _replay_gain(graph, rows: list[dict]) -> float:
             reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
         if r["op_calls"] and occ:
             host = r["host_us"] * graph.graph.get("host_scale", 1.0)
-            fused = graph.graph.get("fused_host_us") or host / r["op_calls"]
+            fused = (r.get("fused_host_us") or graph.graph.get("fused_host_us")
+                     or host / r["op_calls"])
             saved += max(0.0, host - len(occ) * fused)
             removed += max(0, r["launches"] - len(occ))
     if not reps:
@@ -154,8 +156,10 @@ def workload_graph(w: dict, trace_path: Path | None, ceil: dict | None = None):
     return graph
 
 
-def project_with(run_dir: Path, key: str, speedups: dict[str, float]) -> float | None:
-    """Replay gain of one profiled workload with the given patterns sped up (measured)."""
+def project_with(run_dir: Path, key: str, speedups: dict[str, float],
+                 host_us: dict[str, float | None] | None = None) -> float | None:
+    """Replay gain of one profiled workload with the given patterns sped up (measured), each
+    fused call costing the host its measured `host_us` when given."""
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
     graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None,
@@ -165,6 +169,7 @@ def project_with(run_dir: Path, key: str, speedups: dict[str, float]) -> float |
     rows = [r for r in pattern_rows(w, profile["ceilings"]) if r["pattern"] in speedups]
     for r in rows:
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]
+        r["fused_host_us"] = (host_us or {}).get(r["pattern"])
     return _replay_gain(graph, rows)
 
 

@@ -48,7 +48,8 @@ def parse_int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise UserError(f"--{name} must be positive integers separated by commas, got {text!r}")
+        raise UserError(f"--{name} must be positive integers separated by commas, "
+                        f"got {text!r}") from None
     if not values or any(v <= 0 for v in values):
         raise UserError(f"--{name} must be positive integers separated by commas, got {text!r}")
     return values

@@ -71,7 +71,8 @@ class _Nest:
         self.parent: list[int | None] = []
         stack: list[int] = []
         for i, e in enumerate(self.evs):
-            while stack and self.evs[stack[-1]]["ts"] + self.evs[stack[-1]]["dur"] < e["ts"] + e["dur"] - 1e-3:
+            end = e["ts"] + e["dur"] - 1e-3
+            while stack and self.evs[stack[-1]]["ts"] + self.evs[stack[-1]]["dur"] < end:
                 stack.pop()
             self.parent.append(stack[-1] if stack else None)
             stack.append(i)
@@ -119,8 +120,7 @@ def attribute_step(trace: dict, step_index: int = -1, module_names: dict[str, st
     py_nest = _Nest(py)
     top_of: dict[int, int] = {}
     tops: list[int] = []
-    for i, e in enumerate(op_nest.evs):
-        p = op_nest.parent[i]
+    for i, p in enumerate(op_nest.parent):
         if p is None:
             top_of[i] = i
             tops.append(i)
@@ -155,7 +155,8 @@ def attribute_step(trace: dict, step_index: int = -1, module_names: dict[str, st
     span = (max(k["ts"] + k["dur"] for k in dev) - min(k["ts"] for k in dev)) if dev else 0.0
     op_list = [ops[i] for i in tops]
     return StepAttribution(
-        step=step["name"], index=step_index % len(steps), span_us=step["dur"], device_span_us=span, device_busy_us=busy,
+        step=step["name"], index=step_index % len(steps), span_us=step["dur"],
+        device_span_us=span, device_busy_us=busy,
         kernel_total_us=sum(k["dur"] for k in dev), unattributed_us=unattributed, ops=op_list,
         modules=_module_table(py_nest, module_names, op_list), kernel_count=len(dev),
     )

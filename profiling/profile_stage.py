@@ -10,8 +10,8 @@ recorded, so shares plus the "rest" row always sum to exactly 1.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -21,8 +21,8 @@ from pipeline.env import environment
 from pipeline.errors import UserError
 from pipeline.workload import Workload
 from profiling.attribution import attribute
-from profiling.roofline import ceilings
 from profiling.capture import capture, make_runner, module_names, wall_time
+from profiling.roofline import ceilings
 from profiling.trace import load_trace
 
 PROFILE = "profile.json"

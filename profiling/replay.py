@@ -381,7 +381,7 @@ def scale_host(graph: nx.DiGraph, factor: float) -> nx.DiGraph:
     """A copy with every host segment, launch and sync shortened by `factor`."""
     g = graph.copy()
     g.graph = dict(graph.graph)
-    for n, a in g.nodes(data=True):
+    for _, a in g.nodes(data=True):
         if a["kind"] in HOST_KINDS:
             a["dur"] = a["dur"] * factor
     return g

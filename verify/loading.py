@@ -87,6 +87,7 @@ def case_params(family: Family, case: Case) -> dict[str, Any]:
 
 
 def candidate_name(source_path: str | Path) -> str:
-    """The file stem, or its folder's name for generic stems (candidates/<op>/<variant>/kernel.py)."""
+    """The file stem, or its folder's name for generic stems
+    (candidates/<op>/<variant>/kernel.py)."""
     path = Path(source_path)
     return path.parent.name if path.stem in ("kernel", "candidate", "forward") else path.stem

@@ -57,7 +57,8 @@ def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tu
         try:
             up = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else
                   _clone_arg(a) for a in inputs]
-            return as_tuple(family.reference(*up, **params)), base, str(dtype).removeprefix("torch.")
+            name = str(dtype).removeprefix("torch.")
+            return as_tuple(family.reference(*up, **params)), base, name
         except (RuntimeError, NotImplementedError, TypeError) as e:
             last_error = e
     raise RuntimeError(f"reference failed in float64 and float32: {last_error}")

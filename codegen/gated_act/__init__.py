@@ -16,7 +16,6 @@ make that choice just by discovering the family.
 
 from __future__ import annotations
 
-from profiling.roofline import streaming_cost
 from codegen.family import Case, Family, Pattern
 from codegen.gated_act.patch import cases_from_model, patch
 from codegen.gated_act.reference import (
@@ -28,6 +27,7 @@ from codegen.gated_act.reference import (
     min_bytes,
     params,
 )
+from profiling.roofline import streaming_cost
 
 PATTERNS = (
     Pattern(name="swiglu_mlp", family="gated_act", module_class=r"MLP$",

@@ -15,7 +15,6 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from profiling.roofline import streaming_cost
 from codegen.family import Case, Family, Pattern
 from codegen.gelu.patch import cases_from_model, patch
 from codegen.gelu.reference import (
@@ -27,6 +26,7 @@ from codegen.gelu.reference import (
     new_gelu,
     params,
 )
+from profiling.roofline import streaming_cost
 
 PATTERNS = (
     Pattern(name="gelu_new", family="gelu", module_class=r"^NewGELUActivation$",

@@ -5,9 +5,9 @@ Case keys: rows, hidden, dtype, eps, residual (default False), row_stride (optio
 Params for forward and the reference: eps (`FAMILY.extras["params"](case)`).
 """
 
-from profiling.roofline import streaming_cost
 from codegen.family import Family, Pattern
 from codegen.layernorm import kernel, patch, reference
+from profiling.roofline import streaming_cost
 
 # On torch.profiler CPU traces of GPT-2's nn.LayerNorm the module scope runs one aten op,
 # aten::layer_norm; native_layer_norm and its allocations/views run beneath it.

@@ -7,8 +7,8 @@ offset, cast_first (`FAMILY.extras["params"](case)`).
 """
 
 from codegen.family import Family, Pattern
-from profiling.roofline import streaming_cost
 from codegen.rmsnorm import kernel, patch, reference
+from profiling.roofline import streaming_cost
 
 # Counted on torch.profiler CPU traces of the real transformers modules (fp32, fp16 and bf16
 # alike): the aten ops called directly inside the module scope. The casts are aten::to (the

@@ -29,6 +29,7 @@ from codegen.rope.reference import (
     params,
 )
 
+
 def _cost(ops: list[dict]) -> tuple[int, int]:
     """q and k read and written once, cos and sin read once. In HF order the first mul is
     q * cos and the third k * cos."""

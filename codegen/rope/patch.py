@@ -1,6 +1,7 @@
 """Patching the fused rotary embedding into a model: per attention instance, reversible.
 
-`apply_rotary_pos_emb` is a module-level function of `transformers.models.<family>.modeling_<family>`
+`apply_rotary_pos_emb` is a module-level function of
+`transformers.models.<family>.modeling_<family>`
 that the attention's forward calls by its global name, so Python looks it up in that module's
 globals at call time. No attribute of the attention instance reaches it, and rebinding the
 module global for good would change every model of that family in the process (the leak seen
