@@ -17,6 +17,7 @@ such as rotary q/k) supplied by the caller, so the verifier can poison it first.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,3 +81,25 @@ class Family:
     cases_from_model: Callable[..., list[Case]]
     aten_ops: tuple[str, ...] = ()  # aten compute ops the kernel must NOT run (verify checks)
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+def lazy(module: str, attr: str) -> Callable[..., Any]:
+    """`module.attr`, imported on first call. Importing a kernel module applies @triton.jit,
+    which fixes the interpreter-or-compiled choice (TRITON_INTERPRET) for the process, so
+    discovering families must not import their kernels."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    call.__name__ = attr
+    return call
+
+
+def no_cases(model, workload) -> list[Case]:
+    """For families no profiled forward calls (a loss without labels; softmax under SDPA)."""
+    return []
+
+
+def no_patch(model, chooser) -> Callable[[], None]:
+    """Nothing to patch where no call is made; the undo is a no-op too."""
+    return lambda: None

@@ -17,8 +17,6 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from codegen.cross_entropy.reference import (
     cross_entropy,
     edge_cases,
@@ -28,7 +26,7 @@ from codegen.cross_entropy.reference import (
     min_bytes,
     params,
 )
-from codegen.family import Case, Family, Pattern
+from codegen.family import Family, Pattern, lazy, no_cases, no_patch
 
 _NESTED = ("aten::log_softmax", "aten::_log_softmax", "aten::nll_loss_nd", "aten::nll_loss",
            "aten::nll_loss_forward", "aten::to", "aten::_to_copy", "aten::empty_strided",
@@ -42,31 +40,6 @@ PATTERNS = (
 )
 
 
-def cases_from_model(model, workload) -> list[Case]:
-    """None: the profiled forward has no labels, hence no loss."""
-    return []
-
-
-def patch(model, forward_by_case: Callable[[Case], Callable | None]) -> Callable[[], None]:
-    """A no-op with a no-op undo: the profiled forward computes no loss."""
-    def undo() -> None:
-        return None
-
-    return undo
-
-
-def _search_space(case: Case) -> list[dict]:
-    from codegen.cross_entropy.kernel import search_space
-
-    return search_space(case)
-
-
-def _render(config: dict, case: Case) -> str:
-    from codegen.cross_entropy.kernel import render
-
-    return render(config, case)
-
-
 FAMILY = Family(
     name="cross_entropy",
     patterns=PATTERNS,
@@ -76,10 +49,10 @@ FAMILY = Family(
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,
-    search_space=_search_space,
-    render=_render,
-    patch=patch,
-    cases_from_model=cases_from_model,
+    search_space=lazy("codegen.cross_entropy.kernel", "search_space"),
+    render=lazy("codegen.cross_entropy.kernel", "render"),
+    patch=no_patch,
+    cases_from_model=no_cases,
     aten_ops=("aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax",
               "aten::nll_loss", "aten::nll_loss_forward", "aten::nll_loss_nd"),
     extras={"params": params},

@@ -16,7 +16,7 @@ make that choice just by discovering the family.
 
 from __future__ import annotations
 
-from codegen.family import Case, Family, Pattern
+from codegen.family import Family, Pattern, lazy
 from codegen.gated_act.patch import cases_from_model, patch
 from codegen.gated_act.reference import (
     edge_cases,
@@ -44,18 +44,6 @@ PATTERNS = (
 )
 
 
-def _search_space(case: Case) -> list[dict]:
-    from codegen.gated_act.kernel import search_space
-
-    return search_space(case)
-
-
-def _render(config: dict, case: Case) -> str:
-    from codegen.gated_act.kernel import render
-
-    return render(config, case)
-
-
 FAMILY = Family(
     name="gated_act",
     patterns=PATTERNS,
@@ -65,8 +53,8 @@ FAMILY = Family(
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,
-    search_space=_search_space,
-    render=_render,
+    search_space=lazy("codegen.gated_act.kernel", "search_space"),
+    render=lazy("codegen.gated_act.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::silu", "aten::gelu", "aten::mul"),

@@ -27,6 +27,7 @@ from torch import nn
 
 from codegen.family import Case
 from codegen.gated_act.reference import dtype_name, make_case, params
+from models.patching import set_instance_forward
 
 MLP_CLASS = re.compile(r"MLP$")
 _SILU_CLASSES = ("SiLUActivation",)
@@ -149,22 +150,6 @@ def _packed_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
         return m.down_proj(hidden)
 
     return forward
-
-
-def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
-    """Shadow the class's forward on this instance only; the undo puts back exactly what was
-    there (nothing, or an earlier instance-level forward)."""
-    had = "forward" in module.__dict__
-    previous = module.__dict__.get("forward")
-    module.forward = forward
-
-    def undo() -> None:
-        if had:
-            module.forward = previous
-        else:
-            del module.forward
-
-    return undo
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):

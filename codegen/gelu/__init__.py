@@ -15,7 +15,7 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.family import Case, Family, Pattern
+from codegen.family import Family, Pattern, lazy
 from codegen.gelu.patch import cases_from_model, patch
 from codegen.gelu.reference import (
     edge_cases,
@@ -39,18 +39,6 @@ PATTERNS = (
 )
 
 
-def _search_space(case: Case) -> list[dict]:
-    from codegen.gelu.kernel import search_space
-
-    return search_space(case)
-
-
-def _render(config: dict, case: Case) -> str:
-    from codegen.gelu.kernel import render
-
-    return render(config, case)
-
-
 FAMILY = Family(
     name="gelu",
     patterns=PATTERNS,
@@ -60,8 +48,8 @@ FAMILY = Family(
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,
-    search_space=_search_space,
-    render=_render,
+    search_space=lazy("codegen.gelu.kernel", "search_space"),
+    render=lazy("codegen.gelu.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::pow", "aten::mul", "aten::add", "aten::tanh"),

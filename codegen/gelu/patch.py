@@ -15,6 +15,7 @@ from torch import nn
 
 from codegen.family import Case
 from codegen.gelu.reference import dtype_name, make_case, params
+from models.patching import set_instance_forward
 
 ACT_CLASSES = ("NewGELUActivation",)
 
@@ -62,22 +63,6 @@ def needs_graph(x: torch.Tensor) -> bool:
     """The kernel writes a plain buffer with no autograd history; when a backward pass will
     need one, the original code runs instead."""
     return torch.is_grad_enabled() and x.requires_grad
-
-
-def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
-    """Shadow the class's forward on this instance only; the undo puts back exactly what was
-    there (nothing, or an earlier instance-level forward)."""
-    had = "forward" in module.__dict__
-    previous = module.__dict__.get("forward")
-    module.forward = forward
-
-    def undo() -> None:
-        if had:
-            module.forward = previous
-        else:
-            del module.forward
-
-    return undo
 
 
 def _dispatching_forward(original: Callable, forward_by_case: Callable) -> Callable:

@@ -17,7 +17,7 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.family import Case, Family, Pattern
+from codegen.family import Family, Pattern, lazy
 from codegen.rope.patch import cases_from_model, patch
 from codegen.rope.reference import (
     apply_rotary,
@@ -53,18 +53,6 @@ PATTERNS = (
 )
 
 
-def _search_space(case: Case) -> list[dict]:
-    from codegen.rope.kernel import search_space
-
-    return search_space(case)
-
-
-def _render(config: dict, case: Case) -> str:
-    from codegen.rope.kernel import render
-
-    return render(config, case)
-
-
 FAMILY = Family(
     name="rope",
     patterns=PATTERNS,
@@ -74,8 +62,8 @@ FAMILY = Family(
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,
-    search_space=_search_space,
-    render=_render,
+    search_space=lazy("codegen.rope.kernel", "search_space"),
+    render=lazy("codegen.rope.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::mul", "aten::neg", "aten::cat", "aten::add"),

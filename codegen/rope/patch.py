@@ -30,6 +30,7 @@ from torch import nn
 
 from codegen.family import Case
 from codegen.rope.reference import dtype_name, make_case, params
+from models.patching import set_instance_forward
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
@@ -167,22 +168,6 @@ def _swapping_forward(forward: Callable, module_globals: dict, rotary: Callable)
             module_globals[GLOBAL_NAME] = previous
 
     return forward_with_fused_rotary
-
-
-def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
-    """Shadow the class's forward on this instance only; the undo puts back exactly what was
-    there (nothing, or an earlier instance-level forward)."""
-    had = "forward" in module.__dict__
-    previous = module.__dict__.get("forward")
-    module.forward = forward
-
-    def undo() -> None:
-        if had:
-            module.forward = previous
-        else:
-            del module.forward
-
-    return undo
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):

@@ -19,9 +19,7 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from codegen.family import Case, Family, Pattern
+from codegen.family import Family, Pattern, lazy, no_cases, no_patch
 from codegen.softmax.reference import (
     edge_cases,
     flops,
@@ -40,31 +38,6 @@ PATTERNS = (
 )
 
 
-def cases_from_model(model, workload) -> list[Case]:
-    """None: the profiled forward runs no standalone softmax (see the module docstring)."""
-    return []
-
-
-def patch(model, forward_by_case: Callable[[Case], Callable | None]) -> Callable[[], None]:
-    """A no-op with a no-op undo (see the module docstring)."""
-    def undo() -> None:
-        return None
-
-    return undo
-
-
-def _search_space(case: Case) -> list[dict]:
-    from codegen.softmax.kernel import search_space
-
-    return search_space(case)
-
-
-def _render(config: dict, case: Case) -> str:
-    from codegen.softmax.kernel import render
-
-    return render(config, case)
-
-
 FAMILY = Family(
     name="softmax",
     patterns=PATTERNS,
@@ -74,10 +47,10 @@ FAMILY = Family(
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,
-    search_space=_search_space,
-    render=_render,
-    patch=patch,
-    cases_from_model=cases_from_model,
+    search_space=lazy("codegen.softmax.kernel", "search_space"),
+    render=lazy("codegen.softmax.kernel", "render"),
+    patch=no_patch,
+    cases_from_model=no_cases,
     aten_ops=("aten::softmax", "aten::_softmax"),
     extras={"params": params},
 )
