@@ -66,9 +66,12 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     params = case_params(family, case)
     ref = family.reference(*inputs, **params)
     refs = ref if isinstance(ref, tuple) else (ref,)
-    base = bench(lambda: family.reference(*inputs, **params), device=device,
-                 min_bytes=family.min_bytes(case))
-    out_q.put({"baseline": base.to_dict()})
+    def baseline():
+        family.reference(*inputs, **params)
+
+    base = bench(baseline, device=device, min_bytes=family.min_bytes(case)).to_dict()
+    base["host_us"] = _host_call_us(baseline)
+    out_q.put({"baseline": base})
     for path in paths:
         out_q.put({"start": path})
         try:

@@ -99,7 +99,9 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
                     "config": entry["config"], "kernel": entry["timing"],
                     "baseline": s["baseline"], "record": res.record_path,
                     "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
-                    "host_us": entry.get("host_us"),
+                    "host_delta_us": (s["baseline"].get("host_us") - entry["host_us"])
+                    if entry.get("host_us") is not None and s["baseline"].get("host_us")
+                    is not None else None,
                     "verification_timing": res.timing}
                 break
         else:
@@ -130,8 +132,8 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
 
     ranking = read_json(run_dir / "ranking.json", "ranking")
     speed = kernel_speedups(summary) if on_gpu else {}
-    host = kernel_speedups(summary, "host_us") if on_gpu else {}
-    out = {"stage": "projection", "kernel_speedups": speed, "kernel_host_us": host,
+    host = kernel_speedups(summary, "host_delta_us") if on_gpu else {}
+    out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         rows = [r for r in w["rows"] if r["family"] in speed]

@@ -114,10 +114,12 @@ def project(w: dict, rows: list[dict], graph=None) -> None:
 def _replay_gain(graph, rows: list[dict]) -> float:
     """Whole-model gain from replaying the trace with `rows` replaced.
 
-    Each occurrence's kernels become one kernel of the target time; its launches merge into
-    one, and the host dispatch of the ops it replaces shrinks to one op's worth. Host times in
-    the trace carry the profiler's overhead, so they are scaled as calibrate_host found; a
-    fused kernel's own host cost is the measured Triton launch cost (ceilings).
+    Each occurrence's kernels become one kernel of the target time and its launch calls merge
+    into one. The Python-side dispatch a fused call saves or adds is only known once a kernel
+    exists: a row may carry `host_delta_us` (measured, unprofiled: the baseline call's host
+    time minus the candidate's, per occurrence; negative when the kernel costs the host more,
+    as Triton's launcher can), else none is assumed. Profiled host times are inflated by the
+    profiler, so they never stand in for it.
     """
     from profiling.replay import Replacement, kernel_table, replay, what_if
 
@@ -129,11 +131,8 @@ def _replay_gain(graph, rows: list[dict]) -> float:
         for corr in occ:
             present = [c for c in corr if c in dur]
             reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
-        if r["op_calls"] and occ:
-            host = r["host_us"] * graph.graph.get("host_scale", 1.0)
-            fused = (r.get("fused_host_us") or graph.graph.get("fused_host_us")
-                     or host / r["op_calls"])
-            saved += max(0.0, host - len(occ) * fused)
+        if occ and r.get("host_delta_us") is not None:
+            saved += len(occ) * r["host_delta_us"]
             removed += max(0, r["launches"] - len(occ))
     if not reps:
         return 1.0
@@ -142,41 +141,44 @@ def _replay_gain(graph, rows: list[dict]) -> float:
     return base / what_if(graph, reps, host_saving_us=per_launch)
 
 
-def workload_graph(w: dict, trace_path: Path | None, ceil: dict | None = None):
+def workload_graph(w: dict, trace_path: Path | None):
     """The replay graph of the profiled step, host time calibrated to the unprofiled wall."""
     if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
         return None
-    from profiling.replay import build_graph, calibrate_host
+    from profiling.replay import build_graph, calibrate_host, scale_host
     from profiling.trace import load_trace
 
-    graph, factor = calibrate_host(build_graph(load_trace(trace_path), w.get("step_index", -1)),
-                                   w["wall"]["median_ms"] * 1e3)
+    traced = build_graph(load_trace(trace_path), w.get("step_index", -1))
+    graph, factor = calibrate_host(traced, w["wall"]["median_ms"] * 1e3)
+    # calibrate_host gives the slowest host consistent with the wall time; a device-bound pass
+    # hides how fast its host really is, which the profile's host-bound probe measured
+    probe = w.get("host_factor")
+    if probe is not None and probe < factor:
+        graph, factor = scale_host(traced, probe), probe
     graph.graph["host_scale"] = factor
-    graph.graph["fused_host_us"] = (ceil or {}).get("fused_launch_host_us")
     return graph
 
 
 def project_with(run_dir: Path, key: str, speedups: dict[str, float],
-                 host_us: dict[str, float | None] | None = None) -> float | None:
+                 host_delta_us: dict[str, float | None] | None = None) -> float | None:
     """Replay gain of one profiled workload with the given patterns sped up (measured), each
-    fused call costing the host its measured `host_us` when given."""
+    fused call saving (or adding) its measured host time when given."""
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
-    graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None,
-                           profile["ceilings"])
+    graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
     if graph is None:
         return None
     rows = [r for r in pattern_rows(w, profile["ceilings"]) if r["pattern"] in speedups]
     for r in rows:
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]
-        r["fused_host_us"] = (host_us or {}).get(r["pattern"])
+        r["host_delta_us"] = (host_delta_us or {}).get(r["pattern"])
     return _replay_gain(graph, rows)
 
 
 def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
                   kernel_times: dict[str, float] | None = None) -> dict:
     rows = pattern_rows(w, ceil, kernel_times)
-    graph = workload_graph(w, trace_path, ceil)
+    graph = workload_graph(w, trace_path)
     project(w, rows, graph)
     key = "replay_gain" if graph is not None else "amdahl_gain"
     rows.sort(key=lambda r: -((r[key] or 1.0) if r["family"] else 0) - r["share"] * 1e-9)

@@ -41,6 +41,8 @@ BASE_PATTERNS: tuple[Pattern, ...] = (
             ops={"aten::scaled_dot_product_attention": 1},
             extra_ok=("aten::to", "aten::repeat_interleave"),
             priority=5),
+    Pattern("kv_cache", "KV-cache update (model(input_ids) builds a cache by default)",
+            function=r"^(update|lazy_initialization)$", ops={}, priority=1),
     Pattern("rotary_table", "cos/sin table of the rotary embedding",
             module_class=r"RotaryEmbedding$", ops={}, priority=1),
     Pattern("residual_add", "residual additions in a decoder block",

@@ -49,6 +49,8 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
     if workload.device.startswith("cuda"):
         say("HTA analyses")
         result["hta"] = _hta(run_dir / trace_rel)
+        say("profiler overhead probe")
+        result["host_factor"] = host_factor(model, workload)
     return result
 
 
@@ -93,6 +95,21 @@ def summarise(trace_path: Path, workload: Workload, wall: dict,
         "modules": att.modules,
         "by_op": _by_op(ops),
     }
+
+
+def host_factor(model, workload: Workload) -> float:
+    """How much faster the host runs without the profiler: wall / profiled step of a tiny,
+    host-bound pass of the same model (batch 1, 8 tokens), where the GPU never holds the host
+    back. The profiler's cost is per op and per Python call, the same at any batch size, so
+    the factor carries over to the real workload; the replay scales host time by it."""
+    import tempfile
+
+    probe = Workload(1, min(8, workload.seq), workload.dtype, workload.device, workload.mode)
+    runner = make_runner(model, probe)
+    wall = wall_time(runner, probe.device, warmup=3, reps=10)["median_ms"]
+    with tempfile.TemporaryDirectory() as tmp:
+        profiled = capture(runner, probe.device, Path(tmp) / "probe.json.gz")
+    return min(1.0, wall / profiled)
 
 
 def _by_op(ops: list[dict]) -> list[dict]:

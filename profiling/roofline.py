@@ -129,6 +129,9 @@ def _time(fn, cuda: bool, reps: int = 20) -> float:
 def tensor_bytes(dims, dtype: str) -> int:
     if not isinstance(dims, list) or any(not isinstance(d, int) for d in dims):
         return 0
+    # the profiler records non-tensor arguments (None, Scalar, ScalarList) with dims []: no bytes
+    if not dtype or dtype.startswith("Scalar"):
+        return 0
     return math.prod(dims) * ELEM_BYTES.get(dtype, 2)
 
 

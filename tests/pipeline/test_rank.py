@@ -1,0 +1,385 @@
+"""The rank stage: Amdahl by hand, roofline by hand, pattern recognition on every tiny family,
+ranking of the committed H200 traces in both regimes, and ranking.json of a tiny CPU run."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from codegen.registry import family_patterns
+from pipeline import rank_stage
+from pipeline.artifacts import SCHEMA_VERSION, read_json
+from pipeline.rank_stage import amdahl, pattern_rows, rank_workload, run_rank
+from pipeline.workload import Workload
+from profiling.attribution import attribute
+from profiling.patterns import BASE_PATTERNS, match
+from profiling.roofline import op_cost, roofline_us
+from profiling.trace import load_trace, profiler_steps
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+PREFILL = FIXTURES / "prefill_b8_s1024_2layer.json.gz"
+DECODE = FIXTURES / "decode_b1_kv1024_2layer.json.gz"
+# measured on the H200 the fixtures were traced on (`pipeline calibrate`)
+H200 = {"bandwidth_GBps": 4128.5, "matmul_TFLOPs": 768.6, "launch_us": 8.5,
+        "fused_launch_host_us": 17.3}
+BF16 = "c10::BFloat16"
+
+
+def _patterns():
+    return list(BASE_PATTERNS) + family_patterns()
+
+
+def _assert_claimed_once(ops, occ, unclaimed):
+    claimed = [i for o in occ for i in o.ops]
+    assert len(claimed) == len(set(claimed)), "an op is claimed by two occurrences"
+    assert set(claimed).isdisjoint(unclaimed)
+    assert sorted(set(claimed) | set(unclaimed)) == list(range(len(ops)))
+
+
+# ------------------------------------------------------------------ 1. Amdahl by hand
+
+def test_amdahl_forty_percent_four_times_faster():
+    assert amdahl([(0.4, 4.0)]) == pytest.approx(1 / (0.6 + 0.1))
+    assert amdahl([(0.4, 4.0)]) == pytest.approx(1.4286, abs=1e-4)
+
+
+def test_amdahl_at_roofline_and_zero_share_gain_nothing():
+    assert amdahl([(0.37, 1.0)]) == 1.0
+    assert amdahl([(0.0, 50.0)]) == 1.0
+    assert amdahl([]) == 1.0
+
+
+def test_amdahl_two_parts_combined():
+    # 20 % twice as fast, 30 % three times as fast: 1 / (0.5 + 0.1 + 0.1) = 1/0.7
+    assert amdahl([(0.2, 2.0), (0.3, 3.0)]) == pytest.approx(1 / 0.7)
+    # combined beats either part alone, and is not their product
+    both = amdahl([(0.2, 2.0), (0.3, 3.0)])
+    assert both > max(amdahl([(0.2, 2.0)]), amdahl([(0.3, 3.0)]))
+    assert both != pytest.approx(amdahl([(0.2, 2.0)]) * amdahl([(0.3, 3.0)]))
+
+
+# ------------------------------------------------------------------ 2. roofline by hand
+
+def test_roofline_bandwidth_bound_add():
+    # x + y on [8, 1024, 2048] bf16, as the profiler records it (alpha is a Scalar)
+    op = {"name": "aten::add", "shapes": [[8, 1024, 2048], [8, 1024, 2048], []],
+          "dtypes": [BF16, BF16, "Scalar"]}
+    tensor = 8 * 1024 * 2048 * 2
+    nbytes, flops = op_cost(op)
+    assert (nbytes, flops) == (3 * tensor, 0)  # read x, read y, write out; alpha moves nothing
+    t_mem_us = 3 * tensor / (4128.5e9) * 1e6  # 24.38 us
+    assert roofline_us(nbytes, flops, H200) == pytest.approx(t_mem_us + 8.5)
+    assert roofline_us(nbytes, flops, H200, launches=0) == pytest.approx(t_mem_us)
+    assert roofline_us(nbytes, flops, H200, launches=3) == pytest.approx(t_mem_us + 3 * 8.5)
+
+
+def test_roofline_flop_bound_linear():
+    # q_proj of Llama-3.2-1B at b8 s1024: x [8,1024,2048] @ W[2048,2048]^T, no bias (None)
+    op = {"name": "aten::linear", "shapes": [[8, 1024, 2048], [2048, 2048], []],
+          "dtypes": [BF16, BF16, ""]}
+    m, k, n = 8 * 1024, 2048, 2048
+    nbytes, flops = op_cost(op)
+    assert flops == 2 * m * n * k
+    assert nbytes == (m * k + n * k + m * n) * 2  # x, W read, out written; a None bias is no tensor
+    t_math_us = 2 * m * n * k / 768.6e12 * 1e6  # 89.41 us
+    t_mem_us = nbytes / 4128.5e9 * 1e6  # 18.29 us
+    assert t_math_us > 4 * t_mem_us
+    assert roofline_us(nbytes, flops, H200) == pytest.approx(t_math_us + 8.5)
+
+
+def _op(name, module, cls, calls, shapes, dtypes, time_us, wall_us, launches=1):
+    return {"name": name, "module": module, "module_class": cls, "module_calls": calls,
+            "functions": [], "shapes": shapes, "dtypes": dtypes, "strides": [],
+            "time_us": time_us, "share": time_us / wall_us, "cpu_us": 10.0,
+            "launches": launches,
+            "kernels": [{"name": f"k_{name}", "us": time_us, "cat": "kernel",
+                         "correlation": calls[-1], "stream": 7,
+                         "by": name}]}
+
+
+def _workload(ops, wall_us):
+    return {"key": "prefill-b8-s1024-bf16", "workload": {}, "time_basis": "device",
+            "wall": {"median_ms": wall_us / 1e3}, "ops": ops, "gpu_busy_share": 0.9,
+            "rest_share": 1 - sum(o["share"] for o in ops)}
+
+
+def _mlp_and_head(factor: float, wall_us: float = 10_000.0):
+    """A SwiGLU MLP (silu in its act_fn child, mul in the MLP) and an lm_head Linear, each
+    measured at `factor` times its roofline."""
+    big = [8, 1024, 8192]
+    silu_in, mul_in = [big], [big, big]
+    fused_mlp = roofline_us(3 * math.prod(big) * 2, 0, H200)  # read gate, up; write product
+    head = {"name": "aten::linear", "shapes": [[8, 1024, 2048], [2048, 2048], []],
+            "dtypes": [BF16, BF16, ""]}
+    head_floor = roofline_us(*op_cost(head), H200)
+    ops = [
+        _op("aten::silu", "model.layers.0.mlp.act_fn", "SiLUActivation", [1, 2, 3, 4], silu_in,
+            [BF16], factor * fused_mlp * 0.4, wall_us),
+        _op("aten::mul", "model.layers.0.mlp", "LlamaMLP", [1, 2, 3], mul_in, [BF16, BF16],
+            factor * fused_mlp * 0.6, wall_us),
+        _op("aten::linear", "lm_head", "Linear", [1, 5], head["shapes"], head["dtypes"],
+            factor * head_floor, wall_us),
+    ]
+    return _workload(ops, wall_us), fused_mlp, head_floor
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.5])
+def test_pattern_rows_attainable_speedup_is_measured_over_roofline(factor):
+    w, fused_mlp, head_floor = _mlp_and_head(factor)
+    rows = {r["pattern"]: r for r in pattern_rows(w, H200)}
+    assert set(rows) == {"swiglu_mlp", "linear"}
+    mlp, head = rows["swiglu_mlp"], rows["linear"]
+    assert mlp["family"] == "gated_act" and head["family"] is None
+    assert mlp["op_calls"] == 2 and mlp["occurrences"] == 1
+    assert mlp["roofline_us"] == pytest.approx(fused_mlp)
+    assert head["roofline_us"] == pytest.approx(head_floor)
+    assert mlp["attainable_speedup"] == pytest.approx(factor)
+    assert head["attainable_speedup"] == pytest.approx(factor)
+    if factor == 1.0:  # at the roofline: nothing to gain, exactly
+        assert mlp["attainable_speedup"] == pytest.approx(1.0, abs=1e-12)
+        assert rank_stage.amdahl([(mlp["share"], mlp["attainable_speedup"])]) == \
+            pytest.approx(1.0, abs=1e-12)
+    assert sum(r["share"] for r in rows.values()) + w["rest_share"] == pytest.approx(1.0)
+
+
+def test_pattern_rows_faster_than_roofline_is_not_a_slowdown():
+    w, _, _ = _mlp_and_head(0.5)
+    for r in pattern_rows(w, H200):
+        assert r["attainable_speedup"] == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------ 3. tiny models on the CPU
+
+TINY = ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gemma", "tiny-phi3", "tiny-gpt2"]
+
+
+@pytest.fixture(scope="module", params=TINY)
+def tiny(request, tmp_path_factory):
+    from models.loader import build, resolve
+    from profiling.capture import capture, make_runner, module_names
+    from profiling.profile_stage import summarise
+
+    spec = resolve(request.param)
+    model = build(spec, torch.float32, "cpu")
+    wl = Workload(1, 8, "float32", "cpu")
+    runner = make_runner(model, wl)
+    names = module_names(model, runner)
+    trace = tmp_path_factory.mktemp(request.param) / "trace.json.gz"
+    ms = capture(runner, "cpu", trace)
+    w = summarise(trace, wl, {"median_ms": ms}, names, ms)
+    occ, unclaimed = match(w["ops"], _patterns())
+    return request.param, model, w, occ, unclaimed
+
+
+def _paths(model, pred):
+    return sorted(n for n, m in model.named_modules() if pred(n, m))
+
+
+def _by_pattern(occ):
+    out: dict[str, list] = {}
+    for o in occ:
+        out.setdefault(o.pattern, []).append(o)
+    return out
+
+
+def test_tiny_every_op_claimed_at_most_once(tiny):
+    _, _, w, occ, unclaimed = tiny
+    _assert_claimed_once(w["ops"], occ, unclaimed)
+
+
+def test_tiny_pattern_counts_per_layer(tiny):
+    from transformers.pytorch_utils import Conv1D
+
+    name, model, w, occ, _ = tiny
+    layers = model.config.num_hidden_layers
+    found = _by_pattern(occ)
+    counts = Counter(o.pattern for o in occ)
+
+    def modules(pattern):
+        return sorted(o.module for o in found.get(pattern, []))
+
+    # every projection once: one occurrence per nn.Linear / GPT-2 Conv1D module
+    linears = _paths(model, lambda n, m: isinstance(m, (torch.nn.Linear, Conv1D)))
+    assert modules("linear") == linears
+    if name == "tiny-phi3":  # fused qkv_proj and gate_up_proj: 4 per layer + lm_head
+        assert counts["linear"] == 4 * layers + 1
+    elif name == "tiny-gpt2":  # c_attn, c_proj, c_fc, mlp c_proj + lm_head
+        assert counts["linear"] == 4 * layers + 1
+    else:  # q, k, v, o, gate, up, down + lm_head
+        assert counts["linear"] == 7 * layers + 1
+
+    attn = _paths(model, lambda n, m: type(m).__name__.endswith("Attention"))
+    assert len(attn) == layers
+    assert modules("attention") == attn
+
+    if name == "tiny-gpt2":
+        lns = _paths(model, lambda n, m: isinstance(m, torch.nn.LayerNorm))
+        assert counts["layernorm"] == 2 * layers + 1
+        assert modules("layernorm") == lns
+        acts = _paths(model, lambda n, m: type(m).__name__ == "NewGELUActivation")
+        assert counts["gelu_new"] == layers
+        assert modules("gelu_new") == acts
+        assert not {"rmsnorm", "rmsnorm_gemma", "rope", "swiglu_mlp"} & set(counts)
+        return
+
+    norms = _paths(model, lambda n, m: type(m).__name__.endswith("RMSNorm"))
+    assert len(norms) == 2 * layers + 1
+    norm_pat, other_norm = (("rmsnorm_gemma", "rmsnorm") if name == "tiny-gemma"
+                            else ("rmsnorm", "rmsnorm_gemma"))
+    assert counts[norm_pat] == 2 * layers + 1
+    assert modules(norm_pat) == norms
+    assert counts[other_norm] == 0, f"{name}: a {other_norm} occurrence was recognised"
+
+    rope = "rope_partial" if name == "tiny-phi3" else "rope"
+    assert counts[rope] == layers
+    assert modules(rope) == attn  # one rotary application inside each attention call
+    assert counts[{"rope": "rope_partial", "rope_partial": "rope"}[rope]] == 0
+
+    mlp_pat = "geglu_mlp" if name == "tiny-gemma" else "swiglu_mlp"
+    mlps = _paths(model, lambda n, m: type(m).__name__.endswith("MLP"))
+    assert counts[mlp_pat] == layers
+    assert modules(mlp_pat) == mlps
+    assert counts[{"geglu_mlp": "swiglu_mlp", "swiglu_mlp": "geglu_mlp"}[mlp_pat]] == 0
+    assert counts["layernorm"] == 0 and counts["gelu_new"] == 0
+
+
+# ------------------------------------------------------------------ 4/5. H200 fixtures
+
+def _fixture_workload(path: Path, wl: Workload) -> dict:
+    from profiling.profile_stage import summarise
+
+    trace = load_trace(path)
+    spans = sorted(s["dur"] for s in profiler_steps(trace))
+    median_step_ms = attribute(trace).span_us / 1e3
+    wall = {"median_ms": median_step_ms, "p10_ms": spans[0] / 1e3, "p90_ms": spans[-1] / 1e3}
+    return summarise(path, wl, wall)
+
+
+@pytest.fixture(scope="module")
+def prefill():
+    w = _fixture_workload(PREFILL, Workload(8, 1024, "bfloat16", "cuda"))
+    return w, rank_workload(w, H200, PREFILL)
+
+
+@pytest.fixture(scope="module")
+def decode():
+    w = _fixture_workload(DECODE, Workload(1, 1024, "bfloat16", "cuda", "decode"))
+    return w, rank_workload(w, H200, DECODE)
+
+
+def test_prefill_fixture_every_occurrence_found_once(prefill):
+    w, _ = prefill
+    occ, unclaimed = match(w["ops"], _patterns())
+    _assert_claimed_once(w["ops"], occ, unclaimed)
+    found = _by_pattern(occ)
+    for pattern, n in {"rmsnorm": 2 * 2 + 1, "rope": 2, "swiglu_mlp": 2, "attention": 2,
+                       "linear": 15}.items():
+        mods = [o.module for o in found.get(pattern, [])]
+        assert len(mods) == n, f"{pattern}: {len(mods)} occurrences, expected {n}"
+        assert len(set(mods)) == n, f"{pattern}: one module claimed twice"
+    assert all("RMSNorm" in o.module_class for o in found["rmsnorm"])
+    assert all(o.module_class in ("Linear",) for o in found["linear"])
+    assert "rmsnorm_gemma" not in found
+
+
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_fixture_shares_and_rest_sum_to_one(which, request):
+    w, ranked = request.getfixturevalue(which)
+    assert sum(o["share"] for o in w["ops"]) + w["rest_share"] == pytest.approx(1.0, abs=1e-9)
+    assert sum(r["share"] for r in ranked["rows"]) + w["rest_share"] == pytest.approx(1.0, abs=1e-9)
+    assert all(r["share"] >= 0 for r in ranked["rows"])
+    assert w["rest_share"] >= 0
+
+
+def test_prefill_rank_is_device_bound_and_by_replay(prefill):
+    w, ranked = prefill
+    assert ranked["ranked_by"] == "replay_gain"
+    assert ranked["launch_bound"] is False
+    assert ranked["regime"].startswith("device-bound")
+    rows = ranked["rows"]
+    fam = [r for r in rows if r["family"]]
+    assert {r["pattern"] for r in fam} >= {"rmsnorm", "rope", "swiglu_mlp"}
+    # candidates first, by replay gain, each with a replay gain
+    assert rows[:len(fam)] == fam
+    gains = [r["replay_gain"] for r in fam]
+    assert all(g is not None and g >= 1.0 for g in gains)
+    assert gains == sorted(gains, reverse=True)
+    for r in rows:
+        assert r["amdahl_gain"] == pytest.approx(amdahl([(r["share"], r["attainable_speedup"])]))
+        assert r["attainable_speedup"] >= 1.0 - 1e-12
+        assert "kernel_correlations" not in r
+
+
+def test_prefill_gain_is_in_memory_bound_families_not_matmuls(prefill):
+    _, ranked = prefill
+    rows = {r["pattern"]: r for r in ranked["rows"]}
+    linear = rows["linear"]
+    assert linear["share"] > 0.5  # the matmuls are most of the time ...
+    assert linear["attainable_speedup"] < 1.3  # ... and already near their roofline
+    fam = [r for r in ranked["rows"] if r["family"]]
+    fam_gain = sum(r["amdahl_gain"] - 1 for r in fam)
+    assert fam_gain > linear["amdahl_gain"] - 1
+    assert ranked["ceiling_amdahl"] > linear["amdahl_gain"]
+    others = sum(r["amdahl_gain"] - 1 for r in ranked["rows"] if not r["family"])
+    assert fam_gain > others  # the family rows carry most of the projected gain
+    assert rows["rmsnorm"]["attainable_speedup"] > 2  # unfused fp32 norm: far off its roofline
+
+
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_cumulative_curve(which, request):
+    _, ranked = request.getfixturevalue(which)
+    fam = [r for r in ranked["rows"] if r["family"]]
+    curve = ranked["cumulative"]
+    assert [p["n"] for p in curve] == list(range(1, len(fam) + 1))
+    assert [p["pattern"] for p in curve] == [r["pattern"] for r in fam]
+    amd = [p["amdahl"] for p in curve]
+    assert all(b >= a - 1e-12 for a, b in zip(amd, amd[1:]))
+    assert amd[-1] == pytest.approx(amdahl([(r["share"], r["attainable_speedup"]) for r in fam]))
+    assert ranked["ceiling_amdahl"] == amd[-1]
+    assert all(p["replay"] is not None and p["replay"] >= 1.0 - 1e-9 for p in curve)
+
+
+def test_decode_is_launch_bound_and_kernels_gain_little(decode):
+    w, ranked = decode
+    assert ranked["launch_bound"] is True
+    assert w["gpu_busy_share"] < rank_stage.LAUNCH_BOUND_BUSY
+    regime = ranked["regime"]
+    assert regime.startswith("launch-bound")
+    if "largest host costs" in regime:
+        top = sorted(ranked["rows"], key=lambda r: -r["host_us"])[:3]
+        named = regime.split("largest host costs: ", 1)[1].split(", ")
+        assert named == [r["pattern"] for r in top]
+    else:
+        assert "CUDA graphs" in regime
+    fam = [r for r in ranked["rows"] if r["family"]]
+    assert fam
+    all_fam = amdahl([(r["share"], r["attainable_speedup"]) for r in fam])
+    assert all_fam < 1.05
+    assert ranked["ceiling_amdahl"] == pytest.approx(all_fam)
+
+
+# ------------------------------------------------------------------ 6. ranking.json
+
+def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
+    from models.loader import resolve
+    from profiling.profile_stage import run_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measure, don't reuse
+    run_dir = tmp_path / "run"
+    profile = run_profile(resolve("tiny-llama"), [Workload(1, 16)], run_dir)
+    ranking = run_rank(run_dir)
+    on_disk = read_json(run_dir / rank_stage.RANKING, "ranking")
+    assert on_disk["schema_version"] == SCHEMA_VERSION
+    assert on_disk["stage"] == "rank" and on_disk["model"] == "tiny-llama"
+    assert [w["key"] for w in on_disk["workloads"]] == ["prefill-b1-s16-fp32"]
+    assert on_disk["workloads"][0]["rows"] == ranking["workloads"][0]["rows"]
+    rest = {w["key"]: w["rest_share"] for w in profile["workloads"]}
+    for w in on_disk["workloads"]:
+        assert w["time_basis"] == "cpu" and w["ranked_by"] == "amdahl_gain"
+        assert sum(r["share"] for r in w["rows"]) + rest[w["key"]] == pytest.approx(1.0, abs=1e-9)
+        pats = {r["pattern"] for r in w["rows"]}
+        assert {"rmsnorm", "rope", "swiglu_mlp", "linear", "attention"} <= pats
