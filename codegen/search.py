@@ -69,8 +69,11 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     def baseline():
         family.reference(*inputs, **params)
 
+    # host_us feeds only the GPU projection; under the CPU interpreter its 51 extra calls of a
+    # kernel cost up to a minute per candidate for a number nothing reads
+    on_gpu = str(device).startswith("cuda")
     base = bench(baseline, device=device, min_bytes=family.min_bytes(case)).to_dict()
-    base["host_us"] = _host_call_us(baseline)
+    base["host_us"] = _host_call_us(baseline) if on_gpu else None
     out_q.put({"baseline": base})
     for path in paths:
         out_q.put({"start": path})
@@ -89,7 +92,7 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
 
                 entry["timing"] = bench(call, device=device,
                                         min_bytes=family.min_bytes(case)).to_dict()
-                entry["host_us"] = _host_call_us(call)
+                entry["host_us"] = _host_call_us(call) if on_gpu else None
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
             entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
                      "trace": traceback.format_exc(limit=3)[-600:]}
@@ -120,7 +123,9 @@ def search(family: Family, case: Case, root: Path, device: str, max_configs: int
     for cfg in configs:
         path = folder / config_key(cfg) / "kernel.py"
         origin = write_candidate(family, cfg, case, path)
-        jobs.append({"path": str(path), "config": cfg, "origin": origin})
+        # what was screened: a later edit of the file makes a resumed run search the case again
+        sha1 = hashlib.sha1(path.read_bytes()).hexdigest()
+        jobs.append({"path": str(path), "config": cfg, "origin": origin, "sha1": sha1})
     baseline, entries = screen_and_time(family, case, jobs, device, timeout_s)
     entry = {"family": family.name, "case": case, "case_key": case_key(case), "device": device,
              "baseline": baseline, "candidates": entries}

@@ -15,6 +15,7 @@ Decisions written down here:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -43,8 +44,11 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
 
     path = run_dir / "candidates" / "search_log.json"
     log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
-    done = {(s["family"], s["case_key"]) for s in log["searches"]}
-    before = len(log["searches"])
+    index = {(s["family"], s["case_key"]): i for i, s in enumerate(log["searches"])}
+    # a case whose candidate file was edited after it was screened is searched again: the
+    # edit is kept (write_candidate) and screened, then verified, as it is now
+    done = {k for k, i in index.items() if not _edited_since_screened(log["searches"][i])}
+    changed = not (resume and path.exists())
     for name in families:
         fam = get_family(name)
         cases = []
@@ -53,19 +57,52 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
                 if c not in cases:
                     cases.append(c)
         if not cases:
-            log["searches"].append({"family": name, "case_key": None, "case": None,
-                                    "note": "the model has no call this family can replace"})
+            if (name, None) not in index:
+                index[(name, None)] = len(log["searches"])
+                log["searches"].append({"family": name, "case_key": None, "case": None,
+                                        "note": "the model has no call this family can replace"})
+                changed = True
             continue
         for case in cases:
-            if (name, case_key(case)) in done:
+            key = (name, case_key(case))
+            if key in done:
                 continue
             say(f"generate {name} {case_key(case)}")
-            log["searches"].append(search(fam, case, run_dir / "candidates", device,
-                                          max_configs=max_configs))
+            entry = search(fam, case, run_dir / "candidates", device, max_configs=max_configs)
+            if key in index:
+                log["searches"][index[key]] = entry
+            else:
+                index[key] = len(log["searches"])
+                log["searches"].append(entry)
             write_json(path, log)
-    if len(log["searches"]) != before or not path.exists():
+            changed = False
+    if changed:
         write_json(path, log)
     return log
+
+
+def _edited_since_screened(search: dict) -> bool:
+    for c in search.get("candidates") or []:
+        if c.get("sha1") is None:  # proposals, and logs written before sha1 was recorded
+            continue
+        p = Path(c["path"])
+        if not p.is_file() or hashlib.sha1(p.read_bytes()).hexdigest() != c["sha1"]:
+            return True
+    return False
+
+
+def _sha256(path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _candidate_name(case_key: str, path: str) -> str:
+    """The record name: generated files are all kernel.py (named by their config folder);
+    proposals share one out/ folder (named by their file)."""
+    p = Path(path)
+    return f"{case_key}__{p.parent.name}" + ("" if p.name == "kernel.py" else f"_{p.stem}")
 
 
 def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], None],
@@ -82,21 +119,32 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
         if not s.get("case_key"):
             continue
         key = f"{s['family']}/{s['case_key']}"
-        if key in summary["accepted"] or any(r["key"] == key for r in summary["rejected"]):
-            continue
+        # a decision stands while the files it was made on are unchanged (else: verify again)
+        acc = summary["accepted"].get(key)
+        if acc is not None:
+            if acc.get("source_sha256", "unknown") in ("unknown", _sha256(acc["source"])):
+                continue
+            del summary["accepted"][key]
+        rej = next((r for r in summary["rejected"] if r["key"] == key), None)
+        if rej is not None:
+            if rej.get("sources", "unknown") in ("unknown", _fingerprint(s)):
+                continue
+            summary["rejected"].remove(rej)
         fam = get_family(s["family"])
         tried = []
         for cand in s["order"] or []:
-            say(f"verify {key} {Path(cand).parent.name}")
+            name = _candidate_name(s["case_key"], cand)
+            say(f"verify {key} {name.split('__', 1)[1]}")
             res = verify_candidate(fam, cand, [s["case"]], device=device, record_dir=run_dir,
-                                   candidate=f"{s['case_key']}__{Path(cand).parent.name}")
+                                   candidate=name)
             tried.append({"candidate": cand, "verdict": res.verdict, "reasons": res.reasons,
                           "record": res.record_path})
             if res.accepted:
                 entry = next(e for e in s["candidates"] if e["path"] == cand)
                 summary["accepted"][key] = {
                     "family": s["family"], "case": s["case"], "source": cand,
-                    "config": entry["config"], "kernel": entry["timing"],
+                    "source_sha256": res.source_sha256, "config": entry["config"],
+                    "kernel": entry["timing"],
                     "baseline": s["baseline"], "record": res.record_path,
                     "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
                     "host_delta_us": (s["baseline"].get("host_us") - entry["host_us"])
@@ -106,6 +154,7 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
                 break
         else:
             summary["rejected"].append({"key": key, "family": s["family"], "tried": tried,
+                                        "sources": _fingerprint(s),
                                         "reason": "no candidate passed verification"
                                         if tried else "no candidate passed the screen"})
         write_json(path, summary)
@@ -113,6 +162,10 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
     if changed:
         write_json(path, summary)
     return summary
+
+
+def _fingerprint(search: dict) -> dict[str, str | None]:
+    return {p: _sha256(p) for p in search.get("order") or []}
 
 
 def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
@@ -249,10 +302,16 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
 
         log = run_proposer(proposer, run_dir, log, device, say)
     del model
+    summary_path = run_dir / "verification" / "summary.json"
+    verified_before = read_json(summary_path, "verification summary") \
+        if (resume and summary_path.exists()) else None
     summary = verify_stage(run_dir, log, device, say, resume)
-    if not (resume and (run_dir / "projection.json").exists()):
+    # later stages are skipped on --resume only if what they read did not change in this run
+    # (an edited kernel, verified again, must reach the projection and the model)
+    unchanged = resume and verified_before == summary
+    if not (unchanged and (run_dir / "projection.json").exists()):
         freeze_projection(run_dir, summary, families, on_gpu)
-    if not (resume and (run_dir / "integration.json").exists()):
+    if not (unchanged and (run_dir / "integration.json").exists()):
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3))
     from pipeline.report import write_report

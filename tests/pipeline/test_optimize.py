@@ -1,0 +1,564 @@
+"""`pipeline optimize` end to end on tiny-llama on the CPU (Triton interpreter), and its contracts:
+resume, user edits, rejected candidates never integrated, rollback, proposers, the Python API.
+
+One optimized run (module scope, ~2 min on 2 cores) is shared. Tests that only read it come
+first; the two that rerun the CLI on it (resume, user edit) come last, in file order.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.artifacts import read_json
+
+REPO = Path(__file__).resolve().parents[2]
+PROPOSER = Path(__file__).with_name("fake_proposer.py")
+TOP = 3
+PAIRS = 2
+
+# After the launch, every output is shifted by 1: a wrong kernel the verifier must reject.
+WRONG_TAIL = '''
+
+_real_forward = forward
+
+
+def forward(*inputs, out, **params):
+    _real_forward(*inputs, out=out, **params)
+    for o in (out if isinstance(out, tuple) else (out,)):
+        o.sub_(1.0)
+'''
+
+
+def run_cli(*args, home: Path):
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
+        timeout=600,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
+             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": str(REPO)})
+
+
+def say(_msg: str) -> None:
+    pass
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def md_table(md: str, heading: str) -> list[dict]:
+    """Rows (header -> cell) of the first table after the exact heading line."""
+    lines = md.splitlines()
+    assert heading in lines, f"no {heading!r} in the report"
+    rows = []
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows or line.startswith("#"):
+            break
+    assert len(rows) >= 3, f"no table under {heading!r}"
+    return [dict(zip(rows[0], r)) for r in rows[2:]]
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    home = tmp_path_factory.mktemp("optimize")
+    run_dir = home / "run"
+    proc = run_cli("optimize", "tiny-llama", "--top", str(TOP), "--batch", "2", "--seq", "16",
+                   "--device", "cpu", "--pairs", str(PAIRS), "--run-dir", str(run_dir),
+                   home=home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return home, run_dir, proc
+
+
+@pytest.fixture(scope="module")
+def run_data(optimized):
+    _, run_dir, _ = optimized
+    profile = read_json(run_dir / "profile.json")
+    return {
+        "ranking": read_json(run_dir / "ranking.json"),
+        "log": read_json(run_dir / "candidates" / "search_log.json"),
+        "summary": read_json(run_dir / "verification" / "summary.json"),
+        "integration": read_json(run_dir / "integration.json"),
+        "workloads": [w["workload"] for w in profile["workloads"]],
+    }
+
+
+def searched(log: dict) -> list[dict]:
+    return [s for s in log["searches"] if s.get("case_key")]
+
+
+def entry_of(log: dict, family: str) -> dict:
+    return next(s for s in searched(log) if s["family"] == family)
+
+
+def build_tiny_llama():
+    from models.loader import build, resolve
+
+    torch.manual_seed(0)
+    return build(resolve("tiny-llama"), torch.float32, "cpu").eval()
+
+
+def workloads_of(data):
+    from pipeline.workload import Workload
+
+    return [Workload.from_dict(w) for w in data["workloads"]]
+
+
+# 1. end to end ------------------------------------------------------------------------------
+
+def test_optimize_runs_end_to_end(optimized, run_data):
+    from pipeline.optimize import choose_families
+
+    home, run_dir, proc = optimized
+    assert "Traceback" not in proc.stderr
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir()), \
+        "--run-dir was given: nothing may go to PIPELINE_RUNS"
+    families = choose_families(run_data["ranking"], TOP)
+    assert len(families) == TOP
+
+    # generate: one search per (family, case), a readable kernel.py per searched config
+    log = run_data["log"]
+    assert sorted({s["family"] for s in searched(log)}) == sorted(families)
+    for s in searched(log):
+        assert s["candidates"], s["family"]
+        for c in s["candidates"]:
+            path = Path(c["path"])
+            assert path.name == "kernel.py" and path.is_file()
+            assert path.parent.parent == run_dir / "candidates" / s["family"] / s["case_key"]
+            assert "def forward(" in path.read_text()
+            assert c["origin"] == "generated"
+        assert s["order"] and s["order"][0] in {c["path"] for c in s["candidates"]}
+
+    # verify: every searched case verified and accepted here, each with its record
+    summary = run_data["summary"]
+    assert summary["rejected"] == []
+    assert sorted(summary["accepted"]) == sorted(f"{s['family']}/{s['case_key']}"
+                                                 for s in searched(log))
+    records = sorted((run_dir / "verification").glob("*/*.json"))
+    assert {p.parent.name for p in records} == set(families)
+    for acc in summary["accepted"].values():
+        rec = read_json(acc["record"])
+        assert Path(acc["record"]).parent == run_dir / "verification" / acc["family"]
+        assert rec["verdict"] == "accepted" and rec["family"] == acc["family"]
+        assert rec["source"] == acc["source"] and rec["source_sha256"] == sha256(acc["source"])
+        assert rec["checks"] and all(c["passed"] for c in rec["checks"])
+        assert len(rec["cases"]) > 1, "edge cases must be verified too"
+        assert acc["source"] == entry_of(log, acc["family"])["order"][0]
+    for p in records:
+        assert read_json(p)["verdict"] == "accepted"
+
+    # projection: frozen before integration, no speedup projected from CPU timings
+    projection = read_json(run_dir / "projection.json")
+    assert projection["kernel_speedups"] == {}
+    assert sorted(projection["families"]) == sorted(families)
+    for pw in projection["workloads"].values():
+        assert "CPU" in pw["note"]
+    assert (run_dir / "projection.json").stat().st_mtime_ns <= \
+        (run_dir / "integration.json").stat().st_mtime_ns
+
+    # integrate: whole-model check and patch effect for the kept families
+    integ = run_data["integration"]
+    assert sorted(integ["families"]) == sorted(families)
+    assert set(integ["workloads"]) == {"prefill-b2-s16-fp32"}
+    for w in integ["workloads"].values():
+        check = w["check"]
+        assert check["set"]["passed"] and check["rejected"] == {}
+        assert sorted(check["kept"]) == sorted(families)
+        assert len(check["set"]["trials"]) >= 3
+        for t in check["set"]["trials"]:
+            assert t["passed"] and t["error_patched"] <= t["limit"]
+        effect = w["patch_effect"]
+        assert effect["passed"]
+        assert set(effect["kernel_calls"]) == set(check["kept"])
+        assert all(n > 0 for n in effect["kernel_calls"].values())
+        for fam, ops in effect["aten_ops_before_after"].items():
+            assert any(after < before for before, after in ops.values()), fam
+        assert sorted(w["kept"]) == sorted(families)
+        for r in w["per_family"].values():
+            assert r["meaningful"] is False and len(r["ratios"]) == PAIRS
+            assert r["decision"].startswith("kept (timing not meaningful")
+        assert w["combined"]["meaningful"] is False
+
+    for name in ("ranking.json", "report.md", "report.html"):
+        assert (run_dir / name).is_file(), name
+    for fam in families:
+        assert (run_dir / "acceptance" / f"{fam}.md").is_file()
+
+
+def test_report_labels_cpu_timings_and_shows_no_speedup(optimized, run_data):
+    _, run_dir, _ = optimized
+    md = (run_dir / "report.md").read_text()
+    assert any("CPU" in line and "not meaningful" in line for line in md.splitlines())
+
+    [row] = md_table(md, "## Whole-model speedup per workload")
+    assert row["workload"] == "prefill-b2-s16-fp32"
+    assert row["measured"].startswith("not meaningful")
+    assert row["shipped"].startswith("not meaningful")
+    assert row["95% CI"] == "-"
+    assert row["projected (Amdahl)"].startswith("n/a")
+
+    per = md_table(md, "### Kernels on this workload")
+    assert sorted(r["family"] for r in per) == sorted(run_data["integration"]["families"])
+    for r in per:
+        assert r["whole-model speedup alone"].startswith("not meaningful"), r
+        assert r["95% CI"] == "-"
+
+    pvm = {r[""]: r["value"] for r in md_table(md, "### Projected vs measured")}
+    measured = [v for k, v in pvm.items() if k.startswith("measured")]
+    assert measured and all(v.startswith("not meaningful") for v in measured)
+    assert pvm["shipped"].startswith("not meaningful")
+
+    accepted = md_table(md, "### Accepted (verified)")
+    assert len(accepted) == len(run_data["summary"]["accepted"])
+    for r in accepted:
+        assert r["kernel speedup"].startswith("not meaningful"), r
+        assert "(CPU timing)" in r["kernel (median [p20-p80])"]
+
+    # the machine-readable report agrees: no speedup anywhere for this CPU run
+    rep = read_json(run_dir / "report.json")
+    assert rep["kernel_speedups"] == {}
+    for w in rep["workloads"]:
+        assert w["timing_meaningful"] is False
+        assert w["measured"]["speedup"] is None and w["shipped"]["speedup"] is None
+        assert all(p["speedup"] is None for p in w["per_family"])
+    assert all(k["speedup"] is None for k in rep["kernels"]["accepted"])
+
+
+# 3. a candidate that fails verification never reaches integration -----------------------------
+
+def test_failed_candidate_never_reaches_integration(optimized, run_data, tmp_path):
+    from codegen.search import case_key
+    from models.loader import resolve
+    from pipeline import integrate as ig
+    from pipeline.optimize import integrate_stage, verify_stage
+
+    log = run_data["log"]
+    good = copy.deepcopy(entry_of(log, "gated_act"))
+    bad = copy.deepcopy(entry_of(log, "rmsnorm"))
+    wrong = tmp_path / "wrong" / "kernel.py"
+    wrong.parent.mkdir()
+    wrong.write_text(Path(bad["order"][0]).read_text() + WRONG_TAIL)
+    entry = {**bad["candidates"][0], "path": str(wrong), "origin": "user-edited"}
+    bad["candidates"], bad["order"] = [entry], [str(wrong)]
+    handmade = {"searches": [bad, good]}
+
+    summary = verify_stage(tmp_path, handmade, "cpu", say, resume=False)
+    bad_key = f"rmsnorm/{bad['case_key']}"
+    good_key = f"gated_act/{good['case_key']}"
+    assert bad_key not in summary["accepted"]
+    [rej] = [r for r in summary["rejected"] if r["key"] == bad_key]
+    assert [t["candidate"] for t in rej["tried"]] == [str(wrong)]
+    assert rej["tried"][0]["verdict"] == "rejected"
+    record = read_json(rej["tried"][0]["record"])
+    assert record["verdict"] == "rejected"
+    assert "numerics" in {c["name"] for c in record["checks"] if not c["passed"]}
+    assert good_key in summary["accepted"], summary["rejected"]
+    assert read_json(tmp_path / "verification" / "summary.json") == \
+        {"schema_version": 1, **summary}
+
+    # the chooser built from that summary has nothing for the rejected case
+    assert ig.make_chooser(summary["accepted"], "rmsnorm")(bad["case"]) is None
+    assert case_key(bad["case"]) == bad["case_key"]
+    assert callable(ig.make_chooser(summary["accepted"], "gated_act")(good["case"]))
+
+    # ... so the model keeps its original RMSNorm code: bit-identical logits
+    model = build_tiny_llama()
+    ids = torch.randint(0, model.config.vocab_size, (2, 16),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base = model(ids).logits
+        with ig.patched(model, summary["accepted"], ["rmsnorm"]):
+            same = model(ids).logits
+    assert torch.equal(base, same)
+
+    # and the integrate stage integrates only what was accepted
+    integ = integrate_stage(tmp_path, resolve("tiny-llama"), workloads_of(run_data), summary,
+                            ["rmsnorm", "gated_act"], say, PAIRS)
+    assert integ["families"] == ["gated_act"]
+    for w in integ["workloads"].values():
+        assert w["check"]["kept"] == ["gated_act"] and w["check"]["set"]["passed"]
+        assert set(w["patch_effect"]["kernel_calls"]) == {"gated_act"}
+        assert w["patch_effect"]["kernel_calls"]["gated_act"] > 0
+        assert set(w["per_family"]) == {"gated_act"}
+        assert w["kept"] == ["gated_act"]
+
+
+# 4. rollback -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """A paired_ratio whose verdict is chosen per set of patched families (read off
+    integrate.patched, whatever order measure() runs them in)."""
+    from pipeline import integrate as ig
+    from verify.timing import PairedRatio
+
+    active: list[frozenset] = []
+    calls: list[tuple] = []
+    real_patched = ig.patched
+
+    @contextmanager
+    def recording(model, accepted, families, workload_cases=None):
+        with real_patched(model, accepted, families, workload_cases) as m:
+            active.append(frozenset(families))
+            try:
+                yield m
+            finally:
+                active.pop()
+
+    monkeypatch.setattr(ig, "patched", recording)
+
+    def make(verdict_of):
+        def paired_ratio(fn_a, fn_b, n=30, *, device=None, **_):
+            assert fn_a is not fn_b
+            fams = active[-1]
+            verdict = verdict_of(fams)
+            est, lo, hi = {"faster": (0.8, 0.75, 0.85), "slower": (1.25, 1.2, 1.3),
+                           "same": (1.0, 0.95, 1.05)}[verdict]
+            calls.append((fams, n, device))
+            return PairedRatio(ratios=[est] * n, statistic="median", estimate=est, ci_low=lo,
+                               ci_high=hi, confidence=0.95, verdict=verdict, meaningful=True,
+                               reason=None)
+        return paired_ratio
+
+    return make, calls
+
+
+def test_slower_family_is_rolled_back(run_data, fake_timing):
+    from pipeline import integrate as ig
+
+    make, calls = fake_timing
+    accepted = run_data["summary"]["accepted"]
+    [(wkey, iw)] = run_data["integration"]["workloads"].items()
+    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
+    cases = {f: set(v) for f, v in iw["cases"].items()}
+    families = ["rmsnorm", "rope", "gated_act"]
+    assert set(families) <= {a["family"] for a in accepted.values()}
+    model = build_tiny_llama()
+
+    # rope alone is slower: it alone is rolled back, the others are kept and measured together
+    m = ig.measure(model, workload, accepted, families, cases, PAIRS,
+                   make(lambda fams: "slower" if fams == {"rope"} else "faster"))
+    assert m["per_family"]["rope"]["decision"] == "rolled back"
+    assert "rope" not in m["kept"]
+    assert sorted(m["kept"]) == ["gated_act", "rmsnorm"]
+    assert m["per_family"]["rmsnorm"]["decision"] == "kept"
+    assert m["per_family"]["gated_act"]["decision"] == "kept"
+    assert m["combined"]["decision"] == "kept"
+    assert calls[-1] == (frozenset({"rmsnorm", "gated_act"}), PAIRS, "cpu")
+    assert {c[0] for c in calls[:-1]} == {frozenset({f}) for f in families}
+
+    # each alone is faster, the combined set is slower: everything is rolled back
+    calls.clear()
+    m = ig.measure(model, workload, accepted, families, cases, PAIRS,
+                   make(lambda fams: "faster" if len(fams) == 1 else "slower"))
+    assert all(m["per_family"][f]["decision"] == "kept" for f in families)
+    assert m["combined"]["decision"].startswith("rolled back")
+    assert m["kept"] == []
+    assert calls[-1][0] == frozenset(families)
+
+    # no significant difference: kept, and said so
+    m = ig.measure(model, workload, accepted, ["rmsnorm"], cases, PAIRS,
+                   make(lambda fams: "same"))
+    assert m["kept"] == ["rmsnorm"]
+    assert m["per_family"]["rmsnorm"]["decision"] == "kept (no significant difference)"
+    # the model itself was never left patched
+    assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
+# 5. the proposer contract ----------------------------------------------------------------------
+
+def test_proposals_go_through_screen_and_verification(run_data, tmp_path):
+    from codegen.proposer import run_proposer
+    from pipeline.optimize import verify_stage
+
+    base = copy.deepcopy(entry_of(run_data["log"], "rmsnorm"))
+    generated = {c["path"] for c in base["candidates"]}
+    log = {"searches": [base]}
+    log = run_proposer(f"{sys.executable} {PROPOSER}", tmp_path, log, "cpu", say)
+
+    [s] = log["searches"]
+    task = tmp_path / "proposals" / "rmsnorm" / s["case_key"]
+    assert s["proposer"][-1]["status"] == "exit 0"
+    saw = json.loads((task / "proposer_saw.json").read_text())
+    assert saw["argv"][1:] == [str(task)]
+    assert saw["task"]["case"] == s["case"] and saw["task"]["best"]["path"] in generated
+    assert (task / "best.py").read_text() == Path(saw["task"]["best"]["path"]).read_text()
+
+    by_name = {Path(c["path"]).name: c for c in s["candidates"] if c["origin"] == "proposer"}
+    assert set(by_name) == {"good.py", "wrong.py", "cheat.py"}
+    for c in by_name.values():
+        assert Path(c["path"]).parent == task / "out"
+    wrong, good, cheat = by_name["wrong.py"], by_name["good.py"], by_name["cheat.py"]
+    assert wrong["screen"] == "wrong result"
+    assert wrong["decision"].startswith("discarded") and "timing" not in wrong
+    assert wrong["path"] not in s["order"]
+    assert good["screen"] == "pass" and good["timing"]["median_ms"] > 0
+    assert good["path"] in s["order"]
+    assert cheat["screen"] == "pass"  # right numbers: only verification can catch it
+    assert set(s["order"]) == generated | {good["path"], cheat["path"]}
+    on_disk = read_json(tmp_path / "candidates" / "search_log.json")
+    assert on_disk["searches"][0]["candidates"] == s["candidates"]
+
+    # Verify with only the proposals in line, so what is accepted must be a proposal. Ranked
+    # by time, the cheat (plain torch) comes first and must be rejected; then the good one.
+    s["order"] = [p for p in s["order"] if p not in generated]
+    assert s["order"][0] == cheat["path"]
+    summary = verify_stage(tmp_path, log, "cpu", say, resume=False)
+    key = f"rmsnorm/{s['case_key']}"
+    assert summary["rejected"] == []
+    acc = summary["accepted"][key]
+    assert acc["source"] == good["path"]
+    assert read_json(acc["record"])["source"] == good["path"]
+    assert read_json(acc["record"])["verdict"] == "accepted"
+    # every verified candidate keeps its own record: the cheat's rejection is on file
+    records = {read_json(p)["source"]: read_json(p)
+               for p in (tmp_path / "verification" / "rmsnorm").glob("*.json")}
+    assert set(records) == {good["path"], cheat["path"]}
+    assert records[cheat["path"]]["verdict"] == "rejected"
+    assert "aten_ops" in {c["name"] for c in records[cheat["path"]]["checks"]
+                          if not c["passed"]}
+    assert wrong["path"] not in records
+
+
+# 6. the Python API -----------------------------------------------------------------------------
+
+def test_apply_kernels_patches_and_undo_restores(optimized, run_data, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    from pipeline import integrate as ig
+    from pipeline.api import apply_kernels
+    from pipeline.errors import UserError
+    from verify.integrity import OpRecorder
+
+    _, run_dir, _ = optimized
+    family_of = {a["source"]: a["family"] for a in run_data["summary"]["accepted"].values()}
+    calls: Counter = Counter()
+    real_load = ig.load_forward
+
+    def counting_load(src):
+        fn = real_load(src)
+        fam = family_of[str(src)]
+
+        def forward(*args, **kwargs):
+            calls[fam] += 1
+            return fn(*args, **kwargs)
+        return forward
+
+    monkeypatch.setattr(ig, "load_forward", counting_load)
+
+    model = build_tiny_llama()
+    classes = {type(m): type(m).__dict__.get("forward") for m in model.modules()}
+    rotary = modeling_llama.apply_rotary_pos_emb
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=gen)
+    other = torch.randint(0, model.config.vocab_size, (1, 8), generator=gen)
+
+    def logits(x):
+        with torch.no_grad(), OpRecorder() as rec:
+            out = model(x).logits
+        return out, rec.counts
+
+    base, base_ops = logits(ids)
+    base_other, _ = logits(other)
+
+    with pytest.raises(UserError):
+        apply_kernels(model, run_dir, workload="prefill-b9-s9-fp32")
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+    handle = apply_kernels(model, run_dir, workload="prefill-b2-s16-fp32")
+    assert sorted(handle.families) == sorted(run_data["integration"]["families"])
+    assert any("forward" in m.__dict__ for m in model.modules())
+    new, new_ops = logits(ids)
+    assert (new - base).abs().max().item() <= 1e-4
+    assert set(calls) == set(handle.families) and all(n > 0 for n in calls.values())
+    for op in ("aten::rsqrt", "aten::silu", "aten::neg"):
+        assert base_ops[op] > 0 and new_ops[op] == 0, (op, base_ops[op], new_ops[op])
+    # a shape no kernel was accepted for runs the original code
+    calls.clear()
+    same_other, _ = logits(other)
+    assert not calls and torch.equal(same_other, base_other)
+
+    handle.undo()
+    after, after_ops = logits(ids)
+    assert torch.equal(after, base)
+    assert after_ops == base_ops
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert {type(m): type(m).__dict__.get("forward") for m in model.modules()} == classes
+    assert modeling_llama.apply_rotary_pos_emb is rotary
+    calls.clear()
+    logits(ids)
+    assert not calls
+
+
+# 2. resume and user edits (these rerun the CLI on the shared run: keep them last) ---------------
+
+def test_resume_skips_finished_stages(optimized, run_data):
+    home, run_dir, _ = optimized
+    kept = [run_dir / "ranking.json", run_dir / "candidates" / "search_log.json",
+            *sorted((run_dir / "verification").glob("*/*.json")),
+            *sorted((run_dir / "candidates").glob("*/*/*/kernel.py"))]
+    assert len(kept) == 2 + 2 * TOP
+    before = {p: p.stat().st_mtime_ns for p in kept}
+    (run_dir / "integration.json").unlink()
+    (run_dir / "report.md").unlink()
+
+    proc = run_cli("optimize", str(run_dir), "--resume", "--top", str(TOP), "--pairs",
+                   str(PAIRS), home=home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in kept} == before
+    assert read_json(run_dir / "candidates" / "search_log.json") == run_data["log"]
+    assert read_json(run_dir / "verification" / "summary.json") == run_data["summary"]
+    integ = read_json(run_dir / "integration.json")
+    assert integ["families"] == run_data["integration"]["families"]
+    for w in integ["workloads"].values():
+        assert w["check"]["set"]["passed"] and w["patch_effect"]["passed"]
+    assert (run_dir / "report.md").is_file()
+
+
+def test_user_edited_kernel_is_kept_and_verified_as_is(optimized, run_data):
+    from pipeline.optimize import choose_families
+
+    home, run_dir, _ = optimized
+    [fam] = choose_families(run_data["ranking"], 1)
+    entry = entry_of(run_data["log"], fam)
+    kernel = Path(entry["order"][0])
+    others = {p: p.stat().st_mtime_ns for p in (run_dir / "verification").glob("*/*.json")
+              if p.parent.name != fam}
+    edited = kernel.read_text() + "\n# tuned by hand: keep me\n"
+    kernel.write_text(edited)
+
+    proc = run_cli("optimize", str(run_dir), "--resume", "--top", "1", "--pairs", str(PAIRS),
+                   home=home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert kernel.read_text() == edited, "the user's edit was overwritten"
+
+    log = read_json(run_dir / "candidates" / "search_log.json")
+    mine = [s for s in searched(log) if s["family"] == fam]
+    assert len(mine) == 1, "one search entry per case, also after a rerun"
+    [cand] = [c for c in mine[0]["candidates"] if c["path"] == str(kernel)]
+    assert cand["origin"] == "user-edited"
+    assert cand["screen"] == "pass"
+    # the other families' searches are untouched
+    assert [s for s in searched(log) if s["family"] != fam] == \
+        [s for s in searched(run_data["log"]) if s["family"] != fam]
+
+    # verified as it is now, not as it was generated
+    acc = read_json(run_dir / "verification" / "summary.json")["accepted"][
+        f"{fam}/{entry['case_key']}"]
+    assert acc["source"] == str(kernel)
+    record = read_json(acc["record"])
+    assert record["verdict"] == "accepted" and record["source_sha256"] == sha256(kernel)
+    assert {p: p.stat().st_mtime_ns for p in others} == others
+    integ = read_json(run_dir / "integration.json")
+    assert integ["families"] == [fam]
+    assert all(w["kept"] == [fam] for w in integ["workloads"].values())
