@@ -9,6 +9,7 @@ The wall time, the denominator of every share, is measured separately with no pr
 from __future__ import annotations
 
 import gzip
+import inspect
 import shutil
 import statistics
 import tempfile
@@ -44,17 +45,23 @@ def make_runner(model, workload: Workload, seed: int = 0) -> Runner:
             return model(ids)
 
         return Runner(call, lambda: None, ids)
+    # transformers renamed `past_key_values` to `cache` (5.2x); 5.17 knows only the old name
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
+        out = model(ids, use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
     next_ids = torch.randint(0, vocab, (workload.batch, 1), generator=gen).to(device)
 
     def call():
-        return model(next_ids, past_key_values=cache, use_cache=True)
+        return model(next_ids, use_cache=True, **{name: cache})
 
     def reset():
         # each decode step appends one position; crop back so every timed call sees `seq`
-        if hasattr(cache, "crop"):
-            cache.crop(workload.seq)
+        # (a negative crop removes that many positions on every transformers 5 release)
+        extra = cache.get_seq_length() - workload.seq
+        if extra > 0:
+            cache.crop(-extra)
 
     return Runner(call, reset, next_ids)
 

@@ -66,3 +66,24 @@ def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
     err = proc.stderr.strip().splitlines()
     assert err and message in err[-1], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_decode_step_keeps_the_cache_length(tmp_path):
+    """Decode workloads time one token against a KV cache of --seq, every call."""
+    import torch
+
+    from models.loader import build, resolve
+    from pipeline.workload import Workload
+    from profiling.capture import make_runner
+
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    runner = make_runner(model, Workload(2, 16, mode="decode"))
+    assert tuple(runner.input_ids.shape) == (2, 1)
+    for _ in range(3):
+        with torch.no_grad():
+            out = runner.call()
+        assert tuple(out.logits.shape[:2]) == (2, 1)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        assert cache.get_seq_length() == 17
+        runner.reset()
+        assert cache.get_seq_length() == 16
