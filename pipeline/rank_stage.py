@@ -85,6 +85,8 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             modules.add(module_pattern(o.module))
         measured_kernel = (kernel_times or {}).get(name)
         target = measured_kernel if measured_kernel is not None else floor_us
+        if not gpu:  # host time of aten ops has no roofline: rank CPU profiles by share alone
+            target = time_us
         rows.append({
             "pattern": name, "family": g["family"], "occurrences": len(g["occ"]),
             "modules": sorted(modules)[:6], "time_us": time_us, "share": share,
@@ -240,7 +242,9 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
 
     for w in ranking["workloads"]:
         console.print(f"[bold]ranking[/bold] {w['key']}: {w['regime']}")
-        t = Table(title=f"candidates by whole-model gain ({w['ranked_by']})")
+        title = (f"candidates by whole-model gain ({w['ranked_by']})"
+                 if w["time_basis"] == "device" else "patterns by share (CPU profile)")
+        t = Table(title=title)
         for c in ("pattern", "family", "occ", "share", "attainable", "amdahl", "replay"):
             t.add_column(c, justify="left" if c in ("pattern", "family") else "right")
         for r in w["rows"][:top]:
@@ -249,7 +253,7 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
                       f"{r['amdahl_gain']:.3f}x",
                       f"{r['replay_gain']:.3f}x" if r["replay_gain"] else "-")
         console.print(t)
-        if w["cumulative"]:
+        if w["cumulative"] and w["time_basis"] == "device":
             last = w["cumulative"][-1]
             rp = f", replay {last['replay']:.3f}x" if last["replay"] else ""
             console.print(f"  replacing all {last['n']} candidate families: Amdahl "

@@ -351,10 +351,14 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                            f"{pct(worst)} of its limit. Kept: "
                            f"{', '.join(w['kept']) or 'none'}.")))
         if eff:
+            ops = "; ".join(
+                f"{fam}: " + ", ".join(f"{op.removeprefix('aten::')} {a}->{b}"
+                                       for op, (a, b) in counts.items())
+                for fam, counts in (eff.get("aten_ops_before_after") or {}).items())
             b.append(("p", "Patch took effect: " + ("yes" if eff.get("passed") else "NO") +
-                      f" (pattern occurrences left in a re-profile: "
-                      f"{eff.get('remaining_occurrences')}; new kernels: "
-                      f"{', '.join(eff.get('new_kernels') or []) or 'none'})."))
+                      f" (kernel calls per pass: {eff.get('kernel_calls')}; aten ops before->"
+                      f"after: {ops or '-'}; GPU kernels seen: "
+                      f"{', '.join(eff.get('new_kernels') or []) or 'none (CPU)'})."))
         b.append(("p", "Rollbacks: none." if not w["rollbacks"] else "Rollbacks:"))
         if w["rollbacks"]:
             b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"

@@ -48,10 +48,13 @@ def print_profile(profile: dict, top: int = 10) -> None:
             agg[3] += row["host_us"]
         leaves = sorted(mods.items(), key=lambda kv: -(kv[1][2] if basis == "device" else kv[1][3]))
         t = Table(title="modules (children included)")
-        for c in ("module", "class", "calls", "device ms", "host ms"):
+        cols = ("module", "class", "calls") + (("device ms",) if basis == "device" else ()) \
+            + ("host ms",)
+        for c in cols:
             t.add_column(c, justify="left" if c in ("module", "class") else "right")
         for path, (cls, calls, dev, host) in leaves[:top]:
-            t.add_row(path, cls, str(calls), f"{dev / 1e3:.3f}", f"{host / 1e3:.3f}")
+            cells = [path, cls, str(calls)] + ([f"{dev / 1e3:.3f}"] if basis == "device" else [])
+            t.add_row(*cells, f"{host / 1e3:.3f}")
         console.print(t)
 
 
