@@ -122,24 +122,3 @@ def test_patch_runs_the_kernel_and_undo_restores(tmp_path):
     assert torch.equal(after, before)
     assert instance_forwards(model) == []
 
-
-def test_patch_keeps_original_code_when_chooser_declines(tmp_path):
-    model = build(resolve("tiny-gpt2"), torch.float32, DEVICE)
-    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
-    with torch.no_grad():
-        before = model(ids).logits
-        chooser = CountingChooser(FAMILY, tmp_path, give=False)
-        undo = FAMILY.patch(model, chooser)
-        declined = model(ids).logits
-    undo()
-    assert len(chooser.cases) == 2 and chooser.calls == 0
-    assert torch.equal(declined, before)
-
-
-def test_patch_falls_back_when_autograd_needs_the_graph(tmp_path):
-    model = build(resolve("tiny-gpt2"), torch.float32, DEVICE)
-    chooser = CountingChooser(FAMILY, tmp_path)
-    undo = FAMILY.patch(model, chooser)
-    model(torch.arange(3, 11, device=DEVICE).view(1, 8)).logits.sum().backward()
-    undo()
-    assert chooser.calls == 0

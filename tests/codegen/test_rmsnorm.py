@@ -8,6 +8,7 @@ import collections
 
 import pytest
 import torch
+from family_checks import CountingChooser
 from torch.profiler import ProfilerActivity, profile
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -142,28 +143,6 @@ def test_recognise_tells_the_forms_apart_and_rejects_lookalikes():
     assert recognise(torch.nn.LayerNorm(32)) is None
 
 
-class CountingChooser:
-    """Renders and loads one candidate per case, counting the calls that reach a kernel."""
-
-    def __init__(self, tmp_path, give=True):
-        self.tmp_path, self.give, self.calls, self.cases, self._cache = tmp_path, give, 0, [], {}
-
-    def __call__(self, case):
-        self.cases.append(case)
-        if not self.give:
-            return None
-        key = repr(sorted(case.items()))
-        if key not in self._cache:
-            path = self.tmp_path / f"chosen_{len(self._cache)}.py"
-            path.write_text(FAMILY.render(FAMILY.search_space(case)[0], case))
-            self._cache[key] = load_forward(path)
-
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return self._cache[key](*args, **kwargs)
-
-        return counted
-
 
 @pytest.mark.parametrize("model_id, n_norms", [("tiny-llama", 5), ("tiny-gemma", 5)])
 def test_patch_runs_the_kernel_and_undo_restores(model_id, n_norms, tmp_path):
@@ -171,7 +150,7 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, n_norms, tmp_path):
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     with torch.no_grad():
         before = model(ids).logits
-        chooser = CountingChooser(tmp_path)
+        chooser = CountingChooser(FAMILY, tmp_path)
         undo = FAMILY.patch(model, chooser)
         patched = model(ids).logits
         undo()
@@ -183,26 +162,6 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, n_norms, tmp_path):
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-def test_patch_keeps_original_code_when_chooser_declines(tmp_path):
-    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
-    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
-    with torch.no_grad():
-        before = model(ids).logits
-        chooser = CountingChooser(tmp_path, give=False)
-        undo = FAMILY.patch(model, chooser)
-        declined = model(ids).logits
-    undo()
-    assert len(chooser.cases) == 5 and chooser.calls == 0
-    assert torch.equal(declined, before)
-
-
-def test_patch_falls_back_when_autograd_needs_the_graph(tmp_path):
-    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
-    chooser = CountingChooser(tmp_path)
-    undo = FAMILY.patch(model, chooser)
-    model(torch.arange(3, 11, device=DEVICE).view(1, 8)).logits.sum().backward()
-    undo()
-    assert chooser.calls == 0 and chooser.cases == []
 
 
 def test_cases_from_model():
