@@ -60,7 +60,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | None = None) -> Ke
     handle = KernelHandle(sorted(allowed))
     try:
         for name in handle.families:
-            chooser = make_chooser(accepted, name, allowed[name])
+            chooser = make_chooser(accepted, name, allowed[name], run_dir=run_dir)
             handle._undo.append(get_family(name).patch(model, chooser))
     except BaseException:
         handle.undo()

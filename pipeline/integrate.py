@@ -16,19 +16,23 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import torch
 
 from codegen.registry import get_family
 from codegen.search import case_key
 from codegen.source import load_forward
+from pipeline.rundir import relocate
 
 ERROR_RATIO = 1.5
 ERROR_FLOOR = 1e-6  # fp32 models agree with their fp32 reference to rounding: allow that much
 
 
-def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = None):
-    """case -> forward for the exact cases accepted for `family` (and allowed), else None."""
+def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = None,
+                 run_dir: Path | None = None):
+    """case -> forward for the exact cases accepted for `family` (and allowed), else None.
+    `run_dir`: where the run lives now, if it was moved since the kernels were accepted."""
     by_case = {}
     for acc in accepted.values():
         if acc["family"] == family:
@@ -42,7 +46,7 @@ def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = N
         frozen = tuple(sorted(case.items()))
         if frozen not in loaded:
             src = by_case.get(case_key(case))
-            loaded[frozen] = load_forward(src) if src is not None else None
+            loaded[frozen] = load_forward(relocate(src, run_dir)) if src is not None else None
         return loaded[frozen]
 
     return chooser

@@ -239,7 +239,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
 
     accepted = summary["accepted"]
     fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
-    result = {"stage": "integrate", "families": fams, "environment":
+    result = {"stage": "integrate", "families": fams, "chosen": families, "environment":
               environment(workloads[0].device), "workloads": {}}
     by_dtype: dict[tuple, list] = {}
     for w in workloads:
@@ -308,10 +308,12 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     summary = verify_stage(run_dir, log, device, say, resume)
     # later stages are skipped on --resume only if what they read did not change in this run
     # (an edited kernel, verified again, must reach the projection and the model)
-    unchanged = resume and verified_before == summary
+    integ_path = run_dir / "integration.json"
+    unchanged = resume and verified_before == summary and integ_path.exists() \
+        and read_json(integ_path, "integration").get("chosen") == families
     if not (unchanged and (run_dir / "projection.json").exists()):
         freeze_projection(run_dir, summary, families, on_gpu)
-    if not (unchanged and (run_dir / "integration.json").exists()):
+    if not unchanged:
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3))
     from pipeline.report import write_report

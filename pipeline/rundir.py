@@ -26,6 +26,20 @@ def new_run_dir(model_id: str) -> Path:
     return path
 
 
+def relocate(path: str | Path, run_dir: Path | None) -> Path:
+    """A path stored in an artifact, found again after the run directory was moved or copied
+    (artifacts store absolute paths; the part from `candidates/` or `proposals/` on is the
+    run's own)."""
+    path = Path(path)
+    if run_dir is None or path.exists():
+        return path
+    parts = path.parts
+    for anchor in ("candidates", "proposals"):
+        if anchor in parts:
+            return Path(run_dir).joinpath(*parts[parts.index(anchor):])
+    return path
+
+
 def latest_run() -> Path:
     root = runs_root()
     runs = sorted((p for p in root.glob("*/profile.json")), key=lambda p: p.stat().st_mtime)

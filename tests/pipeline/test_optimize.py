@@ -562,3 +562,31 @@ def test_user_edited_kernel_is_kept_and_verified_as_is(optimized, run_data):
     integ = read_json(run_dir / "integration.json")
     assert integ["families"] == [fam]
     assert all(w["kept"] == [fam] for w in integ["workloads"].values())
+
+
+def test_apply_kernels_from_a_moved_run(optimized, tmp_path):
+    """Artifacts store absolute paths; a copied run directory still applies its kernels."""
+    import shutil
+
+    from pipeline.api import apply_kernels
+    from verify.integrity import OpRecorder
+
+    _, run_dir, _ = optimized
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved, ignore=shutil.ignore_patterns("trace"))
+    model = build_tiny_llama()
+    ids = torch.randint(0, model.config.vocab_size, (2, 16),
+                        generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        base = model(ids).logits
+    shutil.rmtree(run_dir / "candidates")  # the original files are gone: only the copy has them
+    try:
+        handle = apply_kernels(model, moved)
+        with torch.no_grad(), OpRecorder() as rec:
+            patched = model(ids).logits
+        handle.undo()
+    finally:
+        shutil.copytree(moved / "candidates", run_dir / "candidates")
+    assert handle.families
+    assert rec.counts.get("aten::rsqrt", 0) == 0  # RMSNorm ran as the kernel
+    torch.testing.assert_close(patched, base, atol=1e-4, rtol=1e-4)
