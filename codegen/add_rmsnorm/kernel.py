@@ -7,8 +7,6 @@ RMSNorm kernel (see codegen/rmsnorm/kernel.py).
 
 from __future__ import annotations
 
-import textwrap
-
 import triton
 import triton.language as tl
 
@@ -17,8 +15,8 @@ from codegen.family import Case
 from codegen.rmsnorm.kernel import (
     block_for,
     kernel_source,
-    launch_summary,
     params_check_source,
+    render_header,
     row_search_space,
 )
 
@@ -91,26 +89,7 @@ def forward(x, residual, weight, *, out, **params):
 
 
 def render(config: dict, case: Case) -> str:
-    hidden = case["hidden"]
     baked = params(case)
-    form = "Llama (cast, then weight)" if baked["cast_first"] else "Gemma (weight, then cast)"
-    header = textwrap.dedent(f'''\
-        """Residual add + RMSNorm candidate, {form} form, offset {baked["offset"]}.
-
-        Specialised for hidden={hidden}, dtype={case["dtype"]}, eps={baked["eps"]!r}.
-        Tuned for {case["rows"]} rows: {launch_summary(config, hidden)}.
-        """
-
-        import triton
-        import triton.language as tl
-
-        HIDDEN = {hidden}
-        BLOCK = {block_for(hidden)}
-        ROWS_PER_PROGRAM = {config["rows_per_program"]}
-        NUM_WARPS = {config["num_warps"]}
-        EPS = {baked["eps"]!r}
-        OFFSET = {baked["offset"]!r}
-        CAST_FIRST = {baked["cast_first"]!r}
-        ''')
+    header = render_header("Residual add + RMSNorm", config, case)
     return "\n".join([header, params_check_source(baked), "",
                       kernel_source(_add_rms_norm_forward_kernel), "", _FORWARD])

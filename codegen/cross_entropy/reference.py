@@ -14,15 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from codegen.dtypes import element_size, torch_dtype
 from codegen.family import Case
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
@@ -80,9 +73,6 @@ def edge_cases(case: Case) -> list[Case]:
             unique.append(c)
     return unique
 
-
-def element_size(case: Case) -> int:
-    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
 
 
 def min_bytes(case: Case) -> int:

@@ -25,8 +25,9 @@ from functools import cache
 import torch
 from torch import nn
 
+from codegen.dtypes import dtype_name
 from codegen.family import Case
-from codegen.gated_act.reference import dtype_name, make_case, params
+from codegen.gated_act.reference import make_case, params
 from models.patching import set_instance_forward
 
 MLP_CLASS = re.compile(r"MLP$")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from codegen.dtypes import element_size, torch_dtype
 from codegen.family import Case
 
 ACTS = ("silu", "gelu_tanh")
@@ -55,12 +56,6 @@ def params(case: Case) -> dict:
     return {"act": case["act"]}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _randn(shape, device, generator, dtype: str) -> torch.Tensor:
@@ -102,9 +97,6 @@ def edge_cases(case: Case) -> list[Case]:
             unique.append(c)
     return unique
 
-
-def element_size(case: Case) -> int:
-    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
 
 
 def min_bytes(case: Case) -> int:

@@ -13,8 +13,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from codegen.dtypes import dtype_name
 from codegen.family import Case
-from codegen.gelu.reference import dtype_name, make_case, params
+from codegen.gelu.reference import make_case, params
 from models.patching import set_instance_forward
 
 ACT_CLASSES = ("NewGELUActivation",)

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from codegen.dtypes import element_size, torch_dtype
 from codegen.family import Case
 
 
@@ -30,12 +31,6 @@ def params(case: Case) -> dict:
     return {}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
@@ -70,9 +65,6 @@ def edge_cases(case: Case) -> list[Case]:
             unique.append(c)
     return unique
 
-
-def element_size(case: Case) -> int:
-    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
 
 
 def min_bytes(case: Case) -> int:

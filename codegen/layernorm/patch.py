@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
+from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.layernorm.reference import layer_norm, params
 from codegen.rmsnorm.patch import install_forwards, rows_per_token, swapped_params
-from codegen.rmsnorm.reference import dtype_name
 
 NAME_RE = re.compile(r".*LayerNorm$")
 

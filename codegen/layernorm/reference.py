@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from codegen.dtypes import element_size, torch_dtype
 from codegen.family import Case
 from codegen.rmsnorm.reference import edge_cases as _row_edge_cases
-from codegen.rmsnorm.reference import element_size, make_x, torch_dtype
+from codegen.rmsnorm.reference import make_x
 
 
 def layer_norm(*inputs: torch.Tensor, eps: float, sum_dtype: str | None = None):

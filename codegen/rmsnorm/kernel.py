@@ -116,12 +116,14 @@ def params_check_source(baked: dict) -> str:
         """)
 
 
-def render(config: dict, case: Case) -> str:
+def render_header(title: str, config: dict, case: Case) -> str:
+    """Docstring and baked constants shared by the RMSNorm-form candidates (plain and fused
+    residual add): what a reader of the generated file needs first."""
     hidden = case["hidden"]
     baked = params(case)
     form = "Llama (cast, then weight)" if baked["cast_first"] else "Gemma (weight, then cast)"
-    header = textwrap.dedent(f'''\
-        """RMSNorm candidate, {form} form, offset {baked["offset"]}.
+    return textwrap.dedent(f'''\
+        """{title} candidate, {form} form, offset {baked["offset"]}.
 
         Specialised for hidden={hidden}, dtype={case["dtype"]}, eps={baked["eps"]!r}.
         Tuned for {case["rows"]} rows: {launch_summary(config, hidden)}.
@@ -138,6 +140,11 @@ def render(config: dict, case: Case) -> str:
         OFFSET = {baked["offset"]!r}
         CAST_FIRST = {baked["cast_first"]!r}
         ''')
+
+
+def render(config: dict, case: Case) -> str:
+    baked = params(case)
+    header = render_header("RMSNorm", config, case)
     forward = textwrap.dedent('''\
         def forward(x, weight, *, out, **params):
             """x, out: (rows, HIDDEN); weight: (HIDDEN,). Writes RMSNorm(x) into out."""

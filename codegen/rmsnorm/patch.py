@@ -17,8 +17,9 @@ from contextlib import contextmanager
 
 import torch
 
+from codegen.dtypes import dtype_name
 from codegen.family import Case
-from codegen.rmsnorm.reference import dtype_name, params, rms_norm
+from codegen.rmsnorm.reference import params, rms_norm
 
 NAME_RE = re.compile(r".*RMSNorm$")
 _PROBE_ROWS = 4

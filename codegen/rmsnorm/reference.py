@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from codegen.dtypes import element_size, torch_dtype
 from codegen.family import Case
 
 FORMS = {"llama": {"offset": 0.0, "cast_first": True},
@@ -41,12 +42,6 @@ def params(case: Case) -> dict:
             "cast_first": bool(case["cast_first"])}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _randn(shape, generator, scale=1.0):
@@ -93,9 +88,6 @@ def edge_cases(case: Case) -> list[Case]:
              {**case, "rows": 6, "row_stride": hidden + 64}]
     return [c for c in cases if c != case]
 
-
-def element_size(case: Case) -> int:
-    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
 
 
 def min_bytes(case: Case) -> int:

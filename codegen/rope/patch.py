@@ -28,8 +28,9 @@ from functools import cache
 import torch
 from torch import nn
 
+from codegen.dtypes import dtype_name
 from codegen.family import Case
-from codegen.rope.reference import dtype_name, make_case, params
+from codegen.rope.reference import make_case, params
 from models.patching import set_instance_forward
 
 GLOBAL_NAME = "apply_rotary_pos_emb"

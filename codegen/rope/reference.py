@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from codegen.dtypes import element_size, torch_dtype
 from codegen.family import Case
 
 
@@ -54,12 +55,6 @@ def params(case: Case) -> dict:
     return {}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
@@ -111,9 +106,6 @@ def edge_cases(case: Case) -> list[Case]:
             unique.append(c)
     return unique
 
-
-def element_size(case: Case) -> int:
-    return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
 
 
 def min_bytes(case: Case) -> int:

@@ -10,15 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from codegen.dtypes import torch_dtype
 from codegen.family import Case
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def softmax(x: torch.Tensor, *, out_dtype: str | None = None) -> torch.Tensor:
