@@ -16,7 +16,6 @@ Decisions written down here:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -218,16 +217,11 @@ def load_run(target: str | None) -> Path:
     raise UserError(f"{target} is not a run directory")
 
 
-def describe_accepted(summary: dict) -> list[str]:
-    return [f"{k}: {v['speedup']:.2f}x over baseline" for k, v in summary["accepted"].items()]
-
-
-def dump(obj) -> str:
-    return json.dumps(obj, indent=1, default=str)
 
 
 def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: list[str],
-                    say: Callable[[str], None], pairs: int) -> dict:
+                    say: Callable[[str], None], pairs: int, built: dict | None = None) -> dict:
+    """`built`: models already built, keyed by (dtype, device), reused instead of rebuilt."""
     import torch
 
     from codegen.registry import get_family
@@ -245,8 +239,10 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
     for w in workloads:
         by_dtype.setdefault((w.dtype, w.device), []).append(w)
     for (dtype, device), ws in by_dtype.items():
-        say(f"building {spec.model_id} ({dtype}) for integration")
-        model = build(spec, ws[0].torch_dtype(), device)
+        model = (built or {}).pop((dtype, device), None)
+        if model is None:
+            say(f"building {spec.model_id} ({dtype}) for integration")
+            model = build(spec, ws[0].torch_dtype(), device)
         ref = ig.fp32_reference(model)
         say("whole-model check")
         check = ig.check_and_bisect(model, ref, accepted, fams, ws[0])
@@ -301,7 +297,6 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         from codegen.proposer import run_proposer
 
         log = run_proposer(proposer, run_dir, log, device, say)
-    del model
     summary_path = run_dir / "verification" / "summary.json"
     verified_before = read_json(summary_path, "verification summary") \
         if (resume and summary_path.exists()) else None
@@ -315,7 +310,8 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         freeze_projection(run_dir, summary, families, on_gpu)
     if not unchanged:
         integrate_stage(run_dir, spec, workloads, summary, families, say,
-                        pairs or (30 if on_gpu else 3))
+                        pairs or (30 if on_gpu else 3),
+                        built={(workloads[0].dtype, device): model})
     from pipeline.report import write_report
 
     say("report")

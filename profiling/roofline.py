@@ -71,7 +71,6 @@ def measure_ceilings(device: str) -> dict:
     launch_s = _time(launches, cuda) / 100
     return {
         "device": device_name(device),
-        "fused_launch_host_us": _triton_launch_host_us() if cuda else None,
         "bandwidth_GBps": 2 * n_copy / copy_s / 1e9,
         "matmul_TFLOPs": 2 * n_mm**3 / mm_s / 1e12,
         "matmul_dtype": str(dtype).replace("torch.", ""),
@@ -82,27 +81,6 @@ def measure_ceilings(device: str) -> dict:
     }
 
 
-def _triton_launch_host_us() -> float:
-    """Host time to launch one small Triton kernel: what a fused op costs the host, which
-    decides launch-bound passes (Triton's Python launcher costs more than an aten dispatch)."""
-    import torch
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _touch(x_ptr):
-        tl.store(x_ptr, tl.load(x_ptr) + 1)
-
-    x = torch.zeros(1, device="cuda")
-    for _ in range(10):
-        _touch[(1,)](x)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(200):
-        _touch[(1,)](x)
-    dt = (time.perf_counter() - t) / 200
-    torch.cuda.synchronize()
-    return dt * 1e6
 
 
 def _time(fn, cuda: bool, reps: int = 20) -> float:
