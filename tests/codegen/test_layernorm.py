@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 
+import family_checks
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -27,20 +28,7 @@ def case_of(rows, hidden, dtype, residual=False, eps=1e-5):
 
 
 def run_candidate(config, case, tmp_path, seed=0, rendered_for=None):
-    """Render for `rendered_for` (default: `case`), run on `case`, poisoned output."""
-    rendered_for = rendered_for or case
-    path = tmp_path / f"cand_{abs(hash((str(config), str(rendered_for))))}.py"
-    path.write_text(FAMILY.render(config, rendered_for))
-    forward = load_forward(path)
-    inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
-    before = [t.clone() for t in inputs]
-    out = FAMILY.make_out(case, inputs)
-    for o in out if isinstance(out, tuple) else (out,):
-        o.fill_(float("nan"))
-    forward(*inputs, out=out, **FAMILY.extras["params"](case))
-    for t, b in zip(inputs, before, strict=True):
-        assert torch.equal(t, b), "candidate modified its input"
-    return out, FAMILY.reference(*inputs, **FAMILY.extras["params"](case))
+    return family_checks.run_candidate(FAMILY, config, case, tmp_path, seed, rendered_for)
 
 
 def assert_close(out, ref, dtype):
