@@ -80,11 +80,13 @@ def forward(x, residual, weight, *, out, **params):
     residual = residual if residual.stride(1) == 1 else residual.contiguous()
     n_rows = x.shape[0]
     grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
-    _add_rms_norm_forward_kernel[grid](
-        x, residual, weight.contiguous(), total, normed, n_rows, x.stride(0),
-        residual.stride(0), total.stride(0), normed.stride(0), EPS, HIDDEN=HIDDEN,
-        BLOCK=BLOCK, ROWS=ROWS_PER_PROGRAM, OFFSET=OFFSET, CAST_FIRST=CAST_FIRST,
-        num_warps=NUM_WARPS)
+    _launch(grid, x, residual, weight.contiguous(), total, normed, n_rows, x.stride(0),
+            residual.stride(0), total.stride(0), normed.stride(0), EPS)
+
+
+_launch = launcher(_add_rms_norm_forward_kernel, HIDDEN=HIDDEN, BLOCK=BLOCK,
+                   ROWS=ROWS_PER_PROGRAM, OFFSET=OFFSET, CAST_FIRST=CAST_FIRST,
+                   num_warps=NUM_WARPS)
 '''
 
 

@@ -128,10 +128,8 @@ def _rows(x, width=COLS):
 
 def _launch(gate, up, out):
     grid = (gate.shape[0], triton.cdiv(COLS, BLOCK))
-    _gated_act_forward_kernel[grid](
-        gate, up, out, gate.stride(0), gate.stride(1), up.stride(0), up.stride(1),
-        out.stride(0), out.stride(1), COLS=COLS, GELU_TANH=GELU_TANH, BLOCK=BLOCK,
-        num_warps=NUM_WARPS)
+    _kernel(grid, gate, up, out, gate.stride(0), gate.stride(1), up.stride(0), up.stride(1),
+            out.stride(0), out.stride(1))
 '''
 
 
@@ -151,6 +149,8 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
+        from codegen.launch import launcher
+
         COLS = {cols}
         GELU_TANH = {act == "gelu_tanh"}
         BLOCK = {block}
@@ -158,4 +158,7 @@ def render(config: dict, case: Case) -> str:
         BAKED_PARAMS = {{"act": {act!r}}}
         ''')
     forward = _FORWARD_PACKED if layout == "packed" else _FORWARD_SEPARATE
-    return "\n\n".join([header, kernel_source(_gated_act_forward_kernel), _HELPERS, forward])
+    bind = ("_kernel = launcher(_gated_act_forward_kernel, COLS=COLS, GELU_TANH=GELU_TANH, "
+            "BLOCK=BLOCK,\n                   num_warps=NUM_WARPS)\n")
+    return "\n\n".join([header, kernel_source(_gated_act_forward_kernel), bind, _HELPERS,
+                        forward])

@@ -132,6 +132,8 @@ def render_header(title: str, config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
+        from codegen.launch import launcher
+
         HIDDEN = {hidden}
         BLOCK = {block_for(hidden)}
         ROWS_PER_PROGRAM = {config["rows_per_program"]}
@@ -158,10 +160,12 @@ def render(config: dict, case: Case) -> str:
                 x = x.contiguous()
             n_rows = x.shape[0]
             grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
-            _rms_norm_forward_kernel[grid](
-                x, weight.contiguous(), out, n_rows, x.stride(0), out.stride(0), EPS,
-                HIDDEN=HIDDEN, BLOCK=BLOCK, ROWS=ROWS_PER_PROGRAM, OFFSET=OFFSET,
-                CAST_FIRST=CAST_FIRST, num_warps=NUM_WARPS)
+            _launch(grid, x, weight.contiguous(), out, n_rows, x.stride(0), out.stride(0), EPS)
+
+
+        _launch = launcher(_rms_norm_forward_kernel, HIDDEN=HIDDEN, BLOCK=BLOCK,
+                           ROWS=ROWS_PER_PROGRAM, OFFSET=OFFSET, CAST_FIRST=CAST_FIRST,
+                           num_warps=NUM_WARPS)
         ''')
     return "\n".join([header, params_check_source(baked), "",
                       kernel_source(_rms_norm_forward_kernel), "", forward])

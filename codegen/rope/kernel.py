@@ -1,10 +1,10 @@
 """Triton rotary embedding: q and k rotated in one launch, read and written in place by stride.
 
 HF runs 10 kernels per call (per tensor: mul, neg, cat, mul, add; plus a cat per tensor for
-partial rotary) and materialises rotate_half. Here one program takes one (batch, position) and
-one block of BLOCK_H heads, of q or of k: axis 1 enumerates q's head blocks, then k's, so q and
-k share the launch and the cos/sin row each program loads. Rows (batch x seq) go on axis 0 since
-CUDA caps axis 1 at 65535.
+partial rotary) and materialises rotate_half. Here one program takes BLOCK_S consecutive
+(batch, position) rows and one block of BLOCK_H heads, of q or of k: axis 1 enumerates q's head
+blocks, then k's, so q and k share the launch and the cos/sin rows each program loads. Rows
+(batch x seq) go on axis 0 since CUDA caps axis 1 at 65535.
 
 q and k arrive as transposed views of the projections; every tensor is addressed through its
 own strides, so nothing is copied, and the outputs may have any layout too.
@@ -25,68 +25,74 @@ import triton.language as tl
 
 from codegen.family import Case
 
-HEAD_BLOCKS = (1, 2, 4, 8, 16)
-WARPS = (1, 2, 4)
-MAX_TILE = 4096  # elements per [BLOCK_H, half] tile before registers spill
+HEAD_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
+POSITION_BLOCKS = (1, 2, 4, 8, 16)
+MAX_TILE = 8192  # elements per [BLOCK_S, BLOCK_H, half] tile before registers spill
 
 
 @triton.jit
-def _rope_rotate_heads(x_ptr, o_ptr, x_head_stride, x_dim_stride, o_head_stride, o_dim_stride,
-                       c1, c2, s1, s2, first_head,
+def _rope_rotate_heads(x_rows, o_rows, x_head_stride, x_dim_stride, o_head_stride, o_dim_stride,
+                       c1, c2, s1, s2, row_ok, first_head,
                        N_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
                        BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
                        BLOCK_PASS: tl.constexpr):
-    heads = first_head + tl.arange(0, BLOCK_H)
-    dims = tl.arange(0, BLOCK_HALF)
-    head_ok = (heads < N_HEADS)[:, None]
-    mask = head_ok & (dims < HALF)[None, :]
-    x_rows = x_ptr + heads[:, None] * x_head_stride
-    o_rows = o_ptr + heads[:, None] * o_head_stride
-    x1 = tl.load(x_rows + dims[None, :] * x_dim_stride, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_rows + (dims[None, :] + HALF) * x_dim_stride, mask=mask,
-                 other=0.0).to(tl.float32)
+    # Tiles are [positions, heads, dims]; x_rows/o_rows point at each position's row.
+    heads = (first_head + tl.arange(0, BLOCK_H))[None, :, None]
+    dims = tl.arange(0, BLOCK_HALF)[None, None, :]
+    head_ok = row_ok & (heads < N_HEADS)
+    mask = head_ok & (dims < HALF)
+    x_heads = x_rows + heads * x_head_stride
+    o_heads = o_rows + heads * o_head_stride
+    x1 = tl.load(x_heads + dims * x_dim_stride, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_heads + (dims + HALF) * x_dim_stride, mask=mask, other=0.0).to(tl.float32)
     # rotate_half(x) = cat(-x2, x1), so x * cos + rotate_half(x) * sin splits into two halves.
-    y1 = x1 * c1[None, :] - x2 * s1[None, :]
-    y2 = x2 * c2[None, :] + x1 * s2[None, :]
-    tl.store(o_rows + dims[None, :] * o_dim_stride, y1.to(o_ptr.dtype.element_ty), mask=mask)
-    tl.store(o_rows + (dims[None, :] + HALF) * o_dim_stride, y2.to(o_ptr.dtype.element_ty),
-             mask=mask)
+    y1 = x1 * c1 - x2 * s1
+    y2 = x2 * c2 + x1 * s2
+    tl.store(o_heads + dims * o_dim_stride, y1.to(o_rows.dtype.element_ty), mask=mask)
+    tl.store(o_heads + (dims + HALF) * o_dim_stride, y2.to(o_rows.dtype.element_ty), mask=mask)
     if BLOCK_PASS > 0:
-        rest = 2 * HALF + tl.arange(0, BLOCK_PASS)
-        rest_mask = head_ok & (rest < HEAD_DIM)[None, :]
-        kept = tl.load(x_rows + rest[None, :] * x_dim_stride, mask=rest_mask)
-        tl.store(o_rows + rest[None, :] * o_dim_stride, kept, mask=rest_mask)
+        rest = (2 * HALF + tl.arange(0, BLOCK_PASS))[None, None, :]
+        rest_mask = head_ok & (rest < HEAD_DIM)
+        kept = tl.load(x_heads + rest * x_dim_stride, mask=rest_mask)
+        tl.store(o_heads + rest * o_dim_stride, kept, mask=rest_mask)
 
 
 @triton.jit
-def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, seq_len,
+def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, seq_len,
                          q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd,
                          qo_sb, qo_sh, qo_ss, qo_sd, ko_sb, ko_sh, ko_ss, ko_sd,
                          cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
                          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                         BLOCK_PASS: tl.constexpr):
+                         HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
     # int64: batch * stride passes 2**31 at long sequences of wide models.
-    row = tl.program_id(0).to(tl.int64)
-    b = row // seq_len
-    s = row % seq_len
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    row_ok = (rows < n_rows)[:, None, None]
+    b = rows // seq_len
+    s = rows % seq_len
     head_block = tl.program_id(1)
-    dims = tl.arange(0, BLOCK_HALF)
-    dim_ok = dims < HALF
-    cos_row = cos_ptr + b * cos_sb + s * cos_ss
-    sin_row = sin_ptr + b * sin_sb + s * sin_ss
-    c1 = tl.load(cos_row + dims * cos_sd, mask=dim_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_row + (dims + HALF) * cos_sd, mask=dim_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_row + dims * sin_sd, mask=dim_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_row + (dims + HALF) * sin_sd, mask=dim_ok, other=0.0).to(tl.float32)
+    dims = tl.arange(0, BLOCK_HALF)[None, :]
+    cs_mask = (rows < n_rows)[:, None] & (dims < HALF)
+    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None]
+    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None]
+    # [BLOCK_S, 1, BLOCK_HALF]: one cos/sin row per position, shared by every head of q and k
+    c1 = tl.load(cos_rows + dims * cos_sd, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=cs_mask,
+                 other=0.0).to(tl.float32)[:, None, :]
+    s1 = tl.load(sin_rows + dims * sin_sd, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=cs_mask,
+                 other=0.0).to(tl.float32)[:, None, :]
     q_blocks = (HEADS + BLOCK_H - 1) // BLOCK_H
     if head_block < q_blocks:
-        _rope_rotate_heads(q_ptr + b * q_sb + s * q_ss, qo_ptr + b * qo_sb + s * qo_ss,
-                           q_sh, q_sd, qo_sh, qo_sd, c1, c2, s1, s2, head_block * BLOCK_H,
+        _rope_rotate_heads(q_ptr + (b * q_sb + s * q_ss)[:, None, None],
+                           qo_ptr + (b * qo_sb + s * qo_ss)[:, None, None],
+                           q_sh, q_sd, qo_sh, qo_sd, c1, c2, s1, s2, row_ok,
+                           head_block * BLOCK_H,
                            HEADS, HEAD_DIM, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
     else:
-        _rope_rotate_heads(k_ptr + b * k_sb + s * k_ss, ko_ptr + b * ko_sb + s * ko_ss,
-                           k_sh, k_sd, ko_sh, ko_sd, c1, c2, s1, s2,
+        _rope_rotate_heads(k_ptr + (b * k_sb + s * k_ss)[:, None, None],
+                           ko_ptr + (b * ko_sb + s * ko_ss)[:, None, None],
+                           k_sh, k_sd, ko_sh, ko_sd, c1, c2, s1, s2, row_ok,
                            (head_block - q_blocks) * BLOCK_H,
                            KV_HEADS, HEAD_DIM, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
 
@@ -99,23 +105,33 @@ def block_sizes(head_dim: int, rot_dim: int) -> tuple[int, int]:
 
 
 def search_space(case: Case) -> list[dict]:
-    """Heads per program x warps, keeping 1 to 8 tile elements per thread. Few heads per
-    program suit decode (few positions, so parallelism must come from heads); many suit
-    prefill (fewer reloads of the cos/sin row)."""
+    """Positions x heads per program, warps sized for about 8 tile elements per thread.
+    Few positions and heads per program suit decode (parallelism must come from heads); a
+    prefill wants big programs (the first H200 run, one position per program, reached only
+    36 % of the copy ceiling on Llama-1B's rotary)."""
     block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])
     most = triton.next_power_of_2(max(case["heads"], case["kv_heads"]))
+    positions = case["batch"] * case["seq"]
     configs = []
-    for bh in HEAD_BLOCKS:
-        tile = bh * block_half
-        if bh > most or tile > MAX_TILE:
+    for bs in POSITION_BLOCKS:
+        if bs > 1 and bs >= 2 * positions:
             continue
-        for w in WARPS:
-            if 1 <= tile / (32 * w) <= 8 or (w == 1 and tile < 32):
-                configs.append({"BLOCK_H": bh, "num_warps": w})
-    return configs[:12]
+        for bh in HEAD_BLOCKS:
+            tile = bs * bh * block_half
+            if bh > most or 4 * bh < most or tile > MAX_TILE:
+                continue
+            configs.append({"BLOCK_S": bs, "BLOCK_H": bh,
+                            "num_warps": min(8, max(1, tile // 256))})
+    return configs or [{"BLOCK_S": 1, "BLOCK_H": 1, "num_warps": 1}]
 
 
-def rope_forward(q, k, cos, sin, *, out, BLOCK_H: int = 4, num_warps: int = 2) -> None:
+def _grid(batch, seq, heads, kv_heads, block_s, block_h):
+    return (triton.cdiv(batch * seq, block_s),
+            triton.cdiv(heads, block_h) + triton.cdiv(kv_heads, block_h))
+
+
+def rope_forward(q, k, cos, sin, *, out, BLOCK_S: int = 1, BLOCK_H: int = 4,
+                 num_warps: int = 2) -> None:
     """Host wrapper: HF layout (unsqueeze_dim=1); out = (q_embed, k_embed), any strides."""
     q_out, k_out = out
     batch, heads, seq, head_dim = q.shape
@@ -123,12 +139,12 @@ def rope_forward(q, k, cos, sin, *, out, BLOCK_H: int = 4, num_warps: int = 2) -
     block_half, block_pass = block_sizes(head_dim, rot_dim)
     cos = cos.expand(batch, seq, rot_dim)
     sin = sin.expand(batch, seq, rot_dim)
-    grid = (batch * seq, triton.cdiv(heads, BLOCK_H) + triton.cdiv(kv_heads, BLOCK_H))
+    grid = _grid(batch, seq, heads, kv_heads, BLOCK_S, BLOCK_H)
     _rope_forward_kernel[grid](
-        q, k, cos, sin, q_out, k_out, seq, *q.stride(), *k.stride(), *q_out.stride(),
-        *k_out.stride(), *cos.stride(), *sin.stride(), HEADS=heads, KV_HEADS=kv_heads,
-        HEAD_DIM=head_dim, HALF=rot_dim // 2, BLOCK_H=BLOCK_H, BLOCK_HALF=block_half,
-        BLOCK_PASS=block_pass, num_warps=num_warps)
+        q, k, cos, sin, q_out, k_out, batch * seq, seq, *q.stride(), *k.stride(),
+        *q_out.stride(), *k_out.stride(), *cos.stride(), *sin.stride(), HEADS=heads,
+        KV_HEADS=kv_heads, HEAD_DIM=head_dim, HALF=rot_dim // 2, BLOCK_S=BLOCK_S,
+        BLOCK_H=BLOCK_H, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=num_warps)
 
 
 def kernel_source(kernel) -> str:
@@ -159,18 +175,21 @@ def forward(q, k, cos, sin, *, out, **params) -> None:
     # A batch-1 cos/sin broadcasts over the batch through a zero stride, without a copy.
     cos = cos.expand(batch, seq, ROT_DIM)
     sin = sin.expand(batch, seq, ROT_DIM)
-    grid = (batch * seq, triton.cdiv(HEADS, BLOCK_H) + triton.cdiv(KV_HEADS, BLOCK_H))
-    _rope_forward_kernel[grid](
-        q, k, cos, sin, q_out, k_out, seq, *q.stride(), *k.stride(), *q_out.stride(),
-        *k_out.stride(), *cos.stride(), *sin.stride(), HEADS=HEADS, KV_HEADS=KV_HEADS,
-        HEAD_DIM=HEAD_DIM, HALF=ROT_DIM // 2, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF,
-        BLOCK_PASS=BLOCK_PASS, num_warps=NUM_WARPS)
+    grid = (triton.cdiv(batch * seq, BLOCK_S),
+            triton.cdiv(HEADS, BLOCK_H) + triton.cdiv(KV_HEADS, BLOCK_H))
+    _launch(grid, q, k, cos, sin, q_out, k_out, batch * seq, seq, *q.stride(), *k.stride(),
+            *q_out.stride(), *k_out.stride(), *cos.stride(), *sin.stride())
+
+
+_launch = launcher(_rope_forward_kernel, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
+                   HALF=ROT_DIM // 2, BLOCK_S=BLOCK_S, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF,
+                   BLOCK_PASS=BLOCK_PASS, num_warps=NUM_WARPS)
 '''
 
 
 def render(config: dict, case: Case) -> str:
     heads, kv_heads, d, rot = case["heads"], case["kv_heads"], case["head_dim"], case["rot_dim"]
-    block_h, warps = config["BLOCK_H"], config["num_warps"]
+    block_s, block_h, warps = config.get("BLOCK_S", 1), config["BLOCK_H"], config["num_warps"]
     block_half, block_pass = block_sizes(d, rot)
     kind = "full rotary" if rot == d else f"partial rotary: {rot} of {d} dims, rest copied"
     header = textwrap.dedent(f'''\
@@ -180,7 +199,7 @@ def render(config: dict, case: Case) -> str:
         convention; computes in fp32, rounds once to the output dtype.
         Specialised for heads={heads}, kv_heads={kv_heads}, head_dim={d}, rot_dim={rot};
         tuned for batch {case["batch"]} x seq {case["seq"]} of {case["dtype"]}.
-        Launch: one program per (position, block of {block_h} heads of q or k), {warps} warps.
+        Launch: one program per ({block_s} positions, {block_h} heads of q or k), {warps} warps.
         case:   {json.dumps(case)}
         config: {json.dumps(config)}
         """
@@ -188,12 +207,15 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
+        from codegen.launch import launcher
+
         HEADS = {heads}
         KV_HEADS = {kv_heads}
         HEAD_DIM = {d}
         ROT_DIM = {rot}
         BLOCK_HALF = {block_half}
         BLOCK_PASS = {block_pass}
+        BLOCK_S = {block_s}
         BLOCK_H = {block_h}
         NUM_WARPS = {warps}
         BAKED_PARAMS = {{}}

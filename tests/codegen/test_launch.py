@@ -1,0 +1,67 @@
+"""The direct launcher of generated candidates: same results as the JIT on every call, a new
+compiled kernel for each Triton specialisation (tensor alignment, scalar values), and the JIT
+alone under the CPU interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import DEVICE, assert_close, load_rendered, poison
+
+from codegen.rmsnorm import FAMILY as RMSNORM
+from codegen.rope import FAMILY as ROPE
+
+TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+
+
+
+def _launch_of(forward):
+    return forward.__globals__["_launch"]
+
+
+def _rmsnorm_case(rows, dtype):
+    return {"rows": rows, "hidden": 96, "dtype": dtype, "eps": 1e-6, "offset": 0.0,
+            "cast_first": True}
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.gpu)])
+def test_repeated_calls_match_the_reference(dtype, tmp_path):
+    """The first call compiles through the JIT, later ones launch directly (on a GPU): each
+    must write the right answer, including a call on a tensor that is not 16-byte aligned."""
+    case = _rmsnorm_case(5, dtype)
+    forward = load_rendered(RMSNORM, RMSNORM.search_space(case)[0], case, tmp_path)
+    params = RMSNORM.extras["params"](case)
+    gen = torch.Generator(DEVICE).manual_seed(0)
+    for _ in range(3):
+        x, w = RMSNORM.make_inputs(case, DEVICE, gen)
+        out = RMSNORM.make_out(case, (x, w))
+        poison((out,))
+        forward(x, w, out=out, **params)
+        assert_close(out, RMSNORM.reference(x, w, **params), TOL[dtype])
+    # an input starting one element into a buffer: another alignment, so another kernel
+    big, w = RMSNORM.make_inputs(_rmsnorm_case(6, dtype), DEVICE, gen)
+    x = big.view(-1)[1:1 + 5 * 96].view(5, 96)
+    out = torch.empty_like(x)
+    forward(x, w, out=out, **params)
+    assert_close(out, RMSNORM.reference(x, w, **params), TOL[dtype])
+    compiled = getattr(_launch_of(forward), "compiled", None)
+    if DEVICE == "cuda":
+        assert compiled is not None and len(compiled) == 2
+    else:
+        assert compiled is None  # the interpreter has no compiled kernel to keep
+
+
+@pytest.mark.gpu
+def test_rope_direct_launch_on_hf_strided_views(tmp_path):
+    case = {"batch": 2, "seq": 7, "heads": 4, "kv_heads": 2, "head_dim": 32, "rot_dim": 32,
+            "cos_batch": 1, "dtype": "bfloat16"}
+    space = ROPE.search_space(case)
+    forward = load_rendered(ROPE, space[len(space) // 2], case, tmp_path)
+    gen = torch.Generator(DEVICE).manual_seed(1)
+    for _ in range(3):
+        q, k, cos, sin = ROPE.make_inputs(case, DEVICE, gen)
+        out = ROPE.make_out(case, (q,))
+        poison(out)
+        forward(q, k, cos, sin, out=out)
+        assert_close(out, ROPE.reference(q, k, cos, sin), TOL["bfloat16"])
+    assert len(_launch_of(forward).compiled) == 1
