@@ -206,3 +206,25 @@ def test_cases_from_model():
     cases = FAMILY.cases_from_model(model, Workload(batch=3, seq=8, mode="decode"))
     assert cases == [{"rows": 3, "hidden": 64, "dtype": "float32", "eps": 1e-6,
                       **FORMS["llama"]}]
+
+
+def test_fast_binding_equals_signature_bind():
+    """The adapter binds HF's call (hidden_states positional, the rest by keyword) without
+    Signature.bind; it must give exactly what bind + apply_defaults gives, and refuse what
+    bind refuses."""
+    from codegen.add_rmsnorm.patch import _arguments, layer_template
+
+    template = layer_template(LlamaDecoderLayer)
+    assert template is not None
+    hs, mask = torch.zeros(1, 2, 4), torch.ones(1, 1)
+    old_names = list(template["renames"])  # e.g. past_key_values -> cache in transformers 5.2x
+    for kwargs in ({}, {"attention_mask": mask, "use_cache": True},
+                   {"position_ids": None, "output_foo": 3}, dict.fromkeys(old_names, 7)):
+        renamed = {template["renames"].get(k, k): v for k, v in kwargs.items()}
+        bound = template["signature"].bind(None, hs, **renamed)
+        bound.apply_defaults()
+        want = {k: v for k, v in bound.arguments.items() if k != "self"}
+        got = _arguments(template, None, (hs,), kwargs)
+        assert got.keys() == want.keys()
+        assert all(got[k] is v or got[k] == v for k, v in want.items())
+    assert _arguments(template, None, (), {}) is None  # hidden_states missing: bind refuses
