@@ -8,6 +8,10 @@ in a worker process: a config that crashes or hangs the worker is logged as such
 resumes with the next one. A file the user edited is kept and searched as it is.
 
 The log keeps every candidate tried, its time and spread, kept or discarded, and why.
+
+Backends: "triton" searches `family.search_space`; "cuda" the family's CUDA C++ space
+(`family.extras["cuda"]`, configs marked {"backend": "cuda"} so their folders differ), or
+Triton's where the family has none; "both" the two spaces.
 """
 
 from __future__ import annotations
@@ -36,9 +40,38 @@ def config_key(config: dict) -> str:
     return "_".join(f"{k}{v}" for k, v in sorted(config.items())) or "default"
 
 
+def config_backend(config: dict) -> str:
+    return config.get("backend", "triton")
+
+
+def family_backend(family: Family, backend: str) -> str:
+    """What `backend` means for this family: CUDA only where it has a CUDA C++ variant."""
+    return backend if "cuda" in family.extras else "triton"
+
+
+def backend_configs(family: Family, case: Case, backend: str,
+                    budget: int | None = None) -> list[dict]:
+    """The configs `backend` searches for `case`; `budget` spreads over each space apart, so
+    "both" keeps both backends even with one config per case."""
+    backend = family_backend(family, backend)
+    configs = []
+    if backend in ("triton", "both"):
+        configs += spread(family.search_space(case), budget)
+    if backend in ("cuda", "both"):
+        space = family.extras["cuda"]["search_space"](case)
+        configs += spread([{**c, "backend": "cuda"} for c in space], budget)
+    return configs
+
+
+def render(family: Family, config: dict, case: Case) -> str:
+    if config_backend(config) == "cuda":
+        return family.extras["cuda"]["render"](config, case)
+    return family.render(config, case)
+
+
 def write_candidate(family: Family, config: dict, case: Case, path: Path) -> str:
     """Render into `path` unless the user edited the file there; returns its origin."""
-    source = family.render(config, case)
+    source = render(family, config, case)
     stamp = path.with_suffix(".rendered.sha1")
     digest = hashlib.sha1(source.encode()).hexdigest()
     if path.exists() and stamp.exists() and \
@@ -126,9 +159,9 @@ def spread(configs: list[dict], budget: int | None) -> list[dict]:
 
 
 def search(family: Family, case: Case, root: Path, device: str, max_configs: int | None = None,
-           timeout_s: float = 300.0) -> dict:
+           timeout_s: float = 300.0, backend: str = "triton") -> dict:
     """Render, screen and time every config for one case; returns the search log entry."""
-    configs = spread(family.search_space(case), max_configs)
+    configs = backend_configs(family, case, backend, max_configs)
     folder = root / family.name / case_key(case)
     jobs = []
     for cfg in configs:
@@ -136,10 +169,12 @@ def search(family: Family, case: Case, root: Path, device: str, max_configs: int
         origin = write_candidate(family, cfg, case, path)
         # what was screened: a later edit of the file makes a resumed run search the case again
         sha1 = hashlib.sha1(path.read_bytes()).hexdigest()
-        jobs.append({"path": str(path), "config": cfg, "origin": origin, "sha1": sha1})
+        jobs.append({"path": str(path), "config": cfg, "backend": config_backend(cfg),
+                     "origin": origin, "sha1": sha1})
     baseline, entries = screen_and_time(family, case, jobs, device, timeout_s)
     entry = {"family": family.name, "case": case, "case_key": case_key(case), "device": device,
-             "baseline": baseline, "candidates": entries}
+             "backend": family_backend(family, backend), "baseline": baseline,
+             "candidates": entries}
     rank_entries(entry)
     return entry
 

@@ -115,7 +115,11 @@ def rank(run_dir):
               help="How many kernel families to generate, from the top of the ranking.")
 @workload_options
 @click.option("--backend", type=click.Choice(["triton", "cuda", "both"]), default="triton",
-              show_default=True, help="Kernel source language(s) to generate.")
+              show_default=True, help="Kernel source language(s) to generate: Triton, CUDA "
+              "C++ (compiled with nvcc; families without a CUDA variant use Triton), or both.")
+@click.option("--families", default=None, metavar="A,B",
+              help="Generate exactly these kernel families (e.g. rmsnorm,rope) instead of "
+                   "the top N of the ranking.")
 @click.option("--proposer", default=None, metavar="CMD",
               help="External program that proposes candidate sources (see README).")
 @click.option("--resume", is_flag=True, help="Skip stages and candidates already written.")
@@ -125,7 +129,7 @@ def rank(run_dir):
               help="Interleaved baseline/patched pairs per timing [default: 30 GPU, 3 CPU].")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Run directory for a new profile (when TARGET is a model id).")
-def optimize(target, top, batch, seq, dtype, device, mode, backend, proposer, resume,
+def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer, resume,
              max_configs, pairs, run_dir):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
     a model id. TARGET defaults to the latest run under ./runs.
@@ -136,12 +140,16 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, proposer, re
       pipeline optimize runs/llama-3.2-1b-... --resume
       pipeline optimize tiny-llama --top 3 --batch 2 --seq 32   # profile, then optimize
     """
+    from codegen.cuda_build import resolve_backend
     from pipeline.optimize import load_run, run_optimize
     from pipeline.summary import console
 
     if top < 1:
         raise UserError("--top must be at least 1")
+    only = _family_list(families)
     if target is not None and not Path(target).is_dir():
+        # a GPU that cannot build CUDA C++ fails before the profile, not after it
+        resolve_backend(backend, _defaults(dtype, device)[1])
         ctx = click.get_current_context()
         ctx.invoke(profile, model_id=target, batch=batch, seq=seq, dtype=dtype, device=device,
                    mode=mode, pretrained=False, run_dir=run_dir, top=5)
@@ -150,15 +158,35 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, proposer, re
         target = str(run_dir or latest_run())
     run = load_run(target)
     if backend != "triton":
-        console.print("[yellow]note:[/yellow] CUDA C++ variants are not built by this version; "
-                      "generating Triton only")
+        from pipeline.artifacts import read_json
+
+        # the run's device decides (a CPU run falls back to Triton; a GPU that cannot build
+        # CUDA C++ fails here, before any stage); run_optimize repeats this for API callers
+        device = read_json(run / "profile.json", "profile")["workloads"][0]["workload"]["device"]
+        backend, note = resolve_backend(backend, device)
+        if note:
+            console.print(f"[yellow]note:[/yellow] {note}")
     with console.status("optimizing") as status:
         out = run_optimize(run, top, lambda s: status.update(f"optimize: {s}"), resume=resume,
-                           max_configs=max_configs, pairs=pairs, proposer=proposer)
+                           max_configs=max_configs, pairs=pairs, proposer=proposer,
+                           backend=backend, only=only)
     from pipeline.summary import print_optimize
 
     print_optimize(run)
     console.print(f"report: {out['markdown']}")
+
+
+def _family_list(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    from codegen.registry import families
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in families()]
+    if unknown or not names:
+        raise UserError(f"unknown kernel family {', '.join(unknown) or text!r}; known: "
+                        f"{', '.join(sorted(families()))}")
+    return names
 
 
 @cli.command()

@@ -36,10 +36,16 @@ def choose_families(ranking: dict, top: int) -> list[str]:
     return [f for f, _ in sorted(best.items(), key=lambda kv: kv[1])][:top]
 
 
+def ranking_families(ranking: dict) -> set[str]:
+    return {r["family"] for w in ranking["workloads"] for r in w["rows"] if r["family"]}
+
+
 def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
-                   say: Callable[[str], None], resume: bool, max_configs: int | None) -> dict:
+                   say: Callable[[str], None], resume: bool, max_configs: int | None,
+                   backend: str = "triton") -> dict:
+    """`backend`: "triton", "cuda" or "both" (already checked against the device)."""
     from codegen.registry import get_family
-    from codegen.search import case_key, search
+    from codegen.search import case_key, family_backend, search
 
     path = run_dir / "candidates" / "search_log.json"
     log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
@@ -50,6 +56,9 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     changed = not (resume and path.exists())
     for name in families:
         fam = get_family(name)
+        wanted = family_backend(fam, backend)
+        if wanted != backend:
+            say(f"{name} has no CUDA C++ variant; generating Triton")
         cases = []
         for w in workloads:
             for c in fam.cases_from_model(model, w):
@@ -64,10 +73,13 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
             continue
         for case in cases:
             key = (name, case_key(case))
-            if key in done:
+            # a case searched for another backend is searched again (logs written before
+            # backends existed searched Triton)
+            if key in done and log["searches"][index[key]].get("backend", "triton") == wanted:
                 continue
             say(f"generate {name} {case_key(case)}")
-            entry = search(fam, case, run_dir / "candidates", device, max_configs=max_configs)
+            entry = search(fam, case, run_dir / "candidates", device, max_configs=max_configs,
+                           backend=backend)
             if key in index:
                 log["searches"][index[key]] = entry
             else:
@@ -180,28 +192,55 @@ def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
 
 def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool) -> dict:
     """Re-rank with measured kernel times (not rooflines) and freeze the projection."""
-    from pipeline.rank_stage import amdahl, project_with
-
     ranking = read_json(run_dir / "ranking.json", "ranking")
     speed = kernel_speedups(summary) if on_gpu else {}
     host = kernel_speedups(summary, "host_delta_us") if on_gpu else {}
     out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
-        rows = [r for r in w["rows"] if r["family"] in speed]
-        parts = [(r["share"], speed[r["family"]]) for r in rows]
         out["workloads"][w["key"]] = {
-            "amdahl": amdahl(parts) if parts else 1.0,
-            "replay": project_with(run_dir, w["key"],
-                                   {r["pattern"]: speed[r["family"]] for r in rows},
-                                   {r["pattern"]: host.get(r["family"]) for r in rows})
-            if on_gpu else None,
-            "patterns": [r["pattern"] for r in rows],
+            **_project_set(run_dir, w, speed, host, on_gpu),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
     write_json(run_dir / "projection.json", out)
     return out
+
+
+def _project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bool,
+                 only: list[str] | None = None) -> dict:
+    """Amdahl and replay projection of one workload for the families in `speed` (or `only`),
+    from kernel-level numbers alone: no whole-model measurement enters it."""
+    from pipeline.rank_stage import amdahl, project_with
+
+    rows = [r for r in ranked["rows"] if r["family"] in speed
+            and (only is None or r["family"] in only)]
+    parts = [(r["share"], speed[r["family"]]) for r in rows]
+    return {
+        "amdahl": amdahl(parts) if parts else 1.0,
+        "replay": (project_with(run_dir, ranked["key"],
+                                {r["pattern"]: speed[r["family"]] for r in rows},
+                                {r["pattern"]: host.get(r["family"]) for r in rows})
+                   if rows else 1.0) if on_gpu else None,
+        "patterns": [r["pattern"] for r in rows],
+    }
+
+
+def project_kept(run_dir: Path, on_gpu: bool) -> None:
+    """After integration: the projection for the set each workload shipped, computed from the
+    kernel numbers frozen in projection.json before integration (kernel speedups and host
+    deltas), so a rollback does not leave the report comparing the measurement with a set
+    that never ran. Written into integration.json; projection.json stays as frozen."""
+    proj = read_json(run_dir / "projection.json", "projection")
+    integ = read_json(run_dir / "integration.json", "integration")
+    ranking = {w["key"]: w for w in read_json(run_dir / "ranking.json", "ranking")["workloads"]}
+    for key, w in (integ.get("workloads") or {}).items():
+        kept = list(w.get("kept") or [])
+        if key in ranking and set(kept) != set(proj["families"]):
+            w["projection_for_kept"] = {"families": kept, **_project_set(
+                run_dir, ranking[key], proj["kernel_speedups"], proj["host_delta_us"],
+                on_gpu, only=kept)}
+    write_json(run_dir / "integration.json", integ)
 
 
 def load_run(target: str | None) -> Path:
@@ -266,8 +305,13 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
 
 def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bool = False,
                  max_configs: int | None = None, pairs: int | None = None,
-                 proposer: str | None = None) -> dict:
-    """All stages after profile on `run_dir`; returns the paths of what was written."""
+                 proposer: str | None = None, backend: str = "triton",
+                 only: list[str] | None = None) -> dict:
+    """All stages after profile on `run_dir`; returns the paths of what was written.
+    `only`: exactly these families (in the ranking's order), instead of the top `top`.
+    `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back
+    to Triton on a CPU run and raises UserError on a GPU that cannot build it."""
+    from codegen.cuda_build import resolve_backend
     from models.loader import resolve
     from pipeline.rank_stage import run_rank
     from pipeline.workload import Workload
@@ -276,6 +320,9 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
     device = workloads[0].device
     on_gpu = device.startswith("cuda")
+    backend, note = resolve_backend(backend, device)  # before any stage runs
+    if note:
+        say(note)
     if not on_gpu:
         # Triton kernels run under its CPU interpreter; workers inherit the environment
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -283,7 +330,9 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         say("rank")
         run_rank(run_dir)
     ranking = read_json(run_dir / "ranking.json", "ranking")
-    families = choose_families(ranking, top)
+    families = choose_families(ranking, len(ranking_families(ranking)) if only else top)
+    if only:
+        families = [f for f in families if f in only] + [f for f in only if f not in families]
     if not families:
         raise UserError("the ranking names no pattern a kernel family can replace")
     spec = resolve(profile["model"]["id"])
@@ -292,7 +341,8 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     model = build(spec, workloads[0].torch_dtype(), device)
     # on the CPU the interpreter makes timings meaningless: one config per case is enough
     max_configs = max_configs or (None if on_gpu else 1)
-    log = generate_stage(run_dir, families, model, workloads, device, say, resume, max_configs)
+    log = generate_stage(run_dir, families, model, workloads, device, say, resume, max_configs,
+                         backend)
     if proposer:
         from codegen.proposer import run_proposer
 
@@ -312,6 +362,7 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3),
                         built={(workloads[0].dtype, device): model})
+        project_kept(run_dir, on_gpu)
     from pipeline.report import write_report
 
     say("report")

@@ -138,7 +138,13 @@ def _replay_gain(graph, rows: list[dict]) -> float:
             removed += max(0, r["launches"] - len(occ))
     if not reps:
         return 1.0
-    per_launch = saved / removed if removed else 0.0
+    # the measured delta already pays for the launch calls, whose nodes the replay removes
+    # with their own durations: only the rest comes off the host segments
+    launch_us = graph.graph.get("_launch_us")
+    if launch_us is None:
+        durs = [a["dur"] for _, a in graph.nodes(data=True) if a["kind"] == "launch"]
+        launch_us = graph.graph["_launch_us"] = sum(durs) / len(durs) if durs else 0.0
+    per_launch = saved / removed - launch_us if removed and saved else 0.0
     base = graph.graph.setdefault("_base_len", replay(graph))
     return base / what_if(graph, reps, host_saving_us=per_launch)
 

@@ -175,10 +175,18 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
             set(measured["families"]) != set(want):
         measured["note"] = (f"the measured set ({', '.join(measured['families']) or 'none'}) "
                             f"differs from the projected set ({', '.join(want) or 'none'})")
+    basis = projected
+    for_kept = iw.get("projection_for_kept")
+    if measured and for_kept and set(for_kept["families"]) == set(measured["families"]):
+        # projected again for the set that ran, from the kernel numbers frozen beforehand
+        basis = for_kept
+        said = (f"error against the projection of that set: {rp.speed(for_kept['amdahl'])} "
+                f"(Amdahl), {rp.speed(for_kept['replay'])} (replay)")
+        measured["note"] = f"{measured['note']}; {said}" if measured["note"] else said
     error = None
     if measured and measured["speedup"] and projected and not projected["note"]:
         m = measured["speedup"]
-        error = {k: abs(projected[k] - m) / m if projected.get(k) is not None else None
+        error = {k: abs(basis[k] - m) / m if basis.get(k) is not None else None
                  for k in ("amdahl", "replay")}
     kept = list(iw.get("kept") or [])
     if kept and comb:

@@ -6,8 +6,8 @@ claims its matmul before the MLP around it looks at what is left. Ops no pattern
 visible as rows of their own (`op:<name> @ <module class>`), so nothing is dropped and shares
 still sum to 1 with the rest row.
 
-Patterns without a kernel family (matmuls, attention, embedding, the rotary frequency table,
-residual adds, casts) live here; family patterns come from the codegen registry.
+Patterns without a kernel family (matmuls, embedding, the rotary frequency table, residual
+adds, casts) live here; family patterns (attention among them) come from the codegen registry.
 """
 
 from __future__ import annotations
@@ -36,11 +36,6 @@ BASE_PATTERNS: tuple[Pattern, ...] = (
             ops={"aten::addmm": 1}, priority=9),
     Pattern("embedding", "token embedding lookup", module_class=r"Embedding$",
             ops={"aten::embedding": 1}, priority=5),
-    Pattern("attention", "scaled dot-product attention (SDPA)",
-            function=r"^(sdpa_attention_forward|eager_attention_forward)$",
-            ops={"aten::scaled_dot_product_attention": 1},
-            extra_ok=("aten::to", "aten::repeat_interleave"),
-            priority=5),
     Pattern("kv_cache", "KV-cache update (model(input_ids) builds a cache by default)",
             function=r"^(update|lazy_initialization)$", ops={}, priority=1),
     Pattern("rotary_table", "cos/sin table of the rotary embedding",

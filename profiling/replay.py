@@ -315,7 +315,8 @@ def _remove_launch(g, lnode, keep, host_saving_us) -> float:
     host_preds = [p for p in g.predecessors(lnode) if g.edges[p, lnode]["kind"] == "host"]
     saved = g.nodes[lnode]["dur"]
     for p in host_preds:  # the dispatching op's host time, taken from the segment before it
-        if g.nodes[p]["kind"] == "host" and host_saving_us > 0:
+        if g.nodes[p]["kind"] == "host" and host_saving_us:
+            # negative: the replacement costs the host more than the launches it removes
             cut = min(host_saving_us, g.nodes[p]["dur"])
             g.nodes[p]["dur"] -= cut
             saved += cut
@@ -336,7 +337,7 @@ def apply_replacements(graph: nx.DiGraph, replacements: Iterable, *, host_saving
     (device ids, new_duration_us[, launch ids]) works too). Ids not in this step are ignored,
     since attribution may list the kernels of every step, but each replacement must name at
     least one device event of the step. Each removed launch also removes up to
-    `host_saving_us` of host time from the segment before it."""
+    `host_saving_us` of host time from the segment before it (adds it, when negative)."""
     g = graph.copy()
     g.graph = {**graph.graph, "host_removed_us": 0.0}
     touched: set = set()

@@ -58,5 +58,8 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::silu", "aten::gelu", "aten::mul"),
-    extras={"params": params},
+    extras={"params": params,
+            # the CUDA C++ variant (`pipeline optimize --backend cuda|both`)
+            "cuda": {"search_space": lazy("codegen.gated_act.cuda", "search_space"),
+                     "render": lazy("codegen.gated_act.cuda", "render")}},
 )

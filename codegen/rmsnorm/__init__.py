@@ -6,7 +6,7 @@ row_stride (> hidden: x is a strided view). Params passed to forward and the ref
 offset, cast_first (`FAMILY.extras["params"](case)`).
 """
 
-from codegen.family import Family, Pattern
+from codegen.family import Family, Pattern, lazy
 from codegen.rmsnorm import kernel, patch, reference
 from profiling.roofline import streaming_cost
 
@@ -55,5 +55,8 @@ FAMILY = Family(
     patch=patch.patch,
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::pow", "aten::mean", "aten::rsqrt", "aten::mul", "aten::add"),
-    extras={"params": reference.params, "forms": reference.FORMS},
+    extras={"params": reference.params, "forms": reference.FORMS,
+            # the CUDA C++ variant (`pipeline optimize --backend cuda|both`)
+            "cuda": {"search_space": lazy("codegen.rmsnorm.cuda", "search_space"),
+                     "render": lazy("codegen.rmsnorm.cuda", "render")}},
 )

@@ -96,8 +96,8 @@ def test_rendered_source_is_specialised_and_checks_shapes(tmp_path):
     case = make_case(2, 8, 4, 2, 32, 16, "float16")
     config = {"BLOCK_S": 2, "BLOCK_H": 2, "num_warps": 1}
     source = FAMILY.render(config, case)
-    for line in ("HEADS = 4", "KV_HEADS = 2", "HEAD_DIM = 32", "ROT_DIM = 16", "BLOCK_S = 2", "BLOCK_H = 2",
-                 "BLOCK_PASS = 16", "NUM_WARPS = 1", "def _rope_forward_kernel",
+    for line in ("HEADS = 4", "KV_HEADS = 2", "HEAD_DIM = 32", "ROT_DIM = 16", "BLOCK_S = 2",
+                 "BLOCK_H = 2", "BLOCK_PASS = 16", "NUM_WARPS = 1", "def _rope_forward_kernel",
                  "def _rope_rotate_heads", "def forward(q, k, cos, sin, *, out, **params)"):
         assert line in source
     forward = load_rendered(FAMILY, config, case, tmp_path)

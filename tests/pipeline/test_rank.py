@@ -362,6 +362,25 @@ def test_decode_is_launch_bound_and_kernels_gain_little(decode):
     assert ranked["ceiling_amdahl"] == pytest.approx(all_fam)
 
 
+def test_replay_host_delta_already_pays_for_the_removed_launches(decode):
+    """A measured host delta is the whole host cost difference of a call, launch calls
+    included: with no kernel speedup, a zero delta projects no gain (the removed launch nodes
+    come back as host time), and a negative one a slowdown, in a launch-bound pass."""
+    w, _ = decode
+    graph = rank_stage.workload_graph(w, DECODE)
+    rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
+    assert rows
+    for r in rows:
+        r["target_us"] = r["time_us"]
+    base = rank_stage._replay_gain(graph, [dict(r, host_delta_us=None) for r in rows])
+    even = rank_stage._replay_gain(graph, [dict(r, host_delta_us=0.0) for r in rows])
+    worse = rank_stage._replay_gain(graph, [dict(r, host_delta_us=-20.0) for r in rows])
+    better = rank_stage._replay_gain(graph, [dict(r, host_delta_us=20.0) for r in rows])
+    assert base > 1.0  # merging launches, as the rank stage assumes before a kernel exists
+    assert even == pytest.approx(1.0, abs=0.01)
+    assert worse < 1.0 < better
+
+
 # ------------------------------------------------------------------ 6. ranking.json
 
 def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):

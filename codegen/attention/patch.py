@@ -1,0 +1,208 @@
+"""Patching the attention kernel into a model: per attention instance, reversible.
+
+How HF picks the attention function (transformers 5.x, Llama/Qwen2/Mistral and most decoders):
+the attention module's forward calls
+`ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)`,
+where `ALL_ATTENTION_FUNCTIONS` is a module global of `modeling_<family>` (imported from
+modeling_utils). Three ways in were weighed:
+
+- registering a function under a private name with `AttentionInterface.register` and giving the
+  instance a shallow-copied config naming it: the registration is class-level (process-wide)
+  state, and a copied config stops following the model's own (`model.set_attn_implementation`
+  would no longer reach the patched layers) and breaks `module.config is model.config`;
+- rebinding `ALL_ATTENTION_FUNCTIONS["sdpa"]` or the module global for good: leaks into every
+  model of the process (the Liger problem);
+- what is done here, as the rope adapter does: each attention instance gets an instance-level
+  forward that, for the duration of its own call only, rebinds the module global
+  `ALL_ATTENTION_FUNCTIONS` to a thin stand-in, restored in a `finally`. The stand-in resolves
+  the configured function through the real mapping at call time, and only when that is
+  transformers' `sdpa_attention_forward` hands back a dispatcher in front of it. Config, the
+  mapping and other instances are never touched; between calls the global is the original.
+  (Not thread-safe, like the rope adapter: the pipeline runs one forward at a time.)
+
+The dispatcher takes a call only where the kernel computes exactly what SDPA would (see `_fits`):
+HF's unpadded prefill, where the mask builder drops the mask (attention_mask is None) and SDPA
+runs with is_causal. Everything else goes to the original function unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from codegen.attention.reference import make_case, params
+from codegen.dtypes import dtype_name
+from codegen.family import Case
+from models.patching import set_instance_forward
+
+GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _sdpa_forward() -> Callable:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+def _forward_globals(module: nn.Module) -> dict | None:
+    """The globals the class's forward resolves names in, when it picks its attention function
+    through ALL_ATTENTION_FUNCTIONS."""
+    fn = inspect.unwrap(type(module).forward)
+    code = getattr(fn, "__code__", None)
+    if code is None or GLOBAL_NAME not in code.co_names:
+        return None
+    return fn.__globals__ if GLOBAL_NAME in fn.__globals__ else None
+
+
+def find_attentions(model: nn.Module) -> list[tuple[str, nn.Module, dict]]:
+    """(path, module, module globals) of every causal self-attention that dispatches through
+    ALL_ATTENTION_FUNCTIONS."""
+    found = []
+    for path, module in model.named_modules():
+        if not getattr(module, "is_causal", False) or not hasattr(module, "head_dim"):
+            continue
+        module_globals = _forward_globals(module)
+        if module_globals is not None:
+            found.append((path, module, module_globals))
+    return found
+
+
+def _sliding_window(module: nn.Module) -> int | None:
+    """The window HF passes as `sliding_window` (Qwen2 keeps it per layer, Mistral in config)."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    return getattr(getattr(module, "config", None), "sliding_window", None)
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    """One case per distinct attention shape of a prefill. A decode step has none: its single
+    query attends to the cached keys (q_len 1 != k_len), which is not the causal square this
+    kernel computes, so the dispatcher hands every decode call to the original function and no
+    kernel is ever asked for. Nor has a model configured other than with SDPA, or a prefill
+    longer than a sliding window (HF then passes a mask): those calls also keep HF's code."""
+    if workload.mode != "prefill":
+        return []
+    cases = []
+    for _, module, _ in find_attentions(model):
+        config = module.config
+        if getattr(config, "_attn_implementation", None) != "sdpa":
+            continue
+        window = _sliding_window(module)
+        if window is not None and workload.seq > window:
+            continue
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads  # GPT-2 has none
+        case = make_case(workload.batch, workload.seq, heads, kv_heads, module.head_dim,
+                         workload.dtype, getattr(module, "scaling", None))
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def _fits(module: nn.Module, q, k, v, attention_mask, kwargs: dict) -> bool:
+    """True where sdpa_attention_forward would run plain causal SDPA on q, k, v, so the kernel
+    gives the same result; anything else keeps HF's code (and its errors)."""
+    if attention_mask is not None or kwargs.get("position_bias") is not None:
+        return False  # padding, sliding-window or custom masks: not the pure causal case
+    if kwargs.get("dropout", 0.0) or kwargs.get("softcap") is not None:
+        return False
+    if kwargs.get("output_attentions"):
+        return False  # HF warns that SDPA returns no weights; keep that
+    if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return False  # the kernel's output carries no autograd history
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        return False
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
+        return False
+    if not (q.device == k.device == v.device):
+        return False
+    batch, heads, seq, head_dim = q.shape
+    kv_heads = k.shape[1]
+    # SDPA groups heads only as the module declares; other head counts raise there, as they
+    # should. q_len != k_len is decode (or a prefill after a cached prefix): not causal square.
+    if heads != kv_heads * getattr(module, "num_key_value_groups", 1):
+        return False
+    if k.shape[0] != batch or k.shape[2] != seq or k.shape[3] != head_dim or seq == 0:
+        return False
+    window = kwargs.get("sliding_window")
+    return window is None or seq <= window
+
+
+def case_of(q: torch.Tensor, k: torch.Tensor, scaling: float | None) -> Case:
+    batch, heads, seq, head_dim = q.shape
+    return make_case(batch, seq, heads, k.shape[1], head_dim, dtype_name(q.dtype), scaling)
+
+
+def dispatching_attention(original: Callable, forward_by_case: Callable) -> Callable:
+    def attention_forward(module, query, key, value, attention_mask, **kwargs):
+        if not _fits(module, query, key, value, attention_mask, kwargs):
+            return original(module, query, key, value, attention_mask, **kwargs)
+        case = case_of(query, key, kwargs.get("scaling"))
+        kernel = forward_by_case(case)
+        if kernel is None:
+            return original(module, query, key, value, attention_mask, **kwargs)
+        batch, heads, seq, head_dim = query.shape
+        out = torch.empty((batch, seq, heads, head_dim), dtype=query.dtype, device=query.device)
+        kernel(query, key, value, out=out, **params(case))
+        return out, None  # SDPA returns no attention weights either
+
+    return attention_forward
+
+
+class _Interfaces:
+    """Stands in for ALL_ATTENTION_FUNCTIONS during one patched instance's call: looks the
+    configured function up in the real mapping, then puts the dispatcher in front of SDPA."""
+
+    def __init__(self, real, wrap: Callable[[Callable], Callable]) -> None:
+        self._real, self._wrap = real, wrap
+
+    def get_interface(self, attn_implementation, default):
+        return self._wrap(self._real.get_interface(attn_implementation, default))
+
+    def __getitem__(self, key):
+        return self._wrap(self._real[key])
+
+    def get(self, key, default=None):
+        return self._wrap(self._real.get(key, default))
+
+    def __contains__(self, key) -> bool:
+        return key in self._real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _swapping_forward(forward: Callable, module_globals: dict,
+                      forward_by_case: Callable) -> Callable:
+    def wrap(fn):
+        return dispatching_attention(fn, forward_by_case) if fn is _sdpa_forward() else fn
+
+    def forward_with_kernel_attention(*args, **kwargs):
+        previous = module_globals[GLOBAL_NAME]
+        module_globals[GLOBAL_NAME] = _Interfaces(previous, wrap)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            module_globals[GLOBAL_NAME] = previous
+
+    return forward_with_kernel_attention
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
+    undos = []
+    for _, module, module_globals in find_attentions(model):
+        forward = _swapping_forward(module.forward, module_globals, forward_by_case)
+        undos.append(set_instance_forward(module, forward))
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+        undos.clear()
+
+    return undo
