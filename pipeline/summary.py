@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import sys
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=False, highlight=False)
+# Piped into a log, rich would wrap tables at 80 columns and cut workload keys and CIs short;
+# a log is read later, in full, so it gets room (a terminal keeps its own width).
+console = Console(stderr=False, highlight=False,
+                  width=None if sys.stdout.isatty() else 140)
 
 _LAYER = re.compile(r"\.(\d+)(?=\.|$)")
 
