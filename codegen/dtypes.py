@@ -17,3 +17,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def element_size(case: Case) -> int:
     return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
+
+
+def random_heads(case: Case, n_heads: int, device="cpu", generator=None) -> torch.Tensor:
+    """Random (batch, n_heads, seq, head_dim) of the case's dtype, laid out as HF makes q, k
+    and v: a transposed view of a (batch, seq, heads, head_dim) projection, or contiguous
+    when the case says `contiguous`. Drawn on the generator's device, then moved."""
+    b, s, d = case["batch"], case["seq"], case["head_dim"]
+    gen_device = generator.device if generator is not None else "cpu"
+    if case.get("contiguous"):
+        x = torch.randn((b, n_heads, s, d), generator=generator, device=gen_device)
+        return x.to(device=device, dtype=torch_dtype(case["dtype"]))
+    x = torch.randn((b, s, n_heads, d), generator=generator, device=gen_device)
+    return x.to(device=device, dtype=torch_dtype(case["dtype"])).transpose(1, 2)

@@ -103,3 +103,13 @@ def no_cases(model, workload) -> list[Case]:
 def no_patch(model, chooser) -> Callable[[], None]:
     """Nothing to patch where no call is made; the undo is a no-op too."""
     return lambda: None
+
+
+def distinct(case: Case, cases: list[Case]) -> list[Case]:
+    """Edge cases without repeats and without the case itself (an edge that coincides with the
+    recorded shape adds nothing)."""
+    unique: list[Case] = []
+    for c in cases:
+        if c not in unique and c != case:
+            unique.append(c)
+    return unique

@@ -25,3 +25,33 @@ def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], N
             del module.forward
 
     return undo
+
+
+def set_instance_forwards(replacements) -> Callable[[], None]:
+    """`set_instance_forward` for each (module, forward); one undo restores all, last first."""
+    undos = [set_instance_forward(module, forward) for module, forward in replacements]
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+        undos.clear()
+
+    return undo
+
+
+def with_global(forward: Callable, module_globals: dict, name: str,
+                make_value: Callable) -> Callable:
+    """`forward` with `module_globals[name]` set to make_value(previous) for the duration of its
+    own call only: HF calls some functions (apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS) by
+    their global name, and rebinding the global for good would change every model of that
+    family in the process. Not thread-safe; the pipeline runs one forward at a time."""
+
+    def forward_with_global(*args, **kwargs):
+        previous = module_globals[name]
+        module_globals[name] = make_value(previous)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            module_globals[name] = previous
+
+    return forward_with_global

@@ -34,8 +34,9 @@ import torch
 
 from codegen.add_rmsnorm.reference import params
 from codegen.family import Case
-from codegen.rmsnorm.patch import install_forwards, kernel_can_take, make_case
+from codegen.rmsnorm.patch import kernel_can_take, make_case
 from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
+from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*DecoderLayer$")
 HS = "hidden_states"
@@ -227,7 +228,7 @@ def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) ->
         found = recognise(layer)
         if found is not None:
             replacements.append((layer, _wrap(layer, found["template"], found["form"], chooser)))
-    return install_forwards(replacements)
+    return set_instance_forwards(replacements)
 
 
 def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:

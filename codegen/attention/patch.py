@@ -36,7 +36,7 @@ from torch import nn
 from codegen.attention.reference import make_case, params
 from codegen.dtypes import dtype_name
 from codegen.family import Case
-from models.patching import set_instance_forward
+from models.patching import set_instance_forwards, with_global
 
 GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -178,31 +178,15 @@ class _Interfaces:
         return getattr(self._real, name)
 
 
-def _swapping_forward(forward: Callable, module_globals: dict,
-                      forward_by_case: Callable) -> Callable:
+def _wrapper(forward_by_case: Callable) -> Callable:
     def wrap(fn):
         return dispatching_attention(fn, forward_by_case) if fn is _sdpa_forward() else fn
 
-    def forward_with_kernel_attention(*args, **kwargs):
-        previous = module_globals[GLOBAL_NAME]
-        module_globals[GLOBAL_NAME] = _Interfaces(previous, wrap)
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            module_globals[GLOBAL_NAME] = previous
-
-    return forward_with_kernel_attention
+    return lambda previous: _Interfaces(previous, wrap)
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    undos = []
-    for _, module, module_globals in find_attentions(model):
-        forward = _swapping_forward(module.forward, module_globals, forward_by_case)
-        undos.append(set_instance_forward(module, forward))
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-        undos.clear()
-
-    return undo
+    return set_instance_forwards(
+        (module, with_global(module.forward, module_globals, GLOBAL_NAME,
+                             _wrapper(forward_by_case)))
+        for _, module, module_globals in find_attentions(model))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
+from codegen.dtypes import element_size, random_heads
+from codegen.family import Case, distinct
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -68,18 +68,8 @@ def params(case: Case) -> dict:
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """q, k, v as HF makes them: transposed views of separate (batch, seq, heads, head_dim)
     projections (contiguous (batch, heads, seq, head_dim) when the case says `contiguous`)."""
-    b, s, d = case["batch"], case["seq"], case["head_dim"]
-    dtype = torch_dtype(case["dtype"])
-    gen_device = generator.device if generator is not None else "cpu"
-
-    def heads_view(n_heads):
-        if case.get("contiguous"):
-            x = torch.randn((b, n_heads, s, d), generator=generator, device=gen_device)
-            return x.to(device=device, dtype=dtype)
-        x = torch.randn((b, s, n_heads, d), generator=generator, device=gen_device)
-        return x.to(device=device, dtype=dtype).transpose(1, 2)
-
-    return heads_view(case["heads"]), heads_view(case["kv_heads"]), heads_view(case["kv_heads"])
+    return tuple(random_heads(case, n, device, generator)
+                 for n in (case["heads"], case["kv_heads"], case["kv_heads"]))
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
@@ -103,11 +93,7 @@ def edge_cases(case: Case) -> list[Case]:
         {**case, "batch": 1, "seq": 23, "heads": 14, "kv_heads": 2},
         {**case, "batch": 2, "seq": 17, "contiguous": True},
     ]
-    unique = []
-    for c in cases:
-        if c not in unique and c != case:
-            unique.append(c)
-    return unique
+    return distinct(case, cases)
 
 
 def min_bytes(case: Case) -> int:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
+from codegen.family import Case, distinct
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
@@ -67,11 +67,7 @@ def edge_cases(case: Case) -> list[Case]:
         {**case, "rows": 4, "row_stride": case["vocab"] + 64},
         {**case, "rows": 1025},
     ]
-    unique = []
-    for c in cases:
-        if c not in unique and c != case:
-            unique.append(c)
-    return unique
+    return distinct(case, cases)
 
 
 

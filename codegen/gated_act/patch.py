@@ -28,7 +28,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.gated_act.reference import make_case, params
-from models.patching import set_instance_forward
+from models.patching import set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
 _SILU_CLASSES = ("SiLUActivation",)
@@ -154,14 +154,6 @@ def _packed_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    undos = []
-    for mlp in find_gated_mlps(model):
-        make = _packed_forward if mlp.layout == "packed" else _separate_forward
-        undos.append(set_instance_forward(mlp.module, make(mlp, forward_by_case)))
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-        undos.clear()
-
-    return undo
+    return set_instance_forwards(
+        (mlp.module, (_packed_forward if mlp.layout == "packed" else _separate_forward)(
+            mlp, forward_by_case)) for mlp in find_gated_mlps(model))

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
+from codegen.family import Case, distinct
 
 ACTS = ("silu", "gelu_tanh")
 LAYOUTS = ("separate", "packed")
@@ -91,11 +91,7 @@ def edge_cases(case: Case) -> list[Case]:
         {**case, "rows": 7},
         {**case, "rows": 4, "row_stride": width + 64},
     ]
-    unique = []
-    for c in cases:
-        if c not in unique and c != case:
-            unique.append(c)
-    return unique
+    return distinct(case, cases)
 
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.gelu.reference import make_case, params
-from models.patching import set_instance_forward
+from models.patching import set_instance_forwards
 
 ACT_CLASSES = ("NewGELUActivation",)
 
@@ -80,12 +80,5 @@ def _dispatching_forward(original: Callable, forward_by_case: Callable) -> Calla
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    undos = [set_instance_forward(m, _dispatching_forward(m.forward, forward_by_case))
-             for _, m in find_activations(model)]
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-        undos.clear()
-
-    return undo
+    return set_instance_forwards((m, _dispatching_forward(m.forward, forward_by_case))
+                                 for _, m in find_activations(model))

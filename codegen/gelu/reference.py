@@ -14,7 +14,7 @@ import math
 import torch
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
+from codegen.family import Case, distinct
 
 
 def new_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -59,11 +59,7 @@ def edge_cases(case: Case) -> list[Case]:
         {**case, "rows": 7},
         {**case, "rows": 4, "row_stride": case["cols"] + 64},
     ]
-    unique = []
-    for c in cases:
-        if c not in unique and c != case:
-            unique.append(c)
-    return unique
+    return distinct(case, cases)
 
 
 

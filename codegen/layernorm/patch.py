@@ -17,7 +17,8 @@ import torch
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.layernorm.reference import layer_norm, params
-from codegen.rmsnorm.patch import install_forwards, rows_per_token, swapped_params
+from codegen.rmsnorm.patch import rows_per_token, swapped_params
+from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*LayerNorm$")
 
@@ -89,7 +90,7 @@ def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) ->
         form = recognise(module)
         if form is not None:
             replacements.append((module, _wrap(module, form["eps"], chooser)))
-    return install_forwards(replacements)
+    return set_instance_forwards(replacements)
 
 
 def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:

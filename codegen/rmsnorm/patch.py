@@ -20,10 +20,10 @@ import torch
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.rmsnorm.reference import params, rms_norm
+from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*RMSNorm$")
 _PROBE_ROWS = 4
-_MISSING = object()
 
 
 @contextmanager
@@ -86,23 +86,6 @@ def kernel_can_take(x: torch.Tensor, weight: torch.Tensor, form: dict) -> bool:
     return not form["cast_first"] or weight.dtype == x.dtype
 
 
-def install_forwards(replacements: list[tuple[torch.nn.Module, Callable]]) -> Callable[[], None]:
-    """Set each module's instance `forward`; the returned undo puts back exactly what was there
-    before (nothing, or an earlier instance patch), never touching the class."""
-    previous = [(m, m.__dict__.get("forward", _MISSING)) for m, _ in replacements]
-    for module, forward in replacements:
-        module.forward = forward
-
-    def undo() -> None:
-        for module, before in reversed(previous):
-            if before is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = before
-
-    return undo
-
-
 def _wrap(module: torch.nn.Module, form: dict, chooser: Callable) -> Callable:
     original = module.forward
 
@@ -131,7 +114,7 @@ def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) ->
         form = recognise(module)
         if form is not None:
             replacements.append((module, _wrap(module, form, chooser)))
-    return install_forwards(replacements)
+    return set_instance_forwards(replacements)
 
 
 def rows_per_token(name: str, hidden: int, config) -> int | None:

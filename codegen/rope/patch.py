@@ -31,7 +31,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.rope.reference import make_case, params
-from models.patching import set_instance_forward
+from models.patching import set_instance_forwards, with_global
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
@@ -159,28 +159,10 @@ def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable)
     return apply_rotary_pos_emb
 
 
-def _swapping_forward(forward: Callable, module_globals: dict, rotary: Callable) -> Callable:
-    def forward_with_fused_rotary(*args, **kwargs):
-        previous = module_globals[GLOBAL_NAME]
-        module_globals[GLOBAL_NAME] = rotary
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            module_globals[GLOBAL_NAME] = previous
-
-    return forward_with_fused_rotary
-
-
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    undos = []
+    replacements = []
     for _, module, module_globals, form in find_rotary_attentions(model):
         rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case)
-        forward = _swapping_forward(module.forward, module_globals, rotary)
-        undos.append(set_instance_forward(module, forward))
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-        undos.clear()
-
-    return undo
+        replacements.append((module, with_global(module.forward, module_globals, GLOBAL_NAME,
+                                                 lambda _previous, r=rotary: r)))
+    return set_instance_forwards(replacements)

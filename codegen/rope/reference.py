@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
+from codegen.dtypes import element_size, random_heads, torch_dtype
+from codegen.family import Case, distinct
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -60,18 +60,11 @@ def params(case: Case) -> dict:
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """q, k as HF makes them (transposed views; contiguous when the case says `contiguous`),
     cos/sin from real angles at random positions."""
-    b, s, d, rot = case["batch"], case["seq"], case["head_dim"], case["rot_dim"]
+    s, rot = case["seq"], case["rot_dim"]
     dtype = torch_dtype(case["dtype"])
     gen_device = generator.device if generator is not None else "cpu"
-
-    def heads_view(n_heads):
-        if case.get("contiguous"):
-            x = torch.randn((b, n_heads, s, d), generator=generator, device=gen_device)
-            return x.to(device=device, dtype=dtype)
-        x = torch.randn((b, s, n_heads, d), generator=generator, device=gen_device)
-        return x.to(device=device, dtype=dtype).transpose(1, 2)
-
-    q, k = heads_view(case["heads"]), heads_view(case["kv_heads"])
+    q = random_heads(case, case["heads"], device, generator)
+    k = random_heads(case, case["kv_heads"], device, generator)
     start = torch.randint(0, 4096, (case["cos_batch"], 1), generator=generator,
                           device=gen_device)
     positions = (start + torch.arange(s, device=gen_device)).float()
@@ -100,11 +93,7 @@ def edge_cases(case: Case) -> list[Case]:
         {**case, "batch": 3, "seq": 7, "cos_batch": 3},
         {**case, "batch": 2, "seq": 5, "contiguous": True},
     ]
-    unique = []
-    for c in cases:
-        if c not in unique and c != case:
-            unique.append(c)
-    return unique
+    return distinct(case, cases)
 
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import torch_dtype
-from codegen.family import Case
+from codegen.family import Case, distinct
 
 
 def softmax(x: torch.Tensor, *, out_dtype: str | None = None) -> torch.Tensor:
@@ -54,11 +54,7 @@ def edge_cases(case: Case) -> list[Case]:
         {**case, "rows": 7},
         {**case, "rows": 4, "row_stride": case["cols"] + 64},
     ]
-    unique = []
-    for c in cases:
-        if c not in unique and c != case:
-            unique.append(c)
-    return unique
+    return distinct(case, cases)
 
 
 def _size(name: str) -> int:
