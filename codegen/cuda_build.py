@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from codegen.dtypes import torch_dtype
 from pipeline.errors import UserError
 
 CACHE_ENV = "PIPELINE_CUDA_CACHE"
@@ -156,13 +157,12 @@ def python_string(text: str) -> str:
 # Storage type in CUDA and torch scalar type (checked by the host code) of each case dtype.
 CUDA_TYPES = {"float32": ("float", "at::kFloat"), "float16": ("__half", "at::kHalf"),
               "bfloat16": ("__nv_bfloat16", "at::kBFloat16")}
-_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def vec_width(width: int, dtype: str) -> int:
     """Elements per vector access: 16 bytes' worth, halved until it divides the row width, so
     every row start is aligned when the base pointer and row stride are (1: scalar only)."""
-    vec = 16 // _SIZES[dtype]
+    vec = 16 // torch_dtype(dtype).itemsize
     while width % vec:
         vec //= 2
     return vec

@@ -8,8 +8,10 @@ versions of one file, never share a module object or a Triton JIT cache entry ke
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,3 +46,8 @@ def load_forward(path: str | Path) -> Callable[..., None]:
     if not callable(forward):
         raise AttributeError(f"{path} defines no callable `forward(*inputs, out, **params)`")
     return forward
+
+
+def kernel_source(kernel) -> str:
+    """A `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
+    return textwrap.dedent(inspect.getsource(kernel.fn))

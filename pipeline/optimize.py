@@ -24,7 +24,8 @@ from pipeline.artifacts import read_json, write_json
 from pipeline.errors import UserError
 
 
-def choose_families(ranking: dict, top: int) -> list[str]:
+def choose_families(ranking: dict, top: int | None) -> list[str]:
+    """Families by their best whole-model gain on any workload; the first `top` (all: None)."""
     best: dict[str, tuple] = {}
     for w in ranking["workloads"]:
         fam_rows = [r for r in w["rows"] if r["family"]]
@@ -34,10 +35,6 @@ def choose_families(ranking: dict, top: int) -> list[str]:
             if cur is None or (-gain, i) < cur:
                 best[r["family"]] = (-gain, i)
     return [f for f, _ in sorted(best.items(), key=lambda kv: kv[1])][:top]
-
-
-def ranking_families(ranking: dict) -> set[str]:
-    return {r["family"] for w in ranking["workloads"] for r in w["rows"] if r["family"]}
 
 
 def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
@@ -234,13 +231,16 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
     proj = read_json(run_dir / "projection.json", "projection")
     integ = read_json(run_dir / "integration.json", "integration")
     ranking = {w["key"]: w for w in read_json(run_dir / "ranking.json", "ranking")["workloads"]}
+    changed = False
     for key, w in (integ.get("workloads") or {}).items():
         kept = list(w.get("kept") or [])
         if key in ranking and set(kept) != set(proj["families"]):
             w["projection_for_kept"] = {"families": kept, **_project_set(
                 run_dir, ranking[key], proj["kernel_speedups"], proj["host_delta_us"],
                 on_gpu, only=kept)}
-    write_json(run_dir / "integration.json", integ)
+            changed = True
+    if changed:
+        write_json(run_dir / "integration.json", integ)
 
 
 def load_run(target: str | None) -> Path:
@@ -330,7 +330,7 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         say("rank")
         run_rank(run_dir)
     ranking = read_json(run_dir / "ranking.json", "ranking")
-    families = choose_families(ranking, len(ranking_families(ranking)) if only else top)
+    families = choose_families(ranking, None if only else top)
     if only:
         families = [f for f in families if f in only] + [f for f in only if f not in families]
     if not families:

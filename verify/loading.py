@@ -55,19 +55,9 @@ def family_spec(family: Family | str) -> str:
 
 def load_candidate(source_path: str | Path) -> Callable[..., None]:
     """Import a candidate source file as a fresh module and return its `forward`."""
-    path = Path(source_path)
-    name = f"verify_candidate_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before exec: triton.jit and dataclasses look their module up by name.
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    forward = getattr(module, "forward", None)
-    if not callable(forward):
-        raise TypeError(f"{path} defines no callable `forward`")
-    return forward
+    from codegen.source import load_forward
+
+    return load_forward(source_path)
 
 
 def case_params(family: Family, case: Case) -> dict[str, Any]:

@@ -14,11 +14,11 @@ from codegen.add_rmsnorm.reference import params
 from codegen.family import Case
 from codegen.rmsnorm.kernel import (
     block_for,
-    kernel_source,
     params_check_source,
     render_header,
     row_search_space,
 )
+from codegen.source import kernel_source
 
 
 @triton.jit

@@ -21,7 +21,6 @@ interpreter computes dots in fp32 whatever is asked.
 
 from __future__ import annotations
 
-import inspect
 import json
 import textwrap
 
@@ -29,6 +28,7 @@ import triton
 import triton.language as tl
 
 from codegen.family import Case
+from codegen.source import kernel_source
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), smallest tiles first. BLOCK_N divides BLOCK_M so
 # the unmasked key blocks end exactly where the query block's diagonal blocks begin.
@@ -154,10 +154,6 @@ def attention_forward(q, k, v, *, out, scale: float, BLOCK_M: int = 64, BLOCK_N:
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, QK_PRECISION=qk_prec, PV_PRECISION=pv_prec,
         num_warps=num_warps, num_stages=num_stages)
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 _FORWARD = '''\

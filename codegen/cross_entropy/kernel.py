@@ -14,7 +14,6 @@ store (this also keeps the kernels exact under Triton's CPU interpreter). Target
 
 from __future__ import annotations
 
-import inspect
 import json
 import textwrap
 
@@ -23,6 +22,7 @@ import triton
 import triton.language as tl
 
 from codegen.family import Case
+from codegen.source import kernel_source
 
 BLOCKS = (1024, 2048, 4096, 8192)
 WARPS = (4, 8, 16)
@@ -99,10 +99,6 @@ def cross_entropy_forward(logits, target, *, out, ignore_index: int = -100, BLOC
     _cross_entropy_mean_kernel[(1,)](scratch, target, mean, rows, ignore_index,
                                      BLOCK=MEAN_BLOCK, num_warps=4)
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 _FORWARD = '''\

@@ -15,7 +15,6 @@ on bf16 values wrong).
 
 from __future__ import annotations
 
-import inspect
 import json
 import textwrap
 
@@ -23,6 +22,7 @@ import triton
 import triton.language as tl
 
 from codegen.family import Case
+from codegen.source import kernel_source
 
 BLOCKS = (256, 512, 1024, 2048)
 WARPS = (2, 4, 8)
@@ -79,10 +79,6 @@ def gated_act_forward(*inputs, out, act: str = "silu", BLOCK: int = 1024,
         out.stride(0), out.stride(1), COLS=cols, GELU_TANH=act == "gelu_tanh", BLOCK=BLOCK,
         num_warps=num_warps)
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 _FORMULA = {"silu": "silu(gate) * up", "gelu_tanh": "gelu_tanh(gate) * up"}

@@ -14,10 +14,7 @@ kernel accepted for one workload only runs on that workload's shapes.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -28,7 +25,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.gated_act.reference import make_case, params
-from models.patching import set_instance_forwards
+from models.patching import code_shape, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
 _SILU_CLASSES = ("SiLUActivation",)
@@ -53,27 +50,18 @@ def activation_kind(act: nn.Module) -> str | None:
     return None
 
 
-def _code_shape(fn) -> str:
-    """A function's body as a syntax tree, without its docstring, name or decorators."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
-    body = tree.body[0].body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return ast.dump(ast.Module(body=body, type_ignores=[]))
-
-
 @cache
 def _known_forwards() -> dict[str, str]:
     from transformers.models.llama.modeling_llama import LlamaMLP
     from transformers.models.phi3.modeling_phi3 import Phi3MLP
 
-    return {"separate": _code_shape(LlamaMLP.forward), "packed": _code_shape(Phi3MLP.forward)}
+    return {"separate": code_shape(LlamaMLP.forward), "packed": code_shape(Phi3MLP.forward)}
 
 
 @cache
 def _class_form(cls: type) -> str | None:
     try:
-        shape = _code_shape(cls.forward)
+        shape = code_shape(cls.forward)
     except (OSError, TypeError):  # no source (compiled or built-in forward)
         return None
     return next((layout for layout, known in _known_forwards().items() if known == shape), None)

@@ -11,7 +11,6 @@ on bf16 values wrong).
 
 from __future__ import annotations
 
-import inspect
 import json
 import textwrap
 
@@ -19,6 +18,7 @@ import triton
 import triton.language as tl
 
 from codegen.family import Case
+from codegen.source import kernel_source
 
 BLOCKS = (256, 512, 1024, 2048)
 WARPS = (2, 4, 8)
@@ -58,10 +58,6 @@ def gelu_forward(x, *, out, BLOCK: int = 1024, num_warps: int = 4) -> None:
     _gelu_forward_kernel[grid](x2, out2, x2.stride(0), x2.stride(1), out2.stride(0),
                                out2.stride(1), COLS=cols, BLOCK=BLOCK, num_warps=num_warps)
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 _FORWARD = '''\

@@ -16,11 +16,11 @@ from codegen.family import Case
 from codegen.layernorm.reference import params
 from codegen.rmsnorm.kernel import (
     block_for,
-    kernel_source,
     launch_summary,
     params_check_source,
     row_search_space,
 )
+from codegen.source import kernel_source
 
 
 @triton.jit

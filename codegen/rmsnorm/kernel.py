@@ -11,7 +11,6 @@ gets arithmetic on bf16 values wrong).
 
 from __future__ import annotations
 
-import inspect
 import textwrap
 
 import triton
@@ -19,6 +18,7 @@ import triton.language as tl
 
 from codegen.family import Case
 from codegen.rmsnorm.reference import params
+from codegen.source import kernel_source
 
 # Row-wise norms hold a whole row tile in registers; past this many elements per program the
 # registers spill, so larger ROWS x BLOCK tiles are not worth timing.
@@ -97,10 +97,6 @@ def launch_summary(config: dict, hidden: int) -> str:
     rpp, warps = config["rows_per_program"], config["num_warps"]
     return f"{rpp} row(s) per program, {warps} warps, one [{rpp}, {block_for(hidden)}] tile"
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 def params_check_source(baked: dict) -> str:

@@ -16,7 +16,6 @@ on bf16 values wrong). The pass-through dims of partial rotary are copied withou
 
 from __future__ import annotations
 
-import inspect
 import json
 import textwrap
 
@@ -24,6 +23,7 @@ import triton
 import triton.language as tl
 
 from codegen.family import Case
+from codegen.source import kernel_source
 
 HEAD_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 POSITION_BLOCKS = (1, 2, 4, 8, 16)
@@ -146,10 +146,6 @@ def rope_forward(q, k, cos, sin, *, out, BLOCK_S: int = 1, BLOCK_H: int = 4,
         KV_HEADS=kv_heads, HEAD_DIM=head_dim, HALF=rot_dim // 2, BLOCK_S=BLOCK_S,
         BLOCK_H=BLOCK_H, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=num_warps)
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 _FORWARD = '''\

@@ -19,9 +19,7 @@ own code.
 
 from __future__ import annotations
 
-import ast
 import inspect
-import textwrap
 from collections.abc import Callable
 from functools import cache
 
@@ -31,18 +29,9 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.rope.reference import make_case, params
-from models.patching import set_instance_forwards, with_global
+from models.patching import code_shape, set_instance_forwards, with_global
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
-
-
-def _code_shape(fn) -> str:
-    """A function's body as a syntax tree, without its docstring, name or decorators."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
-    body = tree.body[0].body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return ast.dump(ast.Module(body=body, type_ignores=[]))
 
 
 def _signature(fn) -> str:
@@ -54,8 +43,8 @@ def _known_forms() -> dict[tuple[str, str, str], str]:
     from transformers.models.llama import modeling_llama
     from transformers.models.phi3 import modeling_phi3
 
-    return {(_signature(m.apply_rotary_pos_emb), _code_shape(m.apply_rotary_pos_emb),
-             _code_shape(m.rotate_half)): form
+    return {(_signature(m.apply_rotary_pos_emb), code_shape(m.apply_rotary_pos_emb),
+             code_shape(m.rotate_half)): form
             for m, form in ((modeling_llama, "full"), (modeling_phi3, "partial"))}
 
 
@@ -65,7 +54,7 @@ def rotary_form(module_globals: dict) -> str | None:
     if not callable(fn) or not callable(half):
         return None
     try:
-        key = (_signature(fn), _code_shape(fn), _code_shape(half))
+        key = (_signature(fn), code_shape(fn), code_shape(half))
     except (OSError, TypeError, ValueError):  # no source to compare
         return None
     return _known_forms().get(key)

@@ -13,7 +13,6 @@ NaN and infinities propagate as torch's do: an all -inf row and a row with +inf 
 
 from __future__ import annotations
 
-import inspect
 import json
 import textwrap
 
@@ -21,6 +20,7 @@ import triton
 import triton.language as tl
 
 from codegen.family import Case
+from codegen.source import kernel_source
 
 MAX_SINGLE = 16384  # widest row held whole in registers (16 warps x 32 lanes x 32 values)
 LOOP_BLOCKS = (1024, 4096)
@@ -85,10 +85,6 @@ def softmax_forward(x, *, out, BLOCK: int | None = None, num_warps: int = 4) -> 
                                            BLOCK=block, SINGLE=block >= cols,
                                            num_warps=num_warps)
 
-
-def kernel_source(kernel) -> str:
-    """The `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
-    return textwrap.dedent(inspect.getsource(kernel.fn))
 
 
 _FORWARD = '''\
