@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Issue 6 evidence on the H200: `pipeline optimize` end to end on one model and workload, then
 # torch.compile and Liger-Kernel against eager, each in its own process, in the same call.
-# Env: M (model), B, S (workload), TOP, MAXC (configs per case), PAIRS, BACKEND,
-# SKIP_CONTENDERS.
+# Env: M (model), B, S (workload), MODE (prefill, decode or prefill,decode), TOP, FAMILIES
+# (instead of TOP: exactly these), MAXC (configs per case), PAIRS, BACKEND, SKIP_CONTENDERS.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/runs
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPELINE_RUNS=/tmp/runs
 M=${M:-llama-3.2-1b} B=${B:-8} S=${S:-1024} TOP=${TOP:-3} MAXC=${MAXC:-4} PAIRS=${PAIRS:-20}
-BACKEND=${BACKEND:-triton}
+BACKEND=${BACKEND:-triton} MODE=${MODE:-prefill}
+choice="--top $TOP"; [ -z "${FAMILIES:-}" ] || choice="--families $FAMILIES"
 tag=$M-b$B-s$S
 run=/tmp/runs/$tag
 t0=$(date +%s)
-python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 --run-dir $run --top 8 \
+python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 --mode $MODE --run-dir $run --top 8 \
   > $OUT/profile-$tag.log 2>&1; echo "profile $tag rc=$? $(( $(date +%s) - t0 ))s"
 t1=$(date +%s)
-python3 -m pipeline optimize $run --top $TOP --max-configs $MAXC --pairs $PAIRS --backend $BACKEND \
+python3 -m pipeline optimize $run $choice --max-configs $MAXC --pairs $PAIRS --backend $BACKEND \
   > $OUT/optimize-$tag.log 2>&1
 echo "optimize $tag rc=$? $(( $(date +%s) - t1 ))s"; tail -n 30 $OUT/optimize-$tag.log
 tar -czf $OUT/run-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag

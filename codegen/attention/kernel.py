@@ -62,7 +62,12 @@ def _attn_key_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, k_ss, k_sd, v_ss, v_sd, off
         # NaN): it then ends with l == 0 and an output of 0, the fully-masked convention of
         # SDPA's math backend (_safe_softmax) and of FlashAttention. NaN scores still give NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_sub[:, None])
+        # s - m <= 0 by construction, but the compiler contracts `dot * qk_scale - m` into one
+        # FMA, which subtracts m from the unrounded product: at |s| ~ 2^67 (the verifier's
+        # "mixed" stress) the residual reaches 2^43 and exp2 overflows to inf, then NaN. The
+        # clamp keeps the contraction's speed (and lets NaN scores through); the interpreter
+        # (no FMA) never showed it.
+        p = tl.math.exp2(tl.minimum(s - m_sub[:, None], 0.0, propagate_nan=tl.PropagateNan.ALL))
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PV_PRECISION)

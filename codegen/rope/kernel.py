@@ -2,8 +2,8 @@
 
 HF runs 10 kernels per call (per tensor: mul, neg, cat, mul, add; plus a cat per tensor for
 partial rotary) and materialises rotate_half. Here one program takes BLOCK_S consecutive
-(batch, position) rows and one block of BLOCK_H heads, of q or of k: axis 1 enumerates q's head
-blocks, then k's, so q and k share the launch and the cos/sin rows each program loads. Rows
+(batch, position) rows and one block of BLOCK_H heads on a joint head axis (q's heads, then
+k's), so q and k share the launch, the tiles and the cos/sin rows each program loads. Rows
 (batch x seq) go on axis 0 since CUDA caps axis 1 at 65535.
 
 q and k arrive as transposed views of the projections; every tensor is addressed through its
@@ -28,33 +28,7 @@ from codegen.source import kernel_source
 HEAD_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 POSITION_BLOCKS = (1, 2, 4, 8, 16)
 MAX_TILE = 8192  # elements per [BLOCK_S, BLOCK_H, half] tile before registers spill
-
-
-@triton.jit
-def _rope_rotate_heads(x_rows, o_rows, x_head_stride, x_dim_stride, o_head_stride, o_dim_stride,
-                       c1, c2, s1, s2, row_ok, first_head,
-                       N_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       BLOCK_PASS: tl.constexpr):
-    # Tiles are [positions, heads, dims]; x_rows/o_rows point at each position's row.
-    heads = (first_head + tl.arange(0, BLOCK_H))[None, :, None]
-    dims = tl.arange(0, BLOCK_HALF)[None, None, :]
-    head_ok = row_ok & (heads < N_HEADS)
-    mask = head_ok & (dims < HALF)
-    x_heads = x_rows + heads * x_head_stride
-    o_heads = o_rows + heads * o_head_stride
-    x1 = tl.load(x_heads + dims * x_dim_stride, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_heads + (dims + HALF) * x_dim_stride, mask=mask, other=0.0).to(tl.float32)
-    # rotate_half(x) = cat(-x2, x1), so x * cos + rotate_half(x) * sin splits into two halves.
-    y1 = x1 * c1 - x2 * s1
-    y2 = x2 * c2 + x1 * s2
-    tl.store(o_heads + dims * o_dim_stride, y1.to(o_rows.dtype.element_ty), mask=mask)
-    tl.store(o_heads + (dims + HALF) * o_dim_stride, y2.to(o_rows.dtype.element_ty), mask=mask)
-    if BLOCK_PASS > 0:
-        rest = (2 * HALF + tl.arange(0, BLOCK_PASS))[None, None, :]
-        rest_mask = head_ok & (rest < HEAD_DIM)
-        kept = tl.load(x_heads + rest * x_dim_stride, mask=rest_mask)
-        tl.store(o_heads + rest * o_dim_stride, kept, mask=rest_mask)
+MAX_PADDING = 0.25  # head slots of the last block left empty, as a share of all heads
 
 
 @triton.jit
@@ -67,34 +41,52 @@ def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows,
                          BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
     # int64: batch * stride passes 2**31 at long sequences of wide models.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
-    row_ok = (rows < n_rows)[:, None, None]
     b = rows // seq_len
     s = rows % seq_len
-    head_block = tl.program_id(1)
-    dims = tl.arange(0, BLOCK_HALF)[None, :]
-    cs_mask = (rows < n_rows)[:, None] & (dims < HALF)
-    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None]
-    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None]
-    # [BLOCK_S, 1, BLOCK_HALF]: one cos/sin row per position, shared by every head of q and k
-    c1 = tl.load(cos_rows + dims * cos_sd, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=cs_mask,
-                 other=0.0).to(tl.float32)[:, None, :]
-    s1 = tl.load(sin_rows + dims * sin_sd, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=cs_mask,
-                 other=0.0).to(tl.float32)[:, None, :]
-    q_blocks = (HEADS + BLOCK_H - 1) // BLOCK_H
-    if head_block < q_blocks:
-        _rope_rotate_heads(q_ptr + (b * q_sb + s * q_ss)[:, None, None],
-                           qo_ptr + (b * qo_sb + s * qo_ss)[:, None, None],
-                           q_sh, q_sd, qo_sh, qo_sd, c1, c2, s1, s2, row_ok,
-                           head_block * BLOCK_H,
-                           HEADS, HEAD_DIM, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
-    else:
-        _rope_rotate_heads(k_ptr + (b * k_sb + s * k_ss)[:, None, None],
-                           ko_ptr + (b * ko_sb + s * ko_ss)[:, None, None],
-                           k_sh, k_sd, ko_sh, ko_sd, c1, c2, s1, s2, row_ok,
-                           (head_block - q_blocks) * BLOCK_H,
-                           KV_HEADS, HEAD_DIM, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
+    # One head axis over q's heads, then k's: heads [0, HEADS) are q, the rest k. A block may
+    # straddle the two (Qwen2.5-0.5B's 14 + 2 heads fill one 16-wide block), so no program
+    # works on a mostly empty tile of k's few heads, and each loads cos/sin once.
+    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[None, :, None]
+    kv = heads - HEADS
+    row_ok = (rows < n_rows)[:, None, None]
+    q_ok = row_ok & (heads < HEADS)
+    k_ok = row_ok & (heads >= HEADS) & (kv < KV_HEADS)
+    q_heads = q_ptr + (b * q_sb + s * q_ss)[:, None, None] + heads * q_sh
+    k_heads = k_ptr + (b * k_sb + s * k_ss)[:, None, None] + kv * k_sh
+    qo_heads = qo_ptr + (b * qo_sb + s * qo_ss)[:, None, None] + heads * qo_sh
+    ko_heads = ko_ptr + (b * ko_sb + s * ko_ss)[:, None, None] + kv * ko_sh
+
+    dims = tl.arange(0, BLOCK_HALF)[None, None, :]
+    lo = dims < HALF
+    # [BLOCK_S, 1, BLOCK_HALF]: one cos/sin row per position, shared by every head
+    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None, None]
+    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None, None]
+    c1 = tl.load(cos_rows + dims * cos_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_rows + dims * sin_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
+
+    # Two loads with complementary masks instead of one through tl.where(is_q, q, k): a
+    # pointer select loses the contiguity the compiler needs for 16-byte accesses (scalar
+    # 2-byte loads in the sm_90 PTX), and a masked-off load moves no bytes.
+    x1 = (tl.load(q_heads + dims * q_sd, mask=q_ok & lo, other=0.0).to(tl.float32)
+          + tl.load(k_heads + dims * k_sd, mask=k_ok & lo, other=0.0).to(tl.float32))
+    x2 = (tl.load(q_heads + (dims + HALF) * q_sd, mask=q_ok & lo, other=0.0).to(tl.float32)
+          + tl.load(k_heads + (dims + HALF) * k_sd, mask=k_ok & lo, other=0.0).to(tl.float32))
+    # rotate_half(x) = cat(-x2, x1), so x * cos + rotate_half(x) * sin splits into two halves.
+    y1 = (x1 * c1 - x2 * s1).to(qo_ptr.dtype.element_ty)
+    y2 = (x2 * c2 + x1 * s2).to(qo_ptr.dtype.element_ty)
+    tl.store(qo_heads + dims * qo_sd, y1, mask=q_ok & lo)
+    tl.store(qo_heads + (dims + HALF) * qo_sd, y2, mask=q_ok & lo)
+    tl.store(ko_heads + dims * ko_sd, y1, mask=k_ok & lo)
+    tl.store(ko_heads + (dims + HALF) * ko_sd, y2, mask=k_ok & lo)
+    if BLOCK_PASS > 0:
+        rest = (2 * HALF + tl.arange(0, BLOCK_PASS))[None, None, :]
+        tail = rest < HEAD_DIM
+        tl.store(qo_heads + rest * qo_sd, tl.load(q_heads + rest * q_sd, mask=q_ok & tail),
+                 mask=q_ok & tail)
+        tl.store(ko_heads + rest * ko_sd, tl.load(k_heads + rest * k_sd, mask=k_ok & tail),
+                 mask=k_ok & tail)
 
 
 def block_sizes(head_dim: int, rot_dim: int) -> tuple[int, int]:
@@ -108,9 +100,11 @@ def search_space(case: Case) -> list[dict]:
     """Positions x heads per program, warps sized for about 8 tile elements per thread.
     Few positions and heads per program suit decode (parallelism must come from heads); a
     prefill wants big programs (the first H200 run, one position per program, reached only
-    36 % of the copy ceiling on Llama-1B's rotary)."""
+    36 % of the copy ceiling on Llama-1B's rotary). Head blocks that leave more than a quarter
+    of the last block's slots empty are skipped (Llama's 32 + 8 heads: 8 or 16, not 32)."""
     block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])
-    most = triton.next_power_of_2(max(case["heads"], case["kv_heads"]))
+    total = case["heads"] + case["kv_heads"]
+    most = triton.next_power_of_2(total)
     positions = case["batch"] * case["seq"]
     configs = []
     for bs in POSITION_BLOCKS:
@@ -118,7 +112,8 @@ def search_space(case: Case) -> list[dict]:
             continue
         for bh in HEAD_BLOCKS:
             tile = bs * bh * block_half
-            if bh > most or 4 * bh < most or tile > MAX_TILE:
+            padding = triton.cdiv(total, bh) * bh - total
+            if bh > most or 8 * bh < most or tile > MAX_TILE or padding > MAX_PADDING * total:
                 continue
             configs.append({"BLOCK_S": bs, "BLOCK_H": bh,
                             "num_warps": min(8, max(1, tile // 256))})
@@ -126,8 +121,7 @@ def search_space(case: Case) -> list[dict]:
 
 
 def _grid(batch, seq, heads, kv_heads, block_s, block_h):
-    return (triton.cdiv(batch * seq, block_s),
-            triton.cdiv(heads, block_h) + triton.cdiv(kv_heads, block_h))
+    return triton.cdiv(batch * seq, block_s), triton.cdiv(heads + kv_heads, block_h)
 
 
 def rope_forward(q, k, cos, sin, *, out, BLOCK_S: int = 1, BLOCK_H: int = 4,
@@ -171,8 +165,7 @@ def forward(q, k, cos, sin, *, out, **params) -> None:
     # A batch-1 cos/sin broadcasts over the batch through a zero stride, without a copy.
     cos = cos.expand(batch, seq, ROT_DIM)
     sin = sin.expand(batch, seq, ROT_DIM)
-    grid = (triton.cdiv(batch * seq, BLOCK_S),
-            triton.cdiv(HEADS, BLOCK_H) + triton.cdiv(KV_HEADS, BLOCK_H))
+    grid = (triton.cdiv(batch * seq, BLOCK_S), triton.cdiv(HEADS + KV_HEADS, BLOCK_H))
     _launch(grid, q, k, cos, sin, q_out, k_out, batch * seq, seq, *q.stride(), *k.stride(),
             *q_out.stride(), *k_out.stride(), *cos.stride(), *sin.stride())
 
@@ -195,7 +188,7 @@ def render(config: dict, case: Case) -> str:
         convention; computes in fp32, rounds once to the output dtype.
         Specialised for heads={heads}, kv_heads={kv_heads}, head_dim={d}, rot_dim={rot};
         tuned for batch {case["batch"]} x seq {case["seq"]} of {case["dtype"]}.
-        Launch: one program per ({block_s} positions, {block_h} heads of q or k), {warps} warps.
+        Launch: one program per ({block_s} positions, {block_h} heads of q then k), {warps} warps.
         case:   {json.dumps(case)}
         config: {json.dumps(config)}
         """
@@ -216,5 +209,4 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {warps}
         BAKED_PARAMS = {{}}
         ''')
-    return "\n\n".join([header, kernel_source(_rope_rotate_heads),
-                        kernel_source(_rope_forward_kernel), _FORWARD])
+    return "\n\n".join([header, kernel_source(_rope_forward_kernel), _FORWARD])

@@ -98,7 +98,7 @@ def test_rendered_source_is_specialised_and_checks_shapes(tmp_path):
     source = FAMILY.render(config, case)
     for line in ("HEADS = 4", "KV_HEADS = 2", "HEAD_DIM = 32", "ROT_DIM = 16", "BLOCK_S = 2",
                  "BLOCK_H = 2", "BLOCK_PASS = 16", "NUM_WARPS = 1", "def _rope_forward_kernel",
-                 "def _rope_rotate_heads", "def forward(q, k, cos, sin, *, out, **params)"):
+                 "def forward(q, k, cos, sin, *, out, **params)"):
         assert line in source
     forward = load_rendered(FAMILY, config, case, tmp_path)
     q, k, cos, sin = FAMILY.make_inputs(case)

@@ -1,0 +1,120 @@
+"""Probe: is a matmul with the gated activation fused into its epilogue worth building?
+
+The gate and up projections of a SwiGLU MLP write two (tokens, intermediate) tensors that the
+activation reads back; a dual GEMM that keeps both accumulators on chip and writes
+silu(gate) * up once saves that traffic and a launch, but only pays if a Triton GEMM stays
+close enough to cuBLAS. This times, at the models' prefill shapes (bf16, L2 flushed by
+triton.testing.do_bench):
+
+- eager: F.linear(x, Wg), F.linear(x, Wu), silu(gate) * up (what HF runs);
+- cuBLAS + fused activation: the two linears, then the pipeline's gated_act kernel
+  (codegen/gated_act, flat 2048-element blocks, its best config on the H200);
+- Triton dual GEMM with the activation in the epilogue, over a few tile shapes.
+
+GPU only. Usage: python3 benchmarks/epilogue_probe.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+SHAPES = {"llama-3.2-1b": (8192, 2048, 8192), "qwen2.5-0.5b": (8192, 896, 4864)}  # M, K, N
+TILES = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
+         (128, 128, 32, 8, 4)]
+
+
+@triton.jit
+def _dual_gemm_swiglu(x_ptr, wg_ptr, wu_ptr, o_ptr, M, N, K, sxm, sxk, swn, swk, som, son,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    # grouped order: neighbouring programs share weight tiles in L2
+    group = pid // (GROUP_M * n_n)
+    first_m = group * GROUP_M
+    size_m = min(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * n_n)) % size_m
+    pid_n = (pid % (GROUP_M * n_n)) // size_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        w_mask = (kk[:, None] < K) & (rn[None, :] < N)
+        bg = tl.load(wg_ptr + rn[None, :] * swn + kk[:, None] * swk, mask=w_mask, other=0.0)
+        bu = tl.load(wu_ptr + rn[None, :] * swn + kk[:, None] * swk, mask=w_mask, other=0.0)
+        acc_g = tl.dot(a, bg, acc_g)
+        acc_u = tl.dot(a, bu, acc_u)
+    out = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(o_ptr + rm[:, None] * som + rn[None, :] * son, out.to(o_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def dual_gemm(x, wg, wu, out, bm, bn, bk, warps, stages):
+    M, K = x.shape
+    N = wg.shape[0]
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _dual_gemm_swiglu[grid](x, wg, wu, out, M, N, K, x.stride(0), x.stride(1), wg.stride(0),
+                            wg.stride(1), out.stride(0), out.stride(1), BM=bm, BN=bn, BK=bk,
+                            GROUP_M=8, num_warps=warps, num_stages=stages)
+
+
+def main(out_path: str) -> None:
+    from codegen.gated_act.kernel import gated_act_forward
+
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": triton.__version__, "models": {}}
+    for model, (M, K, N) in SHAPES.items():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        wg = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+        wu = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+        ref = F.silu(F.linear(x, wg)) * F.linear(x, wu)
+        hidden = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+        def eager():
+            return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+        def cublas_fused():
+            gate, up = F.linear(x, wg), F.linear(x, wu)
+            gated_act_forward(gate, up, out=hidden, BLOCK=2048, num_warps=8, FLAT=True)
+
+        def gemms_only():
+            F.linear(x, wg)
+            F.linear(x, wu)
+
+        row = {"M": M, "K": K, "N": N,
+               "eager_us": triton.testing.do_bench(eager) * 1e3,
+               "cublas_two_linears_us": triton.testing.do_bench(gemms_only) * 1e3,
+               "cublas_plus_gated_act_us": triton.testing.do_bench(cublas_fused) * 1e3,
+               "triton_dual_gemm": []}
+        for tile in TILES:
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            try:
+                dual_gemm(x, wg, wu, out, *tile)
+                err = (out.float() - ref.float()).abs().max().item()
+                us = triton.testing.do_bench(lambda out=out, tile=tile: dual_gemm(
+                    x, wg, wu, out, *tile)) * 1e3
+                row["triton_dual_gemm"].append({"tile": tile, "us": us, "max_abs_err": err})
+            except Exception as e:  # noqa: BLE001 - a tile that does not fit is a result
+                row["triton_dual_gemm"].append({"tile": tile, "error": str(e)[:200]})
+        flops = 2 * 2 * M * K * N
+        row["tflops_two_linears"] = flops / row["cublas_two_linears_us"] / 1e6
+        print(model, json.dumps(row))
+        results["models"][model] = row
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
