@@ -2,6 +2,8 @@
 
 A class-level patch leaks into every model built later in the process (seen with Liger), so
 adapters only ever shadow `forward` on the instance, and undo restores exactly what was there.
+Several adapters may stack forwards on one instance (rope, attention and kv_cache on the
+attention modules); their undos may come in any order.
 """
 
 from __future__ import annotations
@@ -14,32 +16,72 @@ from collections.abc import Callable
 from torch import nn
 
 
-def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
-    """Shadow the class's forward on this instance only; the undo puts back exactly what was
-    there (nothing, or an earlier instance-level forward)."""
-    had = "forward" in module.__dict__
-    previous = module.__dict__.get("forward")
-    module.forward = forward
+class _InstanceForward:
+    """One instance-level forward. Live, it runs `wrap(below)`; once undone it passes calls
+    straight to `below`, so a forward stacked on top of it (another family's, which captured
+    it as its own `below`) keeps working whichever of the two is undone first."""
 
-    def undo() -> None:
+    def __init__(self, module: nn.Module, wrap: Callable[[Callable], Callable]) -> None:
+        self.had = "forward" in module.__dict__
+        self.below = module.forward  # an earlier instance forward, or the bound class forward
+        self.run = wrap(self.below)
+        self.live = True
+        state = self  # the installed function reads `run` at call time: undo re-points it
+
+        def forward(*args, **kwargs):
+            return state.run(*args, **kwargs)
+
+        forward._instance_forward = self
+        self.forward = forward
+        module.forward = forward
+
+    def undo(self, module: nn.Module) -> None:
+        self.run, self.live = self.below, False
+        if module.__dict__.get("forward") is not self.forward:
+            return  # buried under a later forward: it now passes through
+        had, below = self.had, self.below
+        # put back the first live forward beneath, skipping ones undone while buried
+        while had and not getattr(getattr(below, "_instance_forward", None), "live", True):
+            layer = below._instance_forward
+            had, below = layer.had, layer.below
         if had:
-            module.forward = previous
+            module.forward = below
         else:
             del module.forward
 
-    return undo
+
+def wrap_instance_forward(module: nn.Module,
+                          wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
+    """Shadow the forward on this instance only with `wrap(below)`, where `below` is what the
+    instance ran until now (the class's forward, or another adapter's instance forward: rope,
+    attention and kv_cache all wrap the same attention modules). Undos may come in any order:
+    the last one leaves the instance as it was (no `forward` attribute, or the earlier one)."""
+    layer = _InstanceForward(module, wrap)
+    return lambda: layer.undo(module)
 
 
-def set_instance_forwards(replacements) -> Callable[[], None]:
-    """`set_instance_forward` for each (module, forward); one undo restores all, last first."""
-    undos = [set_instance_forward(module, forward) for module, forward in replacements]
+def set_instance_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
+    """`wrap_instance_forward` for a forward that does not call the one below it."""
+    return wrap_instance_forward(module, lambda _below: forward)
 
+
+def _undo_all(undos: list[Callable[[], None]]) -> Callable[[], None]:
     def undo() -> None:
         for u in reversed(undos):
             u()
         undos.clear()
 
     return undo
+
+
+def set_instance_forwards(replacements) -> Callable[[], None]:
+    """`set_instance_forward` for each (module, forward); one undo restores all."""
+    return _undo_all([set_instance_forward(module, forward) for module, forward in replacements])
+
+
+def wrap_instance_forwards(wrappers) -> Callable[[], None]:
+    """`wrap_instance_forward` for each (module, wrap); one undo restores all."""
+    return _undo_all([wrap_instance_forward(module, wrap) for module, wrap in wrappers])
 
 
 def with_global(forward: Callable, module_globals: dict, name: str,

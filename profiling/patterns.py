@@ -7,7 +7,8 @@ visible as rows of their own (`op:<name> @ <module class>`), so nothing is dropp
 still sum to 1 with the rest row.
 
 Patterns without a kernel family (matmuls, embedding, the rotary frequency table, residual
-adds, casts) live here; family patterns (attention among them) come from the codegen registry.
+adds, casts) live here; family patterns (attention and the KV-cache update among them) come
+from the codegen registry.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ BASE_PATTERNS: tuple[Pattern, ...] = (
             ops={"aten::addmm": 1}, priority=9),
     Pattern("embedding", "token embedding lookup", module_class=r"Embedding$",
             ops={"aten::embedding": 1}, priority=5),
-    Pattern("kv_cache", "KV-cache update (model(input_ids) builds a cache by default)",
-            function=r"^(update|lazy_initialization)$", ops={}, priority=1),
     Pattern("rotary_table", "cos/sin table of the rotary embedding",
             module_class=r"RotaryEmbedding$", ops={}, priority=1),
     Pattern("residual_add", "residual additions in a decoder block",

@@ -36,7 +36,7 @@ from torch import nn
 from codegen.attention.reference import make_case, params
 from codegen.dtypes import dtype_name
 from codegen.family import Case
-from models.patching import set_instance_forwards, with_global
+from models.patching import with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -186,7 +186,7 @@ def _wrapper(forward_by_case: Callable) -> Callable:
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    return set_instance_forwards(
-        (module, with_global(module.forward, module_globals, GLOBAL_NAME,
-                             _wrapper(forward_by_case)))
+    return wrap_instance_forwards(
+        (module, lambda below, g=module_globals: with_global(below, g, GLOBAL_NAME,
+                                                             _wrapper(forward_by_case)))
         for _, module, module_globals in find_attentions(model))

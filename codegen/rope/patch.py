@@ -29,7 +29,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.rope.reference import make_case, params
-from models.patching import code_shape, set_instance_forwards, with_global
+from models.patching import code_shape, with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
@@ -149,9 +149,9 @@ def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable)
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    replacements = []
+    wrappers = []
     for _, module, module_globals, form in find_rotary_attentions(model):
         rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case)
-        replacements.append((module, with_global(module.forward, module_globals, GLOBAL_NAME,
-                                                 lambda _previous, r=rotary: r)))
-    return set_instance_forwards(replacements)
+        wrappers.append((module, lambda below, g=module_globals, r=rotary: with_global(
+            below, g, GLOBAL_NAME, lambda _previous: r)))
+    return wrap_instance_forwards(wrappers)

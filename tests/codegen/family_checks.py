@@ -98,10 +98,12 @@ def _family_patterns() -> list:
     from codegen.cross_entropy import FAMILY as cross_entropy
     from codegen.gated_act import FAMILY as gated_act
     from codegen.gelu import FAMILY as gelu
+    from codegen.kv_cache import FAMILY as kv_cache
     from codegen.rope import FAMILY as rope
     from codegen.softmax import FAMILY as softmax
 
-    return [p for f in (gated_act, gelu, rope, softmax, cross_entropy) for p in f.patterns]
+    return [p for f in (gated_act, gelu, rope, softmax, cross_entropy, kv_cache)
+            for p in f.patterns]
 
 
 def profiled_occurrences(model, tmp_path, batch=1, seq=8):

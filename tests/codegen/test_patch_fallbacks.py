@@ -9,13 +9,14 @@ from family_checks import DEVICE, CountingChooser
 
 from codegen.gated_act import FAMILY as GATED_ACT
 from codegen.gelu import FAMILY as GELU
+from codegen.kv_cache import FAMILY as KV_CACHE
 from codegen.rmsnorm import FAMILY as RMSNORM
 from codegen.rope import FAMILY as ROPE
 from models.loader import build, resolve
 
 # (family, model, calls one forward of batch 2 x seq 8 makes)
 CASES = [(RMSNORM, "tiny-llama", 5), (GATED_ACT, "tiny-phi3", 2), (GELU, "tiny-gpt2", 2),
-         (ROPE, "tiny-phi3", 2)]
+         (ROPE, "tiny-phi3", 2), (KV_CACHE, "tiny-llama", 2)]
 
 
 @pytest.mark.parametrize("family, model_id, calls", CASES, ids=lambda c: getattr(c, "name", c))

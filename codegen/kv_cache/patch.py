@@ -1,0 +1,221 @@
+"""Patching the KV-cache append into a model: per attention instance, per call, reversible.
+
+How HF reaches the append (transformers 5.17 to 5.24; Llama, Qwen2, Mistral, Gemma, Phi-3,
+GPT-2): the attention's forward calls `cache.update(key_states, value_states, self.layer_idx,
+...)` on the Cache its caller passes (keyword `cache`; `past_key_values` before 5.2x).
+`Cache.update` adds missing layers, drives offloading, and calls
+`self.layers[layer_idx].update(...)`, which for a DynamicLayer is the lazy initialization and
+the two cats. Three ways in were weighed:
+
+- rebinding `DynamicLayer.update` on the class: every cache in the process would take the
+  kernel (the Liger leak);
+- shadowing `update` on the Cache object: the dispatcher would have to repeat Cache.update
+  (layer replication, offload streams), which differs between 5.17 and 5.24;
+- what is done here: each attention instance gets an instance-level forward that, for the
+  duration of its own call only, shadows `update` on the one DynamicLayer object of its layer
+  (`cache.layers[self.layer_idx]`) and restores it in a `finally`. Cache.update stays HF's
+  code; only DynamicLayer.update's body is replaced, and only where it is, as a syntax tree,
+  the code `reference.dynamic_layer_update` repeats. Other layer types (sliding window,
+  static, quantized, chunked) keep their code, as does a layer that does not exist yet when
+  the attention is called (a DynamicCache built without a config adds its layers inside
+  Cache.update; HF's models build theirs from the config, all layers up front).
+
+The dispatcher runs the layer's own `lazy_initialization` as update does (its side effects
+differ by version: 5.17 also sets `layer.dtype` and gives the empty values the keys' dtype),
+then the kernel writes fresh contiguous keys and values, which become `layer.keys` and
+`layer.values` as cat's results would. Whatever the kernel would not compute exactly as cat
+does (mixed dtypes or devices, shapes cat rejects, a graph autograd needs) and every case the
+chooser declines goes to the original update. Not thread-safe, like the other adapters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from functools import cache
+
+import torch
+from torch import nn
+
+from codegen.dtypes import dtype_name
+from codegen.family import Case
+from codegen.kv_cache.reference import dynamic_layer_update, make_case, params
+from models.patching import code_shape, wrap_instance_forwards
+
+CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _parameters(fn) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+
+@cache
+def dynamic_layer() -> type | None:
+    """transformers' DynamicLayer when its `update` is the code the dispatcher repeats."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+
+        same = (_parameters(DynamicLayer.update) == _parameters(dynamic_layer_update)
+                and code_shape(DynamicLayer.update) == code_shape(dynamic_layer_update))
+    except (ImportError, OSError, TypeError, ValueError):  # no such class, or no source
+        return None
+    return DynamicLayer if same else None
+
+
+def _cache_index(cls: type) -> int | None:
+    """Position (after self) of the cache parameter of the class's forward, if it has one."""
+    try:
+        names = [name for name, _ in _parameters(cls.forward)][1:]
+    except (TypeError, ValueError):
+        return None
+    return next((names.index(n) for n in CACHE_ARGS if n in names), None)
+
+
+def find_cached_attentions(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
+    """(path, module, position of its cache argument) of every module with an integer
+    `layer_idx` and a `head_dim` whose class forward takes a cache and calls an `update`."""
+    found = []
+    for path, module in model.named_modules():
+        if not isinstance(getattr(module, "layer_idx", None), int) \
+                or not hasattr(module, "head_dim"):
+            continue
+        code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
+        index = _cache_index(type(module))
+        if code is not None and "update" in code.co_names and index is not None:
+            found.append((path, module, index))
+    return found
+
+
+def _plain_layers(model: nn.Module) -> Callable[[int], bool]:
+    """Whether layer i of the cache HF's models build for themselves (DynamicCache from the
+    config) is a plain DynamicLayer."""
+    layer_type = dynamic_layer()
+    if layer_type is None:
+        return lambda i: False
+    from transformers.cache_utils import DynamicCache
+
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except (AttributeError, KeyError, TypeError, ValueError):  # a config it cannot read
+        return lambda i: False
+    if not layers:  # no layer types in the config: every layer is replicated as DynamicLayer
+        return lambda i: True
+    return lambda i: i < len(layers) and type(layers[i]) is layer_type
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    """One case per distinct attention shape: a prefill appends `seq` positions to an empty
+    cache, a decode step one position to `seq` cached ones (the decode runner crops back to
+    `seq` after each step)."""
+    past, new = (0, workload.seq) if workload.mode == "prefill" else (workload.seq, 1)
+    plain = _plain_layers(model)
+    cases = []
+    for _, module, _ in find_cached_attentions(model):
+        if not plain(module.layer_idx):
+            continue
+        config = module.config
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        case = make_case(workload.batch, kv_heads, module.head_dim, past, new, workload.dtype)
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def _cached_length(cached: torch.Tensor, shape: torch.Size) -> int | None:
+    """Positions cached: 0 for lazy_initialization's `torch.tensor([])` (cat skips it), the
+    seq axis of a cache that fits states of this shape, None where cat would raise."""
+    if cached.dim() == 1 and cached.numel() == 0:
+        return 0
+    if cached.dim() == 4 and cached.shape[:2] == shape[:2] and cached.shape[3] == shape[3]:
+        return cached.shape[2]
+    return None
+
+
+def _fits(keys, values, key_states, value_states) -> int | None:
+    """The cached length where the kernel gives exactly cat's result, else None. Runs on
+    every call: dtypes are compared by identity and devices as indices (cheap, no objects)."""
+    if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (keys, values, key_states,
+                                                                 value_states)):
+        return None  # the kernel's outputs carry no autograd history
+    dtype = key_states.dtype
+    if dtype not in DTYPES or not (value_states.dtype is keys.dtype is values.dtype is dtype):
+        return None  # cat would promote; the kernel copies bits
+    device = key_states.get_device()
+    if not (value_states.get_device() == keys.get_device() == values.get_device() == device):
+        return None
+    shape = key_states.shape
+    if len(shape) != 4 or value_states.shape != shape or values.shape != keys.shape:
+        return None
+    return _cached_length(keys, shape)
+
+
+def case_of(key_states: torch.Tensor, past: int) -> Case:
+    batch, kv_heads, new, head_dim = key_states.shape
+    return make_case(batch, kv_heads, head_dim, past, new, dtype_name(key_states.dtype))
+
+
+def dispatching_update(layer, original: Callable, forward_by_case: Callable) -> Callable:
+    """DynamicLayer.update of `layer`, the two cats sent to the kernel where one is given."""
+
+    def update(key_states, value_states, *args, **kwargs):
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+        past = _fits(layer.keys, layer.values, key_states, value_states)
+        kernel = None
+        if past is not None:
+            case = case_of(key_states, past)
+            kernel = forward_by_case(case)
+        if kernel is None:  # initialised already: the original goes straight to its cats
+            return original(key_states, value_states, *args, **kwargs)
+        batch, kv_heads, new, head_dim = key_states.shape
+        shape = (batch, kv_heads, past + new, head_dim)
+        out = (torch.empty(shape, dtype=key_states.dtype, device=key_states.device),
+               torch.empty(shape, dtype=key_states.dtype, device=key_states.device))
+        kernel(layer.keys, layer.values, key_states, value_states, out=out, **params(case))
+        layer.keys, layer.values = out
+        return out
+
+    return update
+
+
+def _plain_layer(cache_obj, layer_idx: int):
+    layers = getattr(cache_obj, "layers", None)
+    if not isinstance(layers, list) or not 0 <= layer_idx < len(layers):
+        return None
+    layer = layers[layer_idx]
+    return layer if type(layer) is dynamic_layer() else None
+
+
+def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callable:
+    layer_idx = module.layer_idx
+
+    def wrap(below: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            cache_obj = next((kwargs[n] for n in CACHE_ARGS if n in kwargs),
+                             args[index] if index < len(args) else None)
+            layer = _plain_layer(cache_obj, layer_idx)
+            if layer is None:
+                return below(*args, **kwargs)
+            had, previous = "update" in layer.__dict__, layer.__dict__.get("update")
+            layer.update = dispatching_update(layer, layer.update, forward_by_case)
+            try:
+                return below(*args, **kwargs)
+            finally:
+                if had:
+                    layer.update = previous
+                else:
+                    del layer.update
+
+        return forward
+
+    return wrap
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
+    if dynamic_layer() is None:  # a transformers whose DynamicLayer.update we do not know
+        return lambda: None
+    return wrap_instance_forwards((module, _wrapper(module, index, forward_by_case))
+                                  for _, module, index in find_cached_attentions(model))

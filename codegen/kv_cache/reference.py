@@ -1,0 +1,109 @@
+"""The KV-cache append as Hugging Face's DynamicLayer runs it, and the case side of the family.
+
+`DynamicLayer.update` (transformers 5.17 to 5.24, identical as a syntax tree) appends the new
+key and value states to the cached ones with one `torch.cat` each along the sequence axis
+(dim -2). Layout, (batch, kv_heads, seq, head_dim): the cached part is whatever the previous
+cat (or a `crop`) left, normally contiguous; the new states are transposed views of the k/v
+projections, whose memory order is (batch, seq, heads, head_dim). On a prefill the cache is
+what `lazy_initialization` made: `torch.tensor([])`, shape (0,), which cat skips as a legacy
+empty tensor, so the "append" is a copy of the strided states into contiguous ones.
+
+`kv_append` is those two cats, so it is bitwise the HF result (tests check it against the
+real class); `dynamic_layer_update` is the body of `DynamicLayer.update` verbatim, which the
+patch compares the installed code with before touching anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.dtypes import element_size, random_heads, torch_dtype
+from codegen.family import Case, distinct
+
+
+def kv_append(keys: torch.Tensor, values: torch.Tensor, key_states: torch.Tensor,
+              value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+
+
+def dynamic_layer_update(self, key_states, value_states, *args, **kwargs):
+    """transformers' DynamicLayer.update, statement for statement (docstring aside)."""
+    # Lazy initialization
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+
+    self.keys = torch.cat([self.keys, key_states], dim=-2)
+    self.values = torch.cat([self.values, value_states], dim=-2)
+    return self.keys, self.values
+
+
+def make_case(batch: int, kv_heads: int, head_dim: int, past: int, new: int,
+              dtype: str) -> Case:
+    """past: cached positions before the call (0 on a prefill); new: positions appended."""
+    if past < 0 or new < 0:
+        raise ValueError(f"past and new must be >= 0, got {past}, {new}")
+    return {"batch": int(batch), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
+            "past": int(past), "new": int(new), "dtype": dtype}
+
+
+def params(case: Case) -> dict:
+    """The append has no scalar params (dim -2 is the layout itself)."""
+    return {}
+
+
+def _past(case: Case, device, generator) -> torch.Tensor:
+    """The cached part as HF holds it: `torch.tensor([])` before anything is cached; else
+    contiguous, or (`cropped`) the leading positions of a longer buffer, as `crop` leaves it
+    (the pipeline's decode runner crops back to `seq` after every step)."""
+    dtype = torch_dtype(case["dtype"])
+    if case["past"] == 0:
+        return torch.tensor([], dtype=dtype, device=device)
+    b, h, d, past = case["batch"], case["kv_heads"], case["head_dim"], case["past"]
+    gen_device = generator.device if generator is not None else "cpu"
+    extra = 3 if case.get("cropped") else 0
+    x = torch.randn((b, h, past + extra, d), generator=generator, device=gen_device)
+    return x.to(device=device, dtype=dtype)[:, :, :past]
+
+
+def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
+    """(keys, values, key_states, value_states): the cache before the call and the new states,
+    transposed views of (batch, new, kv_heads, head_dim) buffers unless `contiguous`."""
+    keys = _past(case, device, generator)
+    values = _past(case, device, generator)
+    states = {**case, "seq": case["new"]}
+    key_states = random_heads(states, case["kv_heads"], device, generator)
+    value_states = random_heads(states, case["kv_heads"], device, generator)
+    return keys, values, key_states, value_states
+
+
+def make_out(case: Case, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous, as cat returns them for these layouts."""
+    states = inputs[2]
+    shape = (case["batch"], case["kv_heads"], case["past"] + case["new"], case["head_dim"])
+    return (torch.empty(shape, dtype=states.dtype, device=states.device),
+            torch.empty(shape, dtype=states.dtype, device=states.device))
+
+
+def edge_cases(case: Case) -> list[Case]:
+    """Variations a candidate rendered for `case` must survive: kv_heads and head_dim are baked
+    into it, batch and both lengths stay free. A one-token decode step after a cached prefix;
+    batch 1; a prime-length prefill from an empty cache; contiguous new states after a cached
+    prefix; a cropped (strided) cache."""
+    cases = [
+        {**case, "past": 13, "new": 1},
+        {**case, "batch": 1},
+        {**case, "batch": 3, "past": 0, "new": 7},
+        {**case, "batch": 2, "past": 5, "new": 3, "contiguous": True},
+        {**case, "batch": 2, "past": 6, "new": 1, "cropped": True},
+    ]
+    return distinct(case, cases)
+
+
+def min_bytes(case: Case) -> int:
+    """Keys and values: the cached and the new positions read once, all of them written once."""
+    rows = case["batch"] * case["kv_heads"] * (case["past"] + case["new"])
+    return 2 * 2 * rows * case["head_dim"] * element_size(case)
+
+
+def flops(case: Case) -> int:
+    return 0

@@ -1,0 +1,286 @@
+"""KV-cache family: reference == transformers' DynamicLayer.update, rendered kernels == reference
+(empty cache, cached prefix, cropped cache, HF's strided states), pattern == what the profile's
+matcher finds, per-call patching through the cache layer, composition with the other adapters
+of the same attention modules, and undo. CPU runs the kernels under Triton's interpreter (fp32,
+fp16); bf16 kernel checks run on a GPU."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from family_checks import (
+    DEVICE,
+    CountingChooser,
+    instance_forwards,
+    load_rendered,
+    profiled_occurrences,
+    run_candidate,
+    verify_on_cpu_or_gpu,
+)
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from codegen.attention import FAMILY as ATTENTION
+from codegen.kv_cache import FAMILY
+from codegen.kv_cache.patch import dynamic_layer
+from codegen.kv_cache.reference import dynamic_layer_update, make_case
+from codegen.rope import FAMILY as ROPE
+from models.loader import build, resolve
+from pipeline.workload import Workload
+from profiling.attribution import attribute
+from profiling.patterns import BASE_PATTERNS, match
+from profiling.profile_stage import summarise
+from profiling.trace import load_trace
+
+KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
+# (batch, kv_heads, head_dim, past, new): GQA prefill from an empty cache, a decode step after
+# a cached prefix, a head_dim that is no power of two, a prime-length prefill.
+SHAPES = [(2, 2, 16, 0, 8), (3, 2, 64, 9, 1), (2, 1, 96, 4, 3), (1, 4, 32, 0, 13)]
+IDS = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0))
+
+
+def _states(case, seed):
+    return FAMILY.make_inputs(case, "cpu", torch.Generator().manual_seed(seed))[2:]
+
+
+def _assert_same(got, want):
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_reference_is_bitwise_dynamic_layer_update(dtype):
+    """A prefill into an empty layer, then a decode step: the real class, the verbatim copy of
+    its body and kv_append (given what lazy_initialization leaves) agree bit for bit."""
+    assert dynamic_layer() is DynamicLayer  # the installed update is the code we repeat
+    layer, copy = DynamicLayer(), DynamicLayer()
+    empty = torch.tensor([], dtype=getattr(torch, dtype))
+    past = (empty, empty)
+    for case in (make_case(2, 2, 16, 0, 5, dtype), make_case(2, 2, 16, 5, 1, dtype)):
+        key_states, value_states = _states(case, seed=case["past"])
+        assert case["new"] == 1 or not key_states.is_contiguous()  # HF's transposed views
+        want = layer.update(key_states, value_states)
+        _assert_same(dynamic_layer_update(copy, key_states, value_states), want)
+        got = FAMILY.reference(*past, key_states, value_states)
+        _assert_same(got, want)
+        past = got
+    assert layer.keys.shape == (2, 2, 6, 16)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rendered_matches_reference(shape, dtype, tmp_path):
+    case = make_case(*shape, dtype)
+    configs = FAMILY.search_space(case)
+    assert 1 <= len(configs) <= 16
+    for config in {repr(c): c for c in (configs[0], configs[-1])}.values():
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        _assert_same(out, ref)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_edge_cases(dtype, tmp_path):
+    base = make_case(2, 2, 16, 0, 8, dtype)
+    edges = FAMILY.edge_cases(base)
+    assert any(c["new"] == 1 and c["past"] > 0 for c in edges)
+    assert any(c.get("contiguous") for c in edges) and any(c.get("cropped") for c in edges)
+    assert all(c[k] == base[k] for c in edges for k in ("kv_heads", "head_dim", "dtype"))
+    for case in edges:
+        out, ref = run_candidate(FAMILY, FAMILY.search_space(base)[-1], case, tmp_path,
+                                 rendered_for=base)
+        _assert_same(out, ref)
+
+
+def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
+    verify_on_cpu_or_gpu(FAMILY, make_case(2, 2, 16, 0, 6, "float16"), tmp_path)
+
+
+def test_rendered_source_is_specialised_and_checks_its_inputs(tmp_path):
+    case = make_case(2, 2, 32, 3, 2, "float16")
+    config = {"BLOCK_R": 8, "num_warps": 2}
+    source = FAMILY.render(config, case)
+    for line in ("KV_HEADS = 2", "HEAD_DIM = 32", "BLOCK_D = 32", "BLOCK_R = 8",
+                 "NUM_WARPS = 2", "def _kv_append_kernel", "def _kv_copy_rows",
+                 "def forward(keys, values, key_states, value_states, *, out, **params)"):
+        assert line in source
+    forward = load_rendered(FAMILY, config, case, tmp_path)
+    keys, values, key_states, value_states = FAMILY.make_inputs(case)
+    out = FAMILY.make_out(case, (keys, values, key_states))
+    with pytest.raises(ValueError):  # head count other than the baked one
+        forward(keys[:, :1], values[:, :1], key_states[:, :1], value_states[:, :1], out=out)
+    with pytest.raises(ValueError):  # cat would promote to float32; the kernel copies bits
+        forward(torch.tensor([]), torch.tensor([]), key_states, value_states,
+                out=FAMILY.make_out(make_case(2, 2, 32, 0, 2, "float16"), (0, 0, key_states)))
+    with pytest.raises(ValueError):
+        forward(keys, values, key_states, value_states, out=out, dim=1)
+
+
+def test_pattern_matches_the_profiled_updates_and_costs_them():
+    """The H200 Llama trace (bf16, b8 s1024 prefill): each layer's DynamicLayer.update is one
+    occurrence with its two cats, costed as the family's min_bytes."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "prefill_b8_s1024_2layer.json.gz"
+    wall = {"median_ms": attribute(load_trace(path)).span_us / 1e3}
+    ops = summarise(path, Workload(8, 1024, "bfloat16", "cuda"), wall)["ops"]
+    found, _ = match(ops, list(BASE_PATTERNS) + list(FAMILY.patterns))
+    updates = [[ops[i] for i in o.ops] for o in found
+               if o.family == "kv_cache" and any(ops[i]["name"] == "aten::cat" for i in o.ops)]
+    assert len(updates) == 2
+    case = make_case(8, 8, 64, 0, 1024, "bfloat16")  # Llama-3.2-1B: 8 kv heads of 64
+    for occurrence in updates:
+        assert [o["name"] for o in occurrence] == ["aten::cat", "aten::cat"]
+        assert FAMILY.patterns[0].cost(occurrence) == (FAMILY.min_bytes(case), 0)
+
+
+@pytest.mark.parametrize("model_id", ["tiny-llama", "tiny-qwen2"])
+def test_pattern_is_found_in_profiled_tiny_models(model_id, tmp_path):
+    model = build(resolve(model_id), torch.float32, "cpu")
+    found = [ops for _, fam, ops in profiled_occurrences(model, tmp_path) if fam == "kv_cache"]
+    updates = [ops for ops in found if "aten::cat" in ops]
+    assert [ops["aten::cat"] for ops in updates] == [2] * model.config.num_hidden_layers
+    # lazy_initialization's two torch.tensor([]) per layer are occurrences of their own
+    assert sum(ops["aten::lift_fresh"] for ops in found) == 2 * model.config.num_hidden_layers
+
+
+def _cache_kwarg(model) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
+
+def _step(model, ids, cache=None):
+    """(logits, cache) of one forward that fills or extends a cache."""
+    kwargs = {} if cache is None else {_cache_kwarg(model): cache}
+    out = model(ids, use_cache=True, **kwargs)
+    return out.logits, getattr(out, "cache", None) or out.past_key_values
+
+
+def _contents(cache) -> list:
+    """Per layer: keys, values (update replaces them, so these stay as they are now) and
+    every other attribute, where lazy_initialization's side effects show (device; dtype in
+    5.17)."""
+    return [((layer.keys, layer.values),
+             {k: v for k, v in vars(layer).items() if k not in ("keys", "values")})
+            for layer in cache.layers]
+
+
+def _assert_same_cache(got: list, want: list):
+    assert len(got) == len(want)
+    for (tensors, fields), (want_tensors, want_fields) in zip(got, want):
+        _assert_same(tensors, want_tensors)
+        assert fields == want_fields
+
+
+def test_patch_runs_the_kernel_on_prefill_and_decode_and_undo_restores(tmp_path):
+    """Logits and the returned cache bitwise the unpatched model's, after the prefill and
+    after a decode step with that cache; undo leaves nothing on modules or cache layers."""
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    layers = model.config.num_hidden_layers
+    ids, step_ids = IDS.to(DEVICE), IDS[:, :1].to(DEVICE)
+    with torch.no_grad():
+        logits, cache = _step(model, ids)
+        prefilled = _contents(cache)
+        step_logits, cache = _step(model, step_ids, cache)
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        assert len(instance_forwards(model)) == layers
+        patched, patched_cache = _step(model, ids)
+        assert chooser.calls == layers
+        patched_prefilled = _contents(patched_cache)
+        patched_step, patched_cache = _step(model, step_ids, patched_cache)
+        undo()
+        after, _ = _step(model, ids)
+    assert chooser.calls == 2 * layers
+    assert chooser.distinct_cases() == (
+        FAMILY.cases_from_model(model, Workload(2, 8))
+        + FAMILY.cases_from_model(model, Workload(2, 8, mode="decode")))
+    assert torch.equal(patched, logits) and torch.equal(patched_step, step_logits)
+    _assert_same_cache(patched_prefilled, prefilled)
+    _assert_same_cache(_contents(patched_cache), _contents(cache))
+    assert torch.equal(after, logits)
+    assert instance_forwards(model) == []
+    assert all("update" not in vars(layer) for layer in patched_cache.layers)
+
+
+ADAPTERS = {"rope": ROPE, "attention": ATTENTION, "kv_cache": FAMILY}
+
+
+@pytest.mark.parametrize("order", [("rope", "kv_cache"), ("kv_cache", "rope"),
+                                   ("kv_cache", "attention", "rope")])
+@pytest.mark.parametrize("undo_order", ["as_patched", "reversed"])
+def test_composes_with_the_other_attention_adapters(order, undo_order, tmp_path):
+    """rope, attention and kv_cache all wrap the same attention instances: patched in any
+    order each runs its kernel; undone in any order, the adapters still patched keep running
+    theirs, and the last undo leaves the model as it was."""
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    layers = model.config.num_hidden_layers
+    ids = IDS.to(DEVICE)
+    with torch.no_grad():
+        before, _ = _step(model, ids)
+        choosers = {name: CountingChooser(ADAPTERS[name], tmp_path) for name in order}
+        undos = {name: ADAPTERS[name].patch(model, choosers[name]) for name in order}
+        live = list(order)
+        for name in order if undo_order == "as_patched" else order[::-1]:
+            calls = {n: c.calls for n, c in choosers.items()}
+            patched, _ = _step(model, ids)
+            torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+            assert {n: c.calls - calls[n] for n, c in choosers.items()} == \
+                {n: layers if n in live else 0 for n in order}
+            undos[name]()
+            live.remove(name)
+        after, _ = _step(model, ids)
+    assert torch.equal(after, before)
+    assert instance_forwards(model) == []
+
+
+def test_layers_of_other_types_and_late_layers_keep_their_code(tmp_path):
+    """Sliding-window layers (tiny-mistral) never reach the kernel; a cache built without a
+    config adds its layers inside Cache.update, so its first call keeps HF's code and the
+    next one, with the layer in place, takes the kernel."""
+    mistral = build(resolve("tiny-mistral"), torch.float32, DEVICE)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(mistral, chooser)
+    with torch.no_grad():
+        _step(mistral, IDS.to(DEVICE))
+    undo()
+    assert chooser.cases == [] and FAMILY.cases_from_model(mistral, Workload(2, 8)) == []
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(model, chooser)
+    with torch.no_grad():
+        _, cache = _step(model, IDS.to(DEVICE), DynamicCache())
+        assert chooser.calls == 0
+        _step(model, IDS[:, :1].to(DEVICE), cache)
+    undo()
+    assert chooser.calls == model.config.num_hidden_layers
+
+
+def _changed_update(self, key_states, value_states, *args, **kwargs):
+    """DynamicLayer.update as a later transformers might write it: one statement differs."""
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+
+    self.keys = torch.cat([self.keys, key_states.contiguous()], dim=-2)
+    self.values = torch.cat([self.values, value_states], dim=-2)
+    return self.keys, self.values
+
+
+def test_a_changed_dynamic_layer_update_keeps_its_own_code(monkeypatch, tmp_path):
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    monkeypatch.setattr(DynamicLayer, "update", _changed_update)
+    dynamic_layer.cache_clear()
+    try:
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        assert instance_forwards(model) == []
+        with torch.no_grad():
+            _step(model, IDS.to(DEVICE))
+        undo()
+        assert chooser.cases == []
+        assert FAMILY.cases_from_model(model, Workload(2, 8)) == []
+    finally:
+        monkeypatch.undo()
+        dynamic_layer.cache_clear()
+    assert dynamic_layer() is DynamicLayer
