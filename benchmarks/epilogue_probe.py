@@ -69,49 +69,52 @@ def dual_gemm(x, wg, wu, out, bm, bn, bk, warps, stages):
                             GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
-def main(out_path: str) -> None:
+def probe(M: int, K: int, N: int) -> dict:
     from codegen.gated_act.kernel import gated_act_forward
 
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    wg = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+    wu = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+    ref = F.silu(F.linear(x, wg)) * F.linear(x, wu)
+    hidden = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+    def eager():
+        return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+    def cublas_fused():
+        gate, up = F.linear(x, wg), F.linear(x, wu)
+        gated_act_forward(gate, up, out=hidden, BLOCK=2048, num_warps=8, FLAT=True)
+
+    def gemms_only():
+        F.linear(x, wg)
+        F.linear(x, wu)
+
+    row = {"M": M, "K": K, "N": N,
+           "eager_us": triton.testing.do_bench(eager) * 1e3,
+           "cublas_two_linears_us": triton.testing.do_bench(gemms_only) * 1e3,
+           "cublas_plus_gated_act_us": triton.testing.do_bench(cublas_fused) * 1e3,
+           "triton_dual_gemm": []}
+    for tile in TILES:
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        try:
+            dual_gemm(x, wg, wu, out, *tile)
+            err = (out.float() - ref.float()).abs().max().item()
+            us = triton.testing.do_bench(lambda out=out, tile=tile: dual_gemm(
+                x, wg, wu, out, *tile)) * 1e3
+            row["triton_dual_gemm"].append({"tile": tile, "us": us, "max_abs_err": err})
+        except Exception as e:  # noqa: BLE001 - a tile that does not fit is a result
+            row["triton_dual_gemm"].append({"tile": tile, "error": str(e)[:200]})
+    row["tflops_two_linears"] = 2 * 2 * M * K * N / row["cublas_two_linears_us"] / 1e6
+    return row
+
+
+def main(out_path: str) -> None:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": triton.__version__, "models": {}}
-    for model, (M, K, N) in SHAPES.items():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
-        wg = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
-        wu = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
-        ref = F.silu(F.linear(x, wg)) * F.linear(x, wu)
-        hidden = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-
-        def eager():
-            return F.silu(F.linear(x, wg)) * F.linear(x, wu)
-
-        def cublas_fused():
-            gate, up = F.linear(x, wg), F.linear(x, wu)
-            gated_act_forward(gate, up, out=hidden, BLOCK=2048, num_warps=8, FLAT=True)
-
-        def gemms_only():
-            F.linear(x, wg)
-            F.linear(x, wu)
-
-        row = {"M": M, "K": K, "N": N,
-               "eager_us": triton.testing.do_bench(eager) * 1e3,
-               "cublas_two_linears_us": triton.testing.do_bench(gemms_only) * 1e3,
-               "cublas_plus_gated_act_us": triton.testing.do_bench(cublas_fused) * 1e3,
-               "triton_dual_gemm": []}
-        for tile in TILES:
-            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            try:
-                dual_gemm(x, wg, wu, out, *tile)
-                err = (out.float() - ref.float()).abs().max().item()
-                us = triton.testing.do_bench(lambda out=out, tile=tile: dual_gemm(
-                    x, wg, wu, out, *tile)) * 1e3
-                row["triton_dual_gemm"].append({"tile": tile, "us": us, "max_abs_err": err})
-            except Exception as e:  # noqa: BLE001 - a tile that does not fit is a result
-                row["triton_dual_gemm"].append({"tile": tile, "error": str(e)[:200]})
-        flops = 2 * 2 * M * K * N
-        row["tflops_two_linears"] = flops / row["cublas_two_linears_us"] / 1e6
-        print(model, json.dumps(row))
-        results["models"][model] = row
+    for model, shape in SHAPES.items():
+        results["models"][model] = probe(*shape)
+        print(model, json.dumps(results["models"][model]))
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
 

@@ -4,7 +4,8 @@
         [--contenders copy,eager,ours,liger,compile] [--run-dir RUN] [--max-configs N]
 
 Per model (zoo config, random weights, bf16, batch 8 x seq 1024) and family (rmsnorm; rope, q
-and k in one call; gated_act, SwiGLU; add_rmsnorm, residual add + RMSNorm), on the same inputs:
+and k in one call; gated_act, SwiGLU; add_rmsnorm, residual add + RMSNorm; kv_cache, the
+prefill's append of k and v to an empty DynamicLayer), on the same inputs:
 eager: the unmodified HF module or function; compile: torch.compile (default mode) of exactly
 that callable; liger: Liger-Kernel's kernel for the op; ours: every config of the family's search
 space rendered, screened and timed, best median (or the accepted kernel of `--run-dir`); copy:
@@ -40,7 +41,7 @@ if str(ROOT) not in sys.path:  # run as a script: sys.path[0] is benchmarks/, no
 MODELS = "llama-3.2-1b,qwen2.5-0.5b"
 CONTENDERS = ("copy", "eager", "ours", "liger", "compile")  # run order: the core first
 TIMED = ("eager", "compile", "liger", "ours")  # copy is the yardstick, never "best"
-FAMILIES = ("rmsnorm", "rope", "gated_act", "add_rmsnorm")
+FAMILIES = ("rmsnorm", "rope", "gated_act", "add_rmsnorm", "kv_cache")
 BATCH, SEQ, DTYPE = 8, 1024, "bfloat16"
 LARGE_COPY = 2 << 30  # bytes moved: 1 GiB read + 1 GiB written
 # Dry run: each model's structure at toy widths, 2 x 2 tokens (rows 4, hidden 64); short timing.
@@ -60,6 +61,7 @@ def model_setup(name: str, dry: bool) -> dict:
     from transformers import AutoConfig
 
     from codegen.gated_act.reference import make_case as gated_case
+    from codegen.kv_cache.reference import make_case as kv_case
     from codegen.rope.reference import make_case as rope_case
     from models.zoo import ZOO
 
@@ -78,7 +80,7 @@ def model_setup(name: str, dry: bool) -> dict:
             "eps": float(cfg.rms_norm_eps), "offset": 0.0, "cast_first": True}
     cases = {"rmsnorm": norm, "rope": rope_case(b, s, heads, kv, head_dim, head_dim, DTYPE),
              "gated_act": gated_case(b * s, cfg.intermediate_size, DTYPE, "silu", "separate"),
-             "add_rmsnorm": dict(norm)}
+             "add_rmsnorm": dict(norm), "kv_cache": kv_case(b, kv, head_dim, 0, s, DTYPE)}
     return {"config": cfg, "module": module, "prefix": prefix, "cases": cases}
 
 
@@ -87,6 +89,10 @@ def hf_callable(fam: str, setup: dict, inputs: tuple, device: str):
     cfg, mod, prefix = setup["config"], setup["module"], setup["prefix"]
     if fam == "rope":
         return mod.apply_rotary_pos_emb
+    if fam == "kv_cache":  # a fresh layer per call, as each prefill of a new cache
+        from transformers.cache_utils import DynamicLayer
+
+        return lambda keys, values, k, v: DynamicLayer().update(k, v)
     if fam == "gated_act":
         with torch.device("meta"):  # the MLP's own act_fn; its Linear weights are not needed
             act_fn = getattr(mod, prefix + "MLP")(cfg).act_fn
@@ -111,6 +117,8 @@ def liger_callable(fam: str, case: dict):
 
     if fam == "rope":  # rotates q and k in place (see the report); checked on copies
         return liger_rotary_pos_emb
+    if fam == "kv_cache":
+        raise LookupError("n/a: Liger-Kernel has no KV-cache kernel")
     if fam == "gated_act":  # LigerSwiGLUMLP's call
         return lambda gate, up: lk.LigerSiLUMulFunction.apply(gate, up)
     eps = case["eps"]
@@ -272,6 +280,8 @@ def worker(args) -> int:
             for fam in FAMILIES:
                 try:
                     r = run_case(args, setup, fam, device, bench_kw, Path(tmp))
+                except LookupError as e:  # the contender has no kernel for this op
+                    r = {"status": str(e).strip("'")}
                 except Exception as e:  # noqa: BLE001 - one failing case must not lose the rest
                     r = {"status": f"error: {type(e).__name__}: {e}"[:200]}
                 case = setup["cases"][fam]

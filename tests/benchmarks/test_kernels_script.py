@@ -14,7 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "kernels.py"
 MODELS = ("llama-3.2-1b", "qwen2.5-0.5b")
-FAMILIES = ("rmsnorm", "rope", "gated_act", "add_rmsnorm")
+FAMILIES = ("rmsnorm", "rope", "gated_act", "add_rmsnorm", "kv_cache")
 
 
 def run_script(*args, timeout=120):
