@@ -125,9 +125,13 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
 
         def chooser(case):
             fn = inner(case)
-            if fn is not None:
+            if fn is None:
+                return None
+
+            def counted(*args, **kwargs):  # adapters ask once per signature, call every time
                 calls[name] += 1
-            return fn
+                return fn(*args, **kwargs)
+            return counted
         return chooser
 
     def count_ops():

@@ -34,7 +34,7 @@ import torch
 
 from codegen.add_rmsnorm.reference import params
 from codegen.family import Case
-from codegen.rmsnorm.patch import kernel_can_take, make_case
+from codegen.rmsnorm.patch import kernel_can_take, kernel_resolver
 from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
 from models.patching import set_instance_forwards
 
@@ -176,6 +176,7 @@ def recognise(layer: torch.nn.Module) -> dict | None:
 def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable) -> Callable:
     original = layer.forward
     attn_drop, mlp_drop = (getattr(layer, d) if d else None for d in template["dropouts"])
+    resolve = kernel_resolver(chooser, form, params)
 
     def forward(*args, **kwargs):
         arguments = _arguments(template, layer, args, kwargs)
@@ -187,8 +188,7 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable)
         if checkpointing or not kernel_can_take(residual, weight, form):
             return original(*args, **kwargs)
         hidden = weight.shape[0]
-        case = make_case(residual, hidden, form)
-        fn = chooser(case)
+        fn, kw = resolve(residual.shape, residual.dtype, hidden)
         if fn is None:
             return original(*args, **kwargs)
 
@@ -207,7 +207,7 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable)
             total = torch.empty_like(residual_2d)
             normed = torch.empty_like(residual_2d)
             fn(attn_out.contiguous().view(-1, hidden), residual_2d, weight,
-               out=(total, normed), **params(case))
+               out=(total, normed), **kw)
             total, normed = total.view(residual.shape), normed.view(residual.shape)
         else:  # an attention that changed shape or dtype: the unfused code, op for op
             total = residual + attn_out

@@ -8,8 +8,9 @@ check keeps a lookalike MLP with extra terms (a scale, dropout) on its own code 
 silently changing what it computes.
 
 The replacement forward is set on the instance (never the class: a class-level patch leaks into
-every model built later in the process) and asks `forward_by_case(case)` on every call, so a
-kernel accepted for one workload only runs on that workload's shapes.
+every model built later in the process) and asks `forward_by_case(case)` once per input
+signature (shape, dtype; models.patching.per_signature), so a kernel accepted for one workload
+only runs on that workload's shapes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.gated_act.reference import make_case, params
-from models.patching import code_shape, set_instance_forwards
+from models.patching import code_shape, per_signature, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
 _SILU_CLASSES = ("SiLUActivation",)
@@ -91,10 +92,6 @@ def needs_graph(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def case_of(gate: torch.Tensor, cols: int, act: str, layout: str) -> Case:
-    return make_case(gate.numel() // gate.shape[-1], cols, dtype_name(gate.dtype), act, layout)
-
-
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """Every MLP of a model sees tokens x intermediate; prefill has batch x seq tokens, a decode
     step one per sequence (`workload.tokens`)."""
@@ -106,18 +103,31 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     return cases
 
 
+def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
+    """(input shape, dtype) -> (kernel or None, its params), once per signature."""
+
+    def resolve(shape: torch.Size, dtype: torch.dtype):
+        width = shape[-1] if shape else 1
+        case = make_case(shape.numel() // max(width, 1), mlp.cols, dtype_name(dtype), mlp.act,
+                         mlp.layout)
+        kernel = forward_by_case(case)
+        return (kernel, params(case)) if kernel is not None else (None, None)
+
+    return per_signature(resolve)
+
+
 def _separate_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
     m = mlp.module
+    resolve = _resolver(mlp, forward_by_case)
 
     def forward(x):
         gate = m.gate_proj(x)
         up = m.up_proj(x)
-        case = case_of(gate, mlp.cols, mlp.act, mlp.layout)
-        kernel = None if needs_graph(gate, up) else forward_by_case(case)
+        kernel, kw = (None, None) if needs_graph(gate, up) else resolve(gate.shape, gate.dtype)
         if kernel is None:
             return m.down_proj(m.act_fn(gate) * up)
         hidden = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        kernel(gate, up, out=hidden, **params(case))
+        kernel(gate, up, out=hidden, **kw)
         return m.down_proj(hidden)
 
     return forward
@@ -125,17 +135,18 @@ def _separate_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
 
 def _packed_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
     m = mlp.module
+    resolve = _resolver(mlp, forward_by_case)
 
     def forward(hidden_states):
         gate_up = m.gate_up_proj(hidden_states)
-        case = case_of(gate_up, mlp.cols, mlp.act, mlp.layout)
-        kernel = None if needs_graph(gate_up) else forward_by_case(case)
+        kernel, kw = (None, None) if needs_graph(gate_up) else resolve(gate_up.shape,
+                                                                        gate_up.dtype)
         if kernel is None:
             gate, up = gate_up.chunk(2, dim=-1)
             return m.down_proj(up * m.activation_fn(gate))
         hidden = torch.empty((*gate_up.shape[:-1], mlp.cols), dtype=gate_up.dtype,
                              device=gate_up.device)
-        kernel(gate_up, out=hidden, **params(case))
+        kernel(gate_up, out=hidden, **kw)
         return m.down_proj(hidden)
 
     return forward

@@ -40,7 +40,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.kv_cache.reference import dynamic_layer_update, make_case, params
-from models.patching import code_shape, wrap_instance_forwards
+from models.patching import code_shape, per_signature, wrap_instance_forwards
 
 CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -152,12 +152,20 @@ def _fits(keys, values, key_states, value_states) -> int | None:
     return _cached_length(keys, shape)
 
 
-def case_of(key_states: torch.Tensor, past: int) -> Case:
-    batch, kv_heads, new, head_dim = key_states.shape
-    return make_case(batch, kv_heads, head_dim, past, new, dtype_name(key_states.dtype))
+def kernel_resolver(forward_by_case: Callable) -> Callable:
+    """(new states' shape, dtype, cached length) -> (kernel or None, its params), once per
+    signature."""
+
+    def resolve(shape: torch.Size, dtype: torch.dtype, past: int):
+        batch, kv_heads, new, head_dim = shape
+        case = make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype))
+        kernel = forward_by_case(case)
+        return (kernel, params(case)) if kernel is not None else (None, None)
+
+    return per_signature(resolve)
 
 
-def dispatching_update(layer, original: Callable, forward_by_case: Callable) -> Callable:
+def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable:
     """DynamicLayer.update of `layer`, the two cats sent to the kernel where one is given."""
 
     def update(key_states, value_states, *args, **kwargs):
@@ -166,15 +174,14 @@ def dispatching_update(layer, original: Callable, forward_by_case: Callable) -> 
         past = _fits(layer.keys, layer.values, key_states, value_states)
         kernel = None
         if past is not None:
-            case = case_of(key_states, past)
-            kernel = forward_by_case(case)
+            kernel, kw = resolve(key_states.shape, key_states.dtype, past)
         if kernel is None:  # initialised already: the original goes straight to its cats
             return original(key_states, value_states, *args, **kwargs)
         batch, kv_heads, new, head_dim = key_states.shape
         shape = (batch, kv_heads, past + new, head_dim)
         out = (torch.empty(shape, dtype=key_states.dtype, device=key_states.device),
                torch.empty(shape, dtype=key_states.dtype, device=key_states.device))
-        kernel(layer.keys, layer.values, key_states, value_states, out=out, **params(case))
+        kernel(layer.keys, layer.values, key_states, value_states, out=out, **kw)
         layer.keys, layer.values = out
         return out
 
@@ -191,6 +198,7 @@ def _plain_layer(cache_obj, layer_idx: int):
 
 def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callable:
     layer_idx = module.layer_idx
+    resolve = kernel_resolver(forward_by_case)
 
     def wrap(below: Callable) -> Callable:
         def forward(*args, **kwargs):
@@ -200,7 +208,7 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
             if layer is None:
                 return below(*args, **kwargs)
             had, previous = "update" in layer.__dict__, layer.__dict__.get("update")
-            layer.update = dispatching_update(layer, layer.update, forward_by_case)
+            layer.update = dispatching_update(layer, layer.update, resolve)
             try:
                 return below(*args, **kwargs)
             finally:

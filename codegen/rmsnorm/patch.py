@@ -20,7 +20,7 @@ import torch
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.rmsnorm.reference import params, rms_norm
-from models.patching import set_instance_forwards
+from models.patching import per_signature, set_instance_forwards
 
 NAME_RE = re.compile(r".*RMSNorm$")
 _PROBE_ROWS = 4
@@ -70,8 +70,17 @@ def recognise(module: torch.nn.Module) -> dict | None:
     return None
 
 
-def make_case(x: torch.Tensor, hidden: int, form: dict) -> Case:
-    return {"rows": x.numel() // hidden, "hidden": hidden, "dtype": dtype_name(x.dtype), **form}
+def kernel_resolver(chooser: Callable, form: dict, params_of: Callable = params) -> Callable:
+    """(shape, dtype, hidden) -> (kernel or None, its params), once per signature; the fused
+    add + RMSNorm family passes its own params."""
+
+    def resolve(shape: torch.Size, dtype: torch.dtype, hidden: int):
+        case = {"rows": shape.numel() // hidden, "hidden": hidden, "dtype": dtype_name(dtype),
+                **form}
+        fn = chooser(case)
+        return (fn, params_of(case)) if fn is not None else (None, None)
+
+    return per_signature(resolve)
 
 
 def kernel_can_take(x: torch.Tensor, weight: torch.Tensor, form: dict) -> bool:
@@ -88,19 +97,19 @@ def kernel_can_take(x: torch.Tensor, weight: torch.Tensor, form: dict) -> bool:
 
 def _wrap(module: torch.nn.Module, form: dict, chooser: Callable) -> Callable:
     original = module.forward
+    resolve = kernel_resolver(chooser, form)
 
     def forward(hidden_states, *args, **kwargs):
         weight = module.weight
         if args or kwargs or not kernel_can_take(hidden_states, weight, form):
             return original(hidden_states, *args, **kwargs)
         hidden = weight.shape[0]
-        case = make_case(hidden_states, hidden, form)
-        fn = chooser(case)
+        fn, kw = resolve(hidden_states.shape, hidden_states.dtype, hidden)
         if fn is None:
             return original(hidden_states)
         x = hidden_states.contiguous().view(-1, hidden)
         out = torch.empty_like(x)
-        fn(x, weight, out=out, **params(case))
+        fn(x, weight, out=out, **kw)
         return out.view(hidden_states.shape)
 
     forward.__wrapped__ = original

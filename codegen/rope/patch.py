@@ -29,7 +29,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.family import Case
 from codegen.rope.reference import make_case, params
-from models.patching import code_shape, with_global, wrap_instance_forwards
+from models.patching import code_shape, per_signature, with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
@@ -108,12 +108,6 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     return cases
 
 
-def case_of(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> Case:
-    batch, heads, seq, head_dim = q.shape
-    return make_case(batch, seq, heads, k.shape[1], head_dim, cos.shape[-1],
-                     dtype_name(q.dtype), cos.shape[0])
-
-
 def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
     """Calls the kernel handles exactly as the HF function would; others keep HF's code
     (including its errors, e.g. Llama's form given a partial cos)."""
@@ -132,17 +126,25 @@ def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
 
 
 def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable) -> Callable:
+    def resolve(q_shape, kv_heads, cos_batch, rot_dim, dtype):
+        batch, heads, seq, head_dim = q_shape
+        case = make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
+                         cos_batch)
+        kernel = forward_by_case(case)
+        return (kernel, params(case)) if kernel is not None else (None, None)
+
+    resolve = per_signature(resolve)
+
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if not _fits(form, q, k, cos, sin, unsqueeze_dim):
             return original(q, k, cos, sin, unsqueeze_dim)
-        case = case_of(q, k, cos)
-        kernel = forward_by_case(case)
+        kernel, kw = resolve(q.shape, k.shape[1], cos.shape[0], cos.shape[-1], q.dtype)
         if kernel is None:
             return original(q, k, cos, sin, unsqueeze_dim)
         # empty_like keeps q's (batch, seq, heads, dim) memory order, as HF's elementwise
         # result does, so downstream attention sees the layout it sees unpatched.
         out = (torch.empty_like(q), torch.empty_like(k))
-        kernel(q, k, cos, sin, out=out, **params(case))
+        kernel(q, k, cos, sin, out=out, **kw)
         return out
 
     return apply_rotary_pos_emb
