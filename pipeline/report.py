@@ -92,6 +92,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         "key": key, "workload": base.get("workload", {}), "time_basis": basis,
         "timing_meaningful": basis == "device", "wall_ms": wall.get("median_ms"),
         "wall_p10_ms": wall.get("p10_ms"), "wall_p90_ms": wall.get("p90_ms"),
+        "enqueue_ms": wall.get("enqueue_ms"),
         "profiled_ms_per_step": (p or {}).get("profiled_ms_per_step"),
         "gpu_busy_share": busy, "gpu_idle_share": base.get("gpu_idle_share"),
         "launch_bound": launch_bound, "regime": r.get("regime") or _regime(basis, busy),

@@ -287,8 +287,11 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         f"p90 {ms(w['wall_p90_ms'])}), timed without the profiler; profiled step "
         f"{ms(w['profiled_ms_per_step'])}."))]
     if w["time_basis"] == "device":
+        enqueue = (f" The call returns to the host after {ms(w['enqueue_ms'])}, before the "
+                   "synchronise: the host's time for the pass, unless the forward synchronises "
+                   "inside." if w.get("enqueue_ms") else "")
         b.append(("p", (f"GPU busy {pct(w['gpu_busy_share'])}, idle {pct(w['gpu_idle_share'])} "
-                       f"of the wall time.")))
+                       f"of the wall time.{enqueue}")))
     else:
         b.append(("note", ("CPU run: shares are host time of top-level aten ops, and every "
                           "timing here is a CPU / Triton-interpreter timing: not meaningful, "

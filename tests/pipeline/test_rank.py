@@ -402,3 +402,17 @@ def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
         assert sum(r["share"] for r in w["rows"]) + rest[w["key"]] == pytest.approx(1.0, abs=1e-9)
         pats = {r["pattern"] for r in w["rows"]}
         assert {"rmsnorm", "rope", "swiglu_mlp", "linear", "attention"} <= pats
+
+
+def test_wall_time_reports_the_enqueue_time_within_the_wall():
+    from profiling.capture import wall_time
+
+    class Runner:
+        def call(self):
+            torch.ones(64, 64) @ torch.ones(64, 64)
+
+        def reset(self):
+            pass
+
+    wall = wall_time(Runner(), "cpu", warmup=1, reps=5)
+    assert 0 < wall["enqueue_ms"] <= wall["max_ms"]
