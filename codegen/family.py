@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 # A "case" is one concrete call: shapes, dtype name and scalar params, JSON-serialisable, e.g.
@@ -93,6 +94,25 @@ def lazy(module: str, attr: str) -> Callable[..., Any]:
 
     call.__name__ = attr
     return call
+
+
+def kernel_by_signature(forward_by_case: Callable[[Case], Callable | None],
+                        case_of: Callable[..., Case],
+                        params_of: Callable[[Case], dict]) -> Callable[..., tuple]:
+    """An adapter's dispatch: `resolve(*key)` -> (kernel, its params), or (None, None) where
+    the chooser declines, with the case built by `case_of(*key)`. Computed once per distinct
+    key (input shapes, dtype) rather than on every call: a host-bound pass pays an adapter's
+    Python on every layer (`benchmarks/adapter_overhead.py`). The chooser must give one answer
+    per case while the patch lives, as the pipeline's does (accepted kernels are fixed when a
+    model is patched)."""
+
+    @cache
+    def resolve(*key):
+        case = case_of(*key)
+        kernel = forward_by_case(case)
+        return (kernel, params_of(case)) if kernel is not None else (None, None)
+
+    return resolve
 
 
 def no_cases(model, workload) -> list[Case]:

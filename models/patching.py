@@ -102,25 +102,6 @@ def with_global(forward: Callable, module_globals: dict, name: str,
     return forward_with_global
 
 
-def per_signature(resolve: Callable) -> Callable:
-    """`resolve(*key)`, computed once per distinct key. Adapters key it by what a call's case
-    depends on (shapes, dtype), so building the case, asking the chooser and building the
-    kernel's params happen once per input signature instead of on every call: a host-bound
-    pass pays an adapter's Python on every layer (`benchmarks/adapter_overhead.py`). The
-    chooser must give the same answer for a case while the patch lives, as the pipeline's
-    does (accepted kernels are fixed when a model is patched)."""
-    memo: dict = {}
-
-    def get(*key):
-        try:
-            return memo[key]
-        except KeyError:
-            value = memo[key] = resolve(*key)
-            return value
-
-    return get
-
-
 def code_shape(fn) -> str:
     """A function's body as a syntax tree, without its docstring, name or decorators: adapters
     compare it with the Hugging Face code the kernel reproduces, statement for statement."""

@@ -9,7 +9,7 @@ silently changing what it computes.
 
 The replacement forward is set on the instance (never the class: a class-level patch leaks into
 every model built later in the process) and asks `forward_by_case(case)` once per input
-signature (shape, dtype; models.patching.per_signature), so a kernel accepted for one workload
+signature (shape, dtype; codegen.family.kernel_by_signature), so a kernel accepted for one workload
 only runs on that workload's shapes.
 """
 
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case
+from codegen.family import Case, kernel_by_signature
 from codegen.gated_act.reference import make_case, params
-from models.patching import code_shape, per_signature, set_instance_forwards
+from models.patching import code_shape, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
 _SILU_CLASSES = ("SiLUActivation",)
@@ -106,14 +106,11 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
 def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
     """(input shape, dtype) -> (kernel or None, its params), once per signature."""
 
-    def resolve(shape: torch.Size, dtype: torch.dtype):
-        width = shape[-1] if shape else 1
-        case = make_case(shape.numel() // max(width, 1), mlp.cols, dtype_name(dtype), mlp.act,
+    def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
+        return make_case(shape.numel() // shape[-1], mlp.cols, dtype_name(dtype), mlp.act,
                          mlp.layout)
-        kernel = forward_by_case(case)
-        return (kernel, params(case)) if kernel is not None else (None, None)
 
-    return per_signature(resolve)
+    return kernel_by_signature(forward_by_case, case_of, params)
 
 
 def _separate_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:

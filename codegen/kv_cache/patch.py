@@ -38,9 +38,9 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case
+from codegen.family import Case, kernel_by_signature
 from codegen.kv_cache.reference import dynamic_layer_update, make_case, params
-from models.patching import code_shape, per_signature, wrap_instance_forwards
+from models.patching import code_shape, wrap_instance_forwards
 
 CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -156,13 +156,11 @@ def kernel_resolver(forward_by_case: Callable) -> Callable:
     """(new states' shape, dtype, cached length) -> (kernel or None, its params), once per
     signature."""
 
-    def resolve(shape: torch.Size, dtype: torch.dtype, past: int):
+    def case_of(shape: torch.Size, dtype: torch.dtype, past: int) -> Case:
         batch, kv_heads, new, head_dim = shape
-        case = make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype))
-        kernel = forward_by_case(case)
-        return (kernel, params(case)) if kernel is not None else (None, None)
+        return make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype))
 
-    return per_signature(resolve)
+    return kernel_by_signature(forward_by_case, case_of, params)
 
 
 def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable:

@@ -18,9 +18,9 @@ from contextlib import contextmanager
 import torch
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case
+from codegen.family import Case, kernel_by_signature
 from codegen.rmsnorm.reference import params, rms_norm
-from models.patching import per_signature, set_instance_forwards
+from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*RMSNorm$")
 _PROBE_ROWS = 4
@@ -74,13 +74,11 @@ def kernel_resolver(chooser: Callable, form: dict, params_of: Callable = params)
     """(shape, dtype, hidden) -> (kernel or None, its params), once per signature; the fused
     add + RMSNorm family passes its own params."""
 
-    def resolve(shape: torch.Size, dtype: torch.dtype, hidden: int):
-        case = {"rows": shape.numel() // hidden, "hidden": hidden, "dtype": dtype_name(dtype),
+    def case_of(shape: torch.Size, dtype: torch.dtype, hidden: int) -> Case:
+        return {"rows": shape.numel() // hidden, "hidden": hidden, "dtype": dtype_name(dtype),
                 **form}
-        fn = chooser(case)
-        return (fn, params_of(case)) if fn is not None else (None, None)
 
-    return per_signature(resolve)
+    return kernel_by_signature(chooser, case_of, params_of)
 
 
 def kernel_can_take(x: torch.Tensor, weight: torch.Tensor, form: dict) -> bool:

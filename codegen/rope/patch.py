@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case
+from codegen.family import Case, kernel_by_signature
 from codegen.rope.reference import make_case, params
-from models.patching import code_shape, per_signature, with_global, wrap_instance_forwards
+from models.patching import code_shape, with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
@@ -126,14 +126,12 @@ def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
 
 
 def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable) -> Callable:
-    def resolve(q_shape, kv_heads, cos_batch, rot_dim, dtype):
+    def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype) -> Case:
         batch, heads, seq, head_dim = q_shape
-        case = make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
+        return make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
                          cos_batch)
-        kernel = forward_by_case(case)
-        return (kernel, params(case)) if kernel is not None else (None, None)
 
-    resolve = per_signature(resolve)
+    resolve = kernel_by_signature(forward_by_case, case_of, params)
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if not _fits(form, q, k, cos, sin, unsqueeze_dim):

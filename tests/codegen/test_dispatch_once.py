@@ -1,5 +1,5 @@
 """Adapters ask the chooser once per input signature and per patched instance, then call the
-kernel on every call (models.patching.per_signature): a second forward of the same shape adds
+kernel on every call (codegen.family.kernel_by_signature): a second forward of the same shape adds
 kernel calls but no chooser calls, and a new shape is asked about afresh."""
 
 from __future__ import annotations
@@ -8,8 +8,28 @@ import pytest
 import torch
 from family_checks import DEVICE, CountingChooser
 
+from codegen.family import kernel_by_signature
 from codegen.registry import get_family
 from models.loader import build, resolve
+
+
+def test_kernel_by_signature_resolves_each_key_once():
+    seen = []
+
+    def case_of(shape, dtype):
+        seen.append((shape, dtype))
+        return {"n": len(seen)}
+
+    resolve = kernel_by_signature(lambda case: (lambda: case["n"]), case_of,
+                                  lambda case: {"p": case["n"]})
+    a, b = torch.Size([2, 3]), torch.Size([4, 3])
+    got = [resolve(a, torch.float16), resolve(a, torch.float16), resolve(b, torch.float16),
+           resolve(a, torch.float32), resolve(b, torch.float16)]
+    assert [params["p"] for _, params in got] == [1, 1, 2, 3, 2]
+    assert [kernel() for kernel, _ in got] == [1, 1, 2, 3, 2]
+    assert seen == [(a, torch.float16), (b, torch.float16), (a, torch.float32)]
+    declined = kernel_by_signature(lambda case: None, case_of, dict)
+    assert declined(a, torch.float16) == (None, None)
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "add_rmsnorm", "rope", "gated_act", "kv_cache"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.patching import per_signature, set_instance_forward, wrap_instance_forward
+from models.patching import set_instance_forward, wrap_instance_forward
 
 
 def _adds(amount):
@@ -43,16 +43,3 @@ def test_an_earlier_instance_forward_comes_back():
     undo_wrap()
     assert module.forward is earlier
 
-
-def test_per_signature_resolves_each_key_once():
-    seen = []
-
-    def resolve(shape, dtype):
-        seen.append((shape, dtype))
-        return len(seen)
-
-    get = per_signature(resolve)
-    a, b = torch.Size([2, 3]), torch.Size([4, 3])
-    assert [get(a, torch.float16), get(a, torch.float16), get(b, torch.float16),
-            get(a, torch.float32), get(b, torch.float16)] == [1, 1, 2, 3, 2]
-    assert seen == [(a, torch.float16), (b, torch.float16), (a, torch.float32)]
