@@ -8,9 +8,12 @@ difference decides whether a fused kernel wins, so generated candidates launch t
 
 The first call of each specialisation goes through the JIT (compiles, checks, launches) and
 keeps the compiled kernel; later calls launch it directly. The cache key holds what Triton
-specialises on: every scalar argument's value and every tensor's 16-byte alignment, so a
-call Triton would compile differently never reuses a kernel built for another. Under the
-CPU interpreter, or with a Triton this does not know, every call goes through the JIT.
+specialises on (`spec_key`): each tensor's dtype and 16-byte alignment, each integer's
+== 1 / 16-divisible / width class, other scalars by value. So a call Triton would compile
+differently never reuses a kernel built for another, and a decode step's growing cache
+length does not send every call back through the JIT. On Triton 3.6 the launch skips its
+Python wrapper too (`_c_launch`); under the CPU interpreter, or with a Triton this does not
+know, every call goes through the JIT.
 """
 
 from __future__ import annotations
@@ -19,9 +22,17 @@ import inspect
 from collections.abc import Callable
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for grids; Triton 3.6's `triton.cdiv` is a constexpr function whose
+    host-side call costs several microseconds per launch."""
+    return -(-a // b)
+
+
 def _direct_parts():
     """(device, stream, hooks) getters of this Triton, or None when a direct launch is not
-    supported here (interpreter, unknown internals)."""
+    supported here (interpreter, unknown internals). `hooks()` gives None for a hook chain
+    with nothing in it (Triton 3.6 passes an empty HookChain, which the C launcher then calls
+    twice per launch, and builds launch metadata nobody reads)."""
     try:
         from triton.runtime import driver
 
@@ -33,13 +44,53 @@ def _direct_parts():
         from triton import knobs
 
         def hooks():
-            return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+            enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+            return (enter if getattr(enter, "calls", True) else None,
+                    leave if getattr(leave, "calls", True) else None)
     except ImportError:
         from triton.compiler.compiler import CompiledKernel
 
         def hooks():
             return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
     return get_device, get_stream, hooks
+
+
+def spec_key(args: tuple) -> tuple[list, list]:
+    """(key, values): per argument, what Triton would compile differently for (a tensor's
+    dtype, device kind and 16-byte alignment; an integer's == 1 / 16-divisible / width class;
+    any other scalar's value), and what to pass the C launcher: a tensor as its address, which
+    spares the launcher a Python `data_ptr()` call and a driver pointer query per tensor."""
+    key, values = [], []
+    for a in args:
+        if hasattr(a, "data_ptr"):
+            p = a.data_ptr()
+            key.append((a.dtype, a.is_cuda, p & 15 == 0))
+            values.append(p)
+        else:
+            key.append((a % 16 == 0, -2**31 <= a < 2**31, a >= 0) if type(a) is int and a != 1
+                       else a)
+            values.append(a)
+    return key, values
+
+
+def _c_launch(k):
+    """Triton 3.6's C launch function of compiled kernel `k` when calling it directly is the
+    same as calling `k.run` (no scratch buffers to allocate), else None."""
+    run = k.run
+    fn = getattr(run, "launch", None)
+    try:
+        params = list(inspect.signature(type(run).__call__).parameters)
+    except (TypeError, ValueError):
+        return None
+    if (fn is None or params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)):
+        return None
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+    def launch(gx, gy, gz, stream, function, packed, meta, enter, leave, *args):
+        fn(gx, gy, gz, stream, function, coop, pdl, None, None, packed, meta, enter, leave,
+           *args)
+    return launch
 
 
 def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
@@ -59,23 +110,25 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     if parts is None:
         return via_jit
     get_device, get_stream, hooks = parts
-    compiled: dict[tuple, object] = {}
+    compiled: dict[tuple, tuple] = {}
 
     def launch(grid, *args):
         device = get_device()
-        key = (device, *(a.data_ptr() % 16 == 0 if hasattr(a, "data_ptr") else a for a in args))
-        k = compiled.get(key)
-        if k is None:
+        key, values = spec_key(args)
+        hit = compiled.get((device, *key))
+        if hit is None:
             k = via_jit(grid, *args)
-            if k is not None and hasattr(k, "packed_metadata"):
-                compiled[key] = k
+            if k is not None and hasattr(k, "packed_metadata") and all(
+                    t.is_cuda for t in args if hasattr(t, "data_ptr")):
+                compiled[(device, *key)] = (k, _c_launch(k) or k.run)
             return
+        k, run = hit
         stream = get_stream(device)
-        full = args + trailing
+        values.extend(trailing)
         enter, leave = hooks()
-        meta = k.launch_metadata(grid, stream, *full)
-        k.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-              stream, k.function, k.packed_metadata, meta, enter, leave, *full)
+        meta = k.launch_metadata(grid, stream, *args, *trailing) if enter is not None else None
+        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+            stream, k.function, k.packed_metadata, meta, enter, leave, *values)
 
     launch.compiled = compiled  # what tests (and a curious user) can inspect
     return launch

@@ -79,7 +79,7 @@ def forward(x, residual, weight, *, out, **params):
     x = x if x.stride(1) == 1 else x.contiguous()
     residual = residual if residual.stride(1) == 1 else residual.contiguous()
     n_rows = x.shape[0]
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    grid = (cdiv(n_rows, ROWS_PER_PROGRAM),)
     _launch(grid, x, residual, weight.contiguous(), total, normed, n_rows, x.stride(0),
             residual.stride(0), total.stride(0), normed.stride(0), EPS)
 

@@ -141,7 +141,7 @@ def _rows(x, width=COLS):
 
 def _launch(gate, up, out):
     rows = gate.shape[0]
-    grid = (triton.cdiv(rows * COLS, BLOCK),) if FLAT else (rows, triton.cdiv(COLS, BLOCK))
+    grid = (cdiv(rows * COLS, BLOCK),) if FLAT else (rows, cdiv(COLS, BLOCK))
     _kernel(grid, gate, up, out, rows, gate.stride(0), gate.stride(1), up.stride(0),
             up.stride(1), out.stride(0), out.stride(1))
 '''
@@ -165,7 +165,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import launcher
+        from codegen.launch import cdiv, launcher
 
         COLS = {cols}
         GELU_TANH = {act == "gelu_tanh"}

@@ -113,11 +113,56 @@ def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
     return kernel_by_signature(forward_by_case, case_of, params)
 
 
-def _separate_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
+class GateUp:
+    """gate_proj and up_proj of one MLP as one [gate; up] weight, so the patched MLP runs one
+    GEMM where HF runs two: one linear fewer for the host to dispatch per layer (what decides
+    a launch-bound pass, where this family otherwise costs more host time than the two aten
+    ops it replaces) and a wider GEMM at batch 1. The kernel reads the two column halves of
+    the product in place.
+
+    No second copy of the weights: while patched, the two parameters (same objects, same
+    values) hold views of the fused buffer; `split()` gives each its own storage back. A
+    parameter given new storage meanwhile (`.to()`, reassignment) shows as `intact() ==
+    False`, and the MLP runs its two projections again."""
+
+    def __init__(self, gate: nn.Linear, up: nn.Linear):
+        self.gate, self.up = gate, up
+        self.weight = torch.cat([gate.weight.detach(), up.weight.detach()])
+        rows = gate.weight.shape[0]
+        gate.weight.data, up.weight.data = self.weight[:rows], self.weight[rows:]
+        self._ptrs = (gate.weight.data_ptr(), up.weight.data_ptr())
+
+    @staticmethod
+    def fusable(gate, up) -> bool:
+        return (type(gate) is nn.Linear and type(up) is nn.Linear and gate.bias is None
+                and up.bias is None and gate.in_features == up.in_features
+                and gate.weight.dtype == up.weight.dtype
+                and gate.weight.device == up.weight.device)
+
+    def intact(self) -> bool:
+        return (self.gate.weight.data_ptr(), self.up.weight.data_ptr()) == self._ptrs
+
+    def split(self) -> None:
+        for proj, ptr in zip((self.gate, self.up), self._ptrs):
+            if proj.weight.data_ptr() == ptr:  # still a view of the fused buffer
+                proj.weight.data = proj.weight.data.clone()
+        self.weight = None
+
+
+def _separate_forward(mlp: GatedMLP, forward_by_case: Callable, fused: GateUp | None):
     m = mlp.module
     resolve = _resolver(mlp, forward_by_case)
+    cols = mlp.cols
 
     def forward(x):
+        if fused is not None and fused.intact() and not needs_graph(x, m.gate_proj.weight):
+            kernel, kw = resolve(x.shape, x.dtype)
+            if kernel is not None:
+                gate_up = torch.nn.functional.linear(x, fused.weight)
+                hidden = torch.empty((*x.shape[:-1], cols), dtype=gate_up.dtype,
+                                     device=gate_up.device)
+                kernel(gate_up[..., :cols], gate_up[..., cols:], out=hidden, **kw)
+                return m.down_proj(hidden)
         gate = m.gate_proj(x)
         up = m.up_proj(x)
         kernel, kw = (None, None) if needs_graph(gate, up) else resolve(gate.shape, gate.dtype)
@@ -150,6 +195,23 @@ def _packed_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    return set_instance_forwards(
-        (mlp.module, (_packed_forward if mlp.layout == "packed" else _separate_forward)(
-            mlp, forward_by_case)) for mlp in find_gated_mlps(model))
+    """Patch every qualifying MLP; separate gate/up projections are fused (`GateUp`). The undo
+    restores the forwards and gives the projections their own weights back."""
+    forwards, fusions = [], []
+    for mlp in find_gated_mlps(model):
+        if mlp.layout == "packed":
+            forwards.append((mlp.module, _packed_forward(mlp, forward_by_case)))
+            continue
+        m = mlp.module
+        fused = GateUp(m.gate_proj, m.up_proj) if GateUp.fusable(m.gate_proj, m.up_proj) \
+            else None
+        fusions += [fused] if fused else []
+        forwards.append((m, _separate_forward(mlp, forward_by_case, fused)))
+    undo_forwards = set_instance_forwards(forwards)
+
+    def undo() -> None:
+        undo_forwards()
+        for fused in fusions:
+            fused.split()
+
+    return undo

@@ -141,7 +141,7 @@ def forward(keys, values, key_states, value_states, *, out, **params) -> None:
         return
     if past == 0:  # nothing cached: no row reads these, any valid 4-d tensor stands in
         keys, values = key_states, value_states
-    grid = (2 * triton.cdiv(n_rows, BLOCK_R),)
+    grid = (2 * cdiv(n_rows, BLOCK_R),)
     _launch(grid, keys, values, key_states, value_states, new_keys, new_values, n_rows,
             past + new, past, *keys.stride(), *values.stride(), *key_states.stride(),
             *value_states.stride(), *new_keys.stride(), *new_values.stride())
@@ -171,7 +171,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import launcher
+        from codegen.launch import cdiv, launcher
 
         KV_HEADS = {kv_heads}
         HEAD_DIM = {d}

@@ -128,7 +128,7 @@ def render_header(title: str, config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import launcher
+        from codegen.launch import cdiv, launcher
 
         HIDDEN = {hidden}
         BLOCK = {block_for(hidden)}
@@ -155,7 +155,7 @@ def render(config: dict, case: Case) -> str:
             if x.stride(1) != 1:
                 x = x.contiguous()
             n_rows = x.shape[0]
-            grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+            grid = (cdiv(n_rows, ROWS_PER_PROGRAM),)
             _launch(grid, x, weight.contiguous(), out, n_rows, x.stride(0), out.stride(0), EPS)
 
 

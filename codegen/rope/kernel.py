@@ -165,7 +165,7 @@ def forward(q, k, cos, sin, *, out, **params) -> None:
     # A batch-1 cos/sin broadcasts over the batch through a zero stride, without a copy.
     cos = cos.expand(batch, seq, ROT_DIM)
     sin = sin.expand(batch, seq, ROT_DIM)
-    grid = (triton.cdiv(batch * seq, BLOCK_S), triton.cdiv(HEADS + KV_HEADS, BLOCK_H))
+    grid = (cdiv(batch * seq, BLOCK_S), cdiv(HEADS + KV_HEADS, BLOCK_H))
     _launch(grid, q, k, cos, sin, q_out, k_out, batch * seq, seq, *q.stride(), *k.stride(),
             *q_out.stride(), *k_out.stride(), *cos.stride(), *sin.stride())
 
@@ -196,7 +196,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import launcher
+        from codegen.launch import cdiv, launcher
 
         HEADS = {heads}
         KV_HEADS = {kv_heads}

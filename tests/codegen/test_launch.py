@@ -65,3 +65,19 @@ def test_rope_direct_launch_on_hf_strided_views(tmp_path):
         forward(q, k, cos, sin, out=out)
         assert_close(out, ROPE.reference(q, k, cos, sin), TOL["bfloat16"])
     assert len(_launch_of(forward).compiled) == 1
+
+
+def test_spec_key_separates_what_triton_compiles_differently():
+    """Same key only where Triton would reuse its compiled kernel: tensors by dtype and
+    alignment (passed on as addresses), integers by their specialisation class, not value."""
+    from codegen.launch import spec_key
+
+    buf = torch.zeros(64)
+    key, values = spec_key((buf, 7, 32, 1, 2.5))
+    assert values == [buf.data_ptr(), 7, 32, 1, 2.5]
+    assert spec_key((buf, 9, 48, 1, 2.5))[0] == key  # other odd / 16-divisible ints: same
+    assert spec_key((buf[1:], 7, 32, 1, 2.5))[0] != key  # 4 bytes in: not 16-byte aligned
+    assert spec_key((buf.half(), 7, 32, 1, 2.5))[0] != key
+    for other in ((buf, 1, 32, 1, 2.5), (buf, 7, 33, 1, 2.5), (buf, 7, 32, 2, 2.5),
+                  (buf, 7, 2**31, 1, 2.5), (buf, 7, 32, 1, 3.5)):
+        assert spec_key(other)[0] != key, other

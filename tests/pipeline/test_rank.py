@@ -416,3 +416,25 @@ def test_wall_time_reports_the_enqueue_time_within_the_wall():
 
     wall = wall_time(Runner(), "cpu", warmup=1, reps=5)
     assert 0 < wall["enqueue_ms"] <= wall["max_ms"]
+
+
+def test_enqueue_time_sets_the_host_scale_when_it_is_the_tighter_bound(decode):
+    """The unprofiled time model() takes to return is the host's own time: a workload that
+    records it gets its host chain scaled to it (when tighter than the wall's bound), and a
+    faster host shortens the replayed pass."""
+    from profiling.replay import HOST_KINDS, build_graph
+
+    w, _ = decode
+    host_us = sum(a["dur"] for _, a in build_graph(load_trace(DECODE)).nodes(data=True)
+                  if a["kind"] in HOST_KINDS)
+    plain = rank_stage.workload_graph(w, DECODE)
+    fast = dict(w, wall={**w["wall"], "enqueue_ms": host_us * 0.1 / 1e3})
+    graph = rank_stage.workload_graph(fast, DECODE)
+    assert graph.graph["host_scale"] == pytest.approx(0.1)
+    assert plain.graph["host_scale"] > 0.1
+    slow = dict(w, wall={**w["wall"], "enqueue_ms": host_us * 10 / 1e3})
+    assert rank_stage.workload_graph(slow, DECODE).graph["host_scale"] == \
+        plain.graph["host_scale"]
+    from profiling.replay import replay
+
+    assert replay(graph) < replay(plain)
