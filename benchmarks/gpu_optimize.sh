@@ -21,6 +21,7 @@ python3 -m pipeline optimize $run $choice --max-configs $MAXC --pairs $PAIRS --b
   > $OUT/optimize-$tag.log 2>&1
 echo "optimize $tag rc=$? $(( $(date +%s) - t1 ))s"; tail -n 30 $OUT/optimize-$tag.log
 tar -czf $OUT/run-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag
+tar -czf $OUT/trace-$tag.tgz -C /tmp/runs $tag/trace $tag/profile.json  # for offline replay work
 [ -n "${SKIP_CONTENDERS:-}" ] || for c in liger compile; do
   timeout 150 python3 benchmarks/contenders.py $c $M $B $S $OUT/$c-$tag.json 2>&1 | tail -n 2
 done
