@@ -28,31 +28,38 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _hooks_getter():
+    try:
+        from triton import knobs
+    except ImportError:  # Triton before knobs: plain class attributes, None when unset
+        from triton.compiler.compiler import CompiledKernel
+
+        return lambda: (CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook)
+
+    def launch_hooks() -> tuple:
+        """(enter, exit) launch hooks to hand the C launcher: None for a hook chain with
+        nothing in it (Triton 3.6 passes an empty HookChain, which the launcher then calls
+        twice per launch, and builds launch metadata nobody reads)."""
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        return (enter if getattr(enter, "calls", True) else None,
+                leave if getattr(leave, "calls", True) else None)
+
+    return launch_hooks
+
+
+launch_hooks = _hooks_getter()
+
+
 def _direct_parts():
-    """(device, stream, hooks) getters of this Triton, or None when a direct launch is not
-    supported here (interpreter, unknown internals). `hooks()` gives None for a hook chain
-    with nothing in it (Triton 3.6 passes an empty HookChain, which the C launcher then calls
-    twice per launch, and builds launch metadata nobody reads)."""
+    """(device, stream) getters of this Triton, or None when a direct launch is not supported
+    here (interpreter, unknown internals)."""
     try:
         from triton.runtime import driver
 
         active = driver.active
-        get_device, get_stream = active.get_current_device, active.get_current_stream
+        return active.get_current_device, active.get_current_stream
     except Exception:  # noqa: BLE001 - any missing piece means: use the JIT
         return None
-    try:
-        from triton import knobs
-
-        def hooks():
-            enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-            return (enter if getattr(enter, "calls", True) else None,
-                    leave if getattr(leave, "calls", True) else None)
-    except ImportError:
-        from triton.compiler.compiler import CompiledKernel
-
-        def hooks():
-            return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
-    return get_device, get_stream, hooks
 
 
 def spec_key(args: tuple) -> tuple[list, list]:
@@ -109,7 +116,7 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
 
     if parts is None:
         return via_jit
-    get_device, get_stream, hooks = parts
+    get_device, get_stream = parts
     compiled: dict[tuple, tuple] = {}
 
     def launch(grid, *args):
@@ -125,7 +132,7 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
         k, run = hit
         stream = get_stream(device)
         values.extend(trailing)
-        enter, leave = hooks()
+        enter, leave = launch_hooks()
         meta = k.launch_metadata(grid, stream, *args, *trailing) if enter is not None else None
         run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
             stream, k.function, k.packed_metadata, meta, enter, leave, *values)

@@ -258,6 +258,23 @@ def load_run(target: str | None) -> Path:
 
 
 
+def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
+    """Families no workload can gain from by their own kernel-level numbers: every accepted
+    case is slower on the device than the code it replaces and saves the host nothing per
+    call. Integrating one would only spend measurement time on a certain rollback (the
+    attention kernel at 0.19x of cuDNN's SDPA on the H200, 2026-11-30)."""
+    out = {}
+    for fam in families:
+        accs = [a for a in accepted.values() if a["family"] == fam]
+        if accs and all(a["speedup"] < 1 and (a.get("host_delta_us") or 0.0) <= 0
+                        for a in accs):
+            speeds = ", ".join(f"{a['speedup']:.2f}x" for a in accs)
+            hosts = ", ".join(f"{-(a.get('host_delta_us') or 0.0):+.1f} us" for a in accs)
+            out[fam] = (f"not integrated: slower than the code it replaces at kernel level "
+                        f"({speeds}) and no host time saved per call ({hosts})")
+    return out
+
+
 def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: list[str],
                     say: Callable[[str], None], pairs: int, built: dict | None = None) -> dict:
     """`built`: models already built, keyed by (dtype, device), reused instead of rebuilt."""
@@ -272,8 +289,13 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
 
     accepted = summary["accepted"]
     fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
-    result = {"stage": "integrate", "families": fams, "chosen": families, "environment":
-              environment(workloads[0].device), "workloads": {}}
+    # only GPU timings say a kernel is slower; the interpreter's say nothing
+    skipped = cannot_win(accepted, fams) if workloads[0].device.startswith("cuda") else {}
+    for fam, why in skipped.items():
+        say(f"{fam}: {why}")
+    fams = [f for f in fams if f not in skipped]
+    result = {"stage": "integrate", "families": fams, "chosen": families, "skipped": skipped,
+              "environment": environment(workloads[0].device), "workloads": {}}
     by_dtype: dict[tuple, list] = {}
     for w in workloads:
         by_dtype.setdefault((w.dtype, w.device), []).append(w)
@@ -297,7 +319,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             m = ig.measure(model, w, accepted, kept, {f: set(v) for f, v in cases.items()},
                            pairs, paired_ratio)
             result["workloads"][w.key] = {"workload": w.to_dict(), "check": check,
-                                          "patch_effect": effect, "cases": cases, **m}
+                                          "patch_effect": effect, "cases": cases,
+                                          "skipped": skipped, **m}
         del model
     write_json(run_dir / "integration.json", result)
     return result

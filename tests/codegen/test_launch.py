@@ -60,7 +60,7 @@ def test_rope_direct_launch_on_hf_strided_views(tmp_path):
     gen = torch.Generator(DEVICE).manual_seed(1)
     for _ in range(3):
         q, k, cos, sin = ROPE.make_inputs(case, DEVICE, gen)
-        out = ROPE.make_out(case, (q,))
+        out = ROPE.make_out(case, (q, k))
         poison(out)
         forward(q, k, cos, sin, out=out)
         assert_close(out, ROPE.reference(q, k, cos, sin), TOL["bfloat16"])
@@ -81,3 +81,66 @@ def test_spec_key_separates_what_triton_compiles_differently():
     for other in ((buf, 1, 32, 1, 2.5), (buf, 7, 33, 1, 2.5), (buf, 7, 32, 2, 2.5),
                   (buf, 7, 2**31, 1, 2.5), (buf, 7, 32, 1, 3.5)):
         assert spec_key(other)[0] != key, other
+
+
+def test_empty_hook_chains_are_not_passed_to_the_launcher():
+    """Triton keeps its launch hooks in chains that are never None; an empty one is passed on
+    as None (no Python call per launch, no launch metadata), a chain with a hook as itself."""
+    pytest.importorskip("triton.knobs")
+    from triton import knobs
+
+    from codegen.launch import launch_hooks
+
+    chain = knobs.runtime.launch_enter_hook
+    if not hasattr(chain, "calls"):
+        pytest.skip("this Triton keeps a plain hook, not a chain")
+    assert not chain.calls and launch_hooks()[0] is None
+
+    def hook(metadata):
+        return None
+
+    chain.add(hook)
+    try:
+        assert launch_hooks()[0] is chain
+    finally:
+        chain.remove(hook)
+    assert launch_hooks()[0] is None
+
+
+def test_the_c_launch_shortcut_only_takes_a_launcher_it_knows():
+    """Triton 3.6's launcher object: (grid, stream, function, *args) and no scratch buffers.
+    Any other shape (a newer Triton's signature, scratch space to allocate) keeps `k.run`."""
+    from codegen.launch import _c_launch
+
+    calls = []
+
+    class Launcher36:
+        launch_cooperative_grid, launch_pdl = False, True
+        global_scratch_size, profile_scratch_size = 0, 0
+
+        def __init__(self):
+            self.launch = lambda *a: calls.append(a)
+
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            raise AssertionError("the shortcut goes around this")
+
+    class Kernel:
+        run = Launcher36()
+
+    go = _c_launch(Kernel())
+    go(4, 1, 1, "stream", "fn", "packed", None, None, None, 11, 22)
+    assert calls == [(4, 1, 1, "stream", "fn", False, True, None, None, "packed", None, None,
+                      None, 11, 22)]
+
+    class WithScratch(Launcher36):
+        global_scratch_size = 128
+
+    class Launcher39(Launcher36):
+        def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata,
+                     launch_metadata, launch_enter_hook, launch_exit_hook, *args):
+            raise AssertionError
+
+    for launcher_cls in (WithScratch, Launcher39):
+        class K:
+            run = launcher_cls()
+        assert _c_launch(K()) is None

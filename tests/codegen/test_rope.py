@@ -103,9 +103,9 @@ def test_rendered_source_is_specialised_and_checks_shapes(tmp_path):
     forward = load_rendered(FAMILY, config, case, tmp_path)
     q, k, cos, sin = FAMILY.make_inputs(case)
     with pytest.raises(ValueError):
-        forward(q, k, cos[..., :8], sin[..., :8], out=FAMILY.make_out(case, (q,)))
+        forward(q, k, cos[..., :8], sin[..., :8], out=FAMILY.make_out(case, (q, k)))
     with pytest.raises(ValueError):
-        forward(q, k, cos, sin, out=FAMILY.make_out(case, (q,)), unsqueeze_dim=2)
+        forward(q, k, cos, sin, out=FAMILY.make_out(case, (q, k)), unsqueeze_dim=2)
 
 
 @pytest.mark.parametrize("model_id, pattern", [("tiny-llama", "rope"), ("tiny-gemma", "rope"),

@@ -644,3 +644,22 @@ def test_projection_error_is_against_the_set_that_shipped():
     # without a projection for the kept set, the error stays against the projected set
     out = _integration({**iw, "projection_for_kept": None}, projected)
     assert out["projection_error"]["replay"] == pytest.approx(abs(1.3 - measured) / measured)
+
+
+def test_a_family_that_cannot_win_is_not_integrated():
+    """Slower on the device in every accepted case and no host time saved: skipped, with the
+    numbers in the reason. Faster on the device, or saving host time (a launch-bound pass),
+    is enough to be measured in the model."""
+    from pipeline.optimize import cannot_win
+
+    def acc(fam, speedup, host):
+        return {"family": fam, "speedup": speedup, "host_delta_us": host}
+
+    accepted = {"attention/a": acc("attention", 0.19, -30.0),
+                "attention/b": acc("attention", 0.69, None),
+                "gated_act/a": acc("gated_act", 1.7, -8.0),
+                "kv_cache/a": acc("kv_cache", 0.9, 12.0),
+                "rope/a": acc("rope", 0.8, -1.0), "rope/b": acc("rope", 1.2, -1.0)}
+    skipped = cannot_win(accepted, ["attention", "gated_act", "kv_cache", "rope", "rmsnorm"])
+    assert list(skipped) == ["attention"]
+    assert "0.19x, 0.69x" in skipped["attention"] and "+30.0 us" in skipped["attention"]

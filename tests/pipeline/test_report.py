@@ -236,6 +236,7 @@ def test_full_gpu_run(tmp_path):
               "rolled back", "Launch-bound", "nothing kept"):
         assert s in dec, s
     assert "Rollbacks: none." in pre and "Rollbacks: none." not in dec
+    assert "attention" not in md  # nothing skipped in this run
     assert "no candidate passed verification" in md and "max rel error 0.31" in md
     data = read_json(out["json"])
     w = {x["key"]: x for x in data["workloads"]}
@@ -256,6 +257,21 @@ def test_full_gpu_run(tmp_path):
     html = out["html"].read_text()
     assert '<img src="plots/comparison.png"' in html and "Acceptance records" in html
     assert json.loads(out["json"].read_text())["schema_version"] == 1
+
+
+def test_a_skipped_family_is_listed_with_its_reason(tmp_path):
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    why = "not integrated: slower than the code it replaces at kernel level (0.19x)"
+    for w in integ["workloads"].values():
+        w["skipped"] = {"attention": why}
+    write_json(tmp_path / "integration.json", integ)
+    out = write_report(tmp_path)
+    data = read_json(out["json"])
+    for w in data["workloads"]:
+        assert {"family": "attention", "stage": "kernel timing", "reason": why} in w["rollbacks"]
+    assert why in section(out["markdown"].read_text(), PRE)
 
 
 def test_cpu_run_labels_timings_not_meaningful(tmp_path):
