@@ -380,6 +380,38 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
     assert not any("forward" in mod.__dict__ for mod in model.modules())
 
 
+def test_patch_effect_counts_kernel_calls_of_one_pass(run_data, monkeypatch):
+    """On a GPU the patched pass runs once more under the profiler to name the new kernels;
+    the kernel calls reported per pass must still be those of one pass."""
+    from dataclasses import replace
+
+    from pipeline import integrate as ig
+
+    class CudaNamed(str):  # a CPU device the GPU branch is taken for
+        def startswith(self, prefix, *args):
+            return prefix == "cuda" or str.startswith(self, prefix, *args)
+
+    reprofiled = []
+
+    def fake_gpu_names(runner):
+        with torch.no_grad():
+            runner.call()
+        runner.reset()
+        reprofiled.append(True)
+        return ["_rms_norm_forward_kernel"]
+
+    monkeypatch.setattr(ig, "_gpu_kernel_names", fake_gpu_names)
+    accepted = run_data["summary"]["accepted"]
+    workload = workloads_of(run_data)[0]
+    model = build_tiny_llama()
+    on_cpu = ig.patch_took_effect(model, accepted, ["rmsnorm"], workload)
+    on_gpu = ig.patch_took_effect(model, accepted, ["rmsnorm"],
+                                  replace(workload, device=CudaNamed("cpu")))
+    assert reprofiled == [True] and on_gpu["new_kernels"] == ["_rms_norm_forward_kernel"]
+    assert on_cpu["kernel_calls"]["rmsnorm"] > 0
+    assert on_gpu["kernel_calls"] == on_cpu["kernel_calls"]
+
+
 # 5. the proposer contract ----------------------------------------------------------------------
 
 def test_proposals_go_through_screen_and_verification(run_data, tmp_path):
