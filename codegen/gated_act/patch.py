@@ -122,8 +122,8 @@ class GateUp:
 
     No second copy of the weights: while patched, the two parameters (same objects, same
     values) hold views of the fused buffer; `split()` gives each its own storage back. A
-    parameter given new storage meanwhile (`.to()`, reassignment) shows as `intact() ==
-    False`, and the MLP runs its two projections again."""
+    parameter given new storage meanwhile (`.to()`, reassignment), or a hook on either
+    projection, shows as `intact() == False`, and the MLP runs its two projections again."""
 
     def __init__(self, gate: nn.Linear, up: nn.Linear):
         self.gate, self.up = gate, up
@@ -140,7 +140,12 @@ class GateUp:
                 and gate.weight.device == up.weight.device)
 
     def intact(self) -> bool:
-        return (self.gate.weight.data_ptr(), self.up.weight.data_ptr()) == self._ptrs
+        """Still fused, and nobody hooks the projections (a user's hook, or accelerate's that
+        brings offloaded weights in, must see its module called)."""
+        g, u = self.gate, self.up
+        return ((g.weight.data_ptr(), u.weight.data_ptr()) == self._ptrs
+                and not (g._forward_hooks or g._forward_pre_hooks or u._forward_hooks
+                         or u._forward_pre_hooks))
 
     def split(self) -> None:
         for proj, ptr in zip((self.gate, self.up), self._ptrs):

@@ -185,30 +185,36 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, layout, tmp_path):
 def test_separate_projections_run_as_one_gemm_without_a_weight_copy(tmp_path):
     """Patched, a Llama MLP runs one [gate; up] GEMM (gate_proj and up_proj are not called)
     over views of one buffer; undo gives each projection its own storage back, same values;
-    a projection given a new weight meanwhile is honoured (the MLP falls back to it)."""
+    a projection given a new weight, or a hook, meanwhile is honoured (the MLP falls back to
+    calling the projections)."""
     model = build(resolve("tiny-llama"), torch.float32, DEVICE)
     mlp = find_gated_mlps(model)[0].module
     gate_w, up_w = mlp.gate_proj.weight.detach().clone(), mlp.up_proj.weight.detach().clone()
-    x = torch.randn(2, 5, mlp.gate_proj.in_features, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 5, mlp.gate_proj.in_features,
+                    generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    seen = []
+    for proj in (mlp.gate_proj, mlp.up_proj):  # counts calls without registering a hook
+        proj.forward = (lambda f: lambda *a: (seen.append(1), f(*a))[1])(proj.forward)
     with torch.no_grad():
-        want = mlp(x.to(DEVICE))
-        seen = []
-        hooks = [p.register_forward_hook(lambda *a: seen.append(1))
-                 for p in (mlp.gate_proj, mlp.up_proj)]
+        want = mlp(x)
+        seen.clear()
         undo = FAMILY.patch(model, CountingChooser(FAMILY, tmp_path))
-        got = mlp(x.to(DEVICE))
+        got = mlp(x)
         assert seen == []
         assert mlp.up_proj.weight.data_ptr() == mlp.gate_proj.weight.data_ptr() + \
             gate_w.numel() * gate_w.element_size()
-        assert mlp.gate_proj.weight is not None and torch.equal(mlp.gate_proj.weight, gate_w)
+        assert torch.equal(mlp.gate_proj.weight, gate_w)
         mlp.up_proj.weight = torch.nn.Parameter(up_w * 2)
-        doubled = mlp(x.to(DEVICE))
+        doubled = mlp(x)
         assert len(seen) == 2
         mlp.up_proj.weight = torch.nn.Parameter(up_w)
+        hooked = []
+        handle = mlp.gate_proj.register_forward_hook(lambda *a: hooked.append(1))
+        mlp(x)
+        handle.remove()
+        assert hooked == [1]
         undo()
-        for h in hooks:
-            h.remove()
-        after = mlp(x.to(DEVICE))
+        after = mlp(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     ref_doubled = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * (mlp.up_proj(x) * 2))
     torch.testing.assert_close(doubled, ref_doubled, atol=1e-5, rtol=1e-5)
