@@ -60,11 +60,15 @@ class Replacement:
     was in stream order. `launches` are the launches whose host dispatch merges into one
     (the first is kept); None means the launches of the replaced device events. Name the
     kernels of one pattern occurrence: the merged event runs at the first one's place, so
-    grouping kernels separated by unrelated host work would move work ahead of that work."""
+    grouping kernels separated by unrelated host work would move work ahead of that work.
+    `host_saving_us`: host time each launch this replacement removes also takes off the
+    segment before it (None: the `apply_replacements` default), so one pattern's saving stays
+    on its own launches."""
 
     device: frozenset
     new_duration_us: float
     launches: frozenset | None = None
+    host_saving_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -366,7 +370,9 @@ def apply_replacements(graph: nx.DiGraph, replacements: Iterable, *, host_saving
             kept = first if first in launches else launches[0]
             for lnode in launches:
                 if lnode != kept:
-                    g.graph["host_removed_us"] += _remove_launch(g, lnode, kept, host_saving_us)
+                    g.graph["host_removed_us"] += _remove_launch(
+                        g, lnode, kept, host_saving_us if rep.host_saving_us is None
+                        else rep.host_saving_us)
     if not nx.is_directed_acyclic_graph(g):
         raise ValueError("the replacements create a dependency cycle")
     return g

@@ -438,3 +438,37 @@ def test_enqueue_time_sets_the_host_scale_when_it_is_the_tighter_bound(decode):
     from profiling.replay import replay
 
     assert replay(graph) < replay(plain)
+
+
+def test_replay_keeps_each_rows_host_saving_on_its_own_launches(decode):
+    """Savings add up across rows that do not interact: a row whose claimed host saving is
+    larger than its own host segments can hold must not spill it onto another row's launches
+    (which over-projected a four-family set by 6 % on the H200)."""
+    from profiling.replay import replay
+
+    w, _ = decode
+    graph = rank_stage.workload_graph(w, DECODE)
+    base = replay(graph)
+    rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
+    assert len(rows) >= 2
+    a, b = (dict(r, target_us=r["time_us"]) for r in rows[:2])
+    a["host_delta_us"], b["host_delta_us"] = 1e6, 0.0
+
+    def saved(rs):
+        return base - base / rank_stage._replay_gain(graph, rs)
+
+    assert saved([a]) > 0
+    assert saved([a, b]) == pytest.approx(saved([a]) + saved([b]), abs=1.0)
+
+
+def test_replay_projects_a_slower_kernel_as_a_slowdown(prefill):
+    """A measured kernel slower than the code it replaces projects a slowdown (it used to be
+    clamped to no change), about as much as Amdahl says on a device-bound pass."""
+    w, _ = prefill
+    graph = rank_stage.workload_graph(w, PREFILL)
+    row = max((r for r in rank_stage.pattern_rows(w, H200) if r["family"]),
+              key=lambda r: r["time_us"])
+    slower = dict(row, target_us=row["time_us"] * 3, host_delta_us=None)
+    gain = rank_stage._replay_gain(graph, [slower])
+    assert gain < 1.0
+    assert gain == pytest.approx(amdahl([(row["share"], 1 / 3)]), rel=0.1)

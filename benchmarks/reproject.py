@@ -1,0 +1,76 @@
+"""Re-project a committed optimize run with the current projection code.
+
+The projection is frozen before integration from the profile and the kernel-level numbers
+(projection.json: kernel speedups and host deltas). This recomputes it for the set each
+workload shipped, from those same frozen inputs and the run's trace, with whatever replay and
+Amdahl code is checked out now, and prints it next to the frozen projection and the measured
+speedup. It reads no whole-model measurement into the projection; the measured column is only
+printed beside it.
+
+    python benchmarks/reproject.py benchmarks/results/optimize-<tag> [--out FILE.json]
+
+The results folder needs profile.json.gz (or profile.json), ranking.json, projection.json,
+integration.json and trace/<workload>.json.gz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def reproject(results: Path) -> dict:
+    from pipeline.optimize import _project_set
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        for name in ("ranking.json", "projection.json", "integration.json"):
+            shutil.copy(results / name, run / name)
+        packed = results / "profile.json.gz"
+        if packed.exists():
+            (run / "profile.json").write_bytes(gzip.decompress(packed.read_bytes()))
+        else:
+            shutil.copy(results / "profile.json", run / "profile.json")
+        (run / "trace").symlink_to((results / "trace").resolve())
+        proj = json.loads((run / "projection.json").read_text())
+        integ = json.loads((run / "integration.json").read_text())
+        ranking = {w["key"]: w for w in json.loads((run / "ranking.json").read_text())
+                   ["workloads"]}
+        out = {}
+        for key, w in integ["workloads"].items():
+            kept = list(w.get("kept") or [])
+            frozen = w.get("projection_for_kept") or proj["workloads"][key]
+            now = _project_set(run, ranking[key], proj["kernel_speedups"],
+                               proj["host_delta_us"], True, only=kept)
+            measured = 1 / w["combined"]["estimate"] if w.get("combined") else 1.0
+            out[key] = {"kept": kept, "measured": measured,
+                        "frozen": {k: frozen[k] for k in ("amdahl", "replay")},
+                        "now": {k: now[k] for k in ("amdahl", "replay")},
+                        "error_frozen": {k: abs(frozen[k] - measured) / measured
+                                         for k in ("amdahl", "replay")},
+                        "error_now": {k: abs(now[k] - measured) / measured
+                                      for k in ("amdahl", "replay")}}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    out = reproject(args.results)
+    for key, r in out.items():
+        print(f"{key}: measured {r['measured']:.3f}x; replay frozen {r['frozen']['replay']:.3f}x "
+              f"({r['error_frozen']['replay']:.1%}), now {r['now']['replay']:.3f}x "
+              f"({r['error_now']['replay']:.1%}); Amdahl {r['now']['amdahl']:.3f}x "
+              f"({r['error_now']['amdahl']:.1%}); kept {', '.join(r['kept'])}")
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
