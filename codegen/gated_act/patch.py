@@ -208,8 +208,12 @@ def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
             forwards.append((mlp.module, _packed_forward(mlp, forward_by_case)))
             continue
         m = mlp.module
-        fused = GateUp(m.gate_proj, m.up_proj) if GateUp.fusable(m.gate_proj, m.up_proj) \
-            else None
+        fused = None
+        if GateUp.fusable(m.gate_proj, m.up_proj):
+            try:
+                fused = GateUp(m.gate_proj, m.up_proj)
+            except torch.OutOfMemoryError:  # no room for one layer's [gate; up]: run both
+                fused = None
         fusions += [fused] if fused else []
         forwards.append((m, _separate_forward(mlp, forward_by_case, fused)))
     undo_forwards = set_instance_forwards(forwards)

@@ -245,3 +245,25 @@ def test_lookalike_mlps_are_left_alone():
             self.c = LlamaMLP(LlamaConfig(**small))
 
     assert [m.path for m in find_gated_mlps(MLP())] == ["c"]
+
+
+def test_no_memory_for_the_fused_weight_keeps_both_projections(tmp_path, monkeypatch):
+    """Fusing needs one layer's [gate; up] more memory for a moment; without it the MLP is
+    still patched and runs its two projections, and nothing else is lost."""
+    from codegen.gated_act.patch import GateUp
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room")
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    mlp = find_gated_mlps(model)[0].module
+    x = torch.randn(1, 3, mlp.gate_proj.in_features).to(DEVICE)
+    monkeypatch.setattr(GateUp, "__init__", no_room)
+    with torch.no_grad():
+        want = mlp(x)
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        got = mlp(x)
+        undo()
+    assert chooser.calls == 1
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
