@@ -85,6 +85,22 @@ def paired(base, variant, pairs: int) -> dict:
             "wall_ratio": med([b / v for v, b in zip(wv, wb)])}
 
 
+def host_us(fn, n: int = 50, rounds: int = 20) -> float:
+    """Median host us per call of `fn` over `rounds` blocks of `n`, synchronised between
+    blocks only (what the host pays while the GPU queue absorbs the work)."""
+    for _ in range(5):
+        fn()
+    sync()
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t) * 1e6 / n)
+        sync()
+    return statistics.median(samples)
+
+
 def launch_micro(tmp: Path, dtype: str, device: str) -> dict:
     """Host us per call, no synchronise: an aten op, a generated RMSNorm candidate (direct
     launch) and the same kernel through Triton's JIT, on a 128 x 2048 input."""
@@ -104,35 +120,9 @@ def launch_micro(tmp: Path, dtype: str, device: str) -> dict:
              "candidate_direct": lambda: fwd(x, w, out=out, eps=1e-5, offset=0.0,
                                               cast_first=True),
              "triton_jit": lambda: rms_norm_forward(x, w, out=out, eps=1e-5)}
-    res = {}
-    for name, fn in calls.items():
-        for _ in range(20):
-            fn()
-        sync()
-        samples = []
-        for _ in range(30):
-            t = time.perf_counter()
-            for _ in range(50):
-                fn()
-            samples.append((time.perf_counter() - t) * 1e6 / 50)
-            sync()
-        res[name] = statistics.median(samples)
+    res = {name: host_us(fn, rounds=30) for name, fn in calls.items()}
     print("host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()), flush=True)
     return res
-
-
-def host_us(fn, n: int = 50, rounds: int = 20) -> float:
-    for _ in range(5):
-        fn()
-    sync()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - t) * 1e6 / n)
-        sync()
-    return statistics.median(samples)
 
 
 def mlp_micro(model, tmp: Path, w) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def reproject(results: Path) -> dict:
-    from pipeline.optimize import _project_set
+    from pipeline.optimize import project_set
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
@@ -44,7 +44,7 @@ def reproject(results: Path) -> dict:
         for key, w in integ["workloads"].items():
             kept = list(w.get("kept") or [])
             frozen = w.get("projection_for_kept") or proj["workloads"][key]
-            now = _project_set(run, ranking[key], proj["kernel_speedups"],
+            now = project_set(run, ranking[key], proj["kernel_speedups"],
                                proj["host_delta_us"], True, only=kept)
             measured = 1 / w["combined"]["estimate"] if w.get("combined") else 1.0
             out[key] = {"kept": kept, "measured": measured,

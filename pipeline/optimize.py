@@ -196,7 +196,7 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         out["workloads"][w["key"]] = {
-            **_project_set(run_dir, w, speed, host, on_gpu),
+            **project_set(run_dir, w, speed, host, on_gpu),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
@@ -204,8 +204,8 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     return out
 
 
-def _project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bool,
-                 only: list[str] | None = None) -> dict:
+def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bool,
+                only: list[str] | None = None) -> dict:
     """Amdahl and replay projection of one workload for the families in `speed` (or `only`),
     from kernel-level numbers alone: no whole-model measurement enters it."""
     from pipeline.rank_stage import amdahl, project_with
@@ -235,7 +235,7 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
     for key, w in (integ.get("workloads") or {}).items():
         kept = list(w.get("kept") or [])
         if key in ranking and set(kept) != set(proj["families"]):
-            w["projection_for_kept"] = {"families": kept, **_project_set(
+            w["projection_for_kept"] = {"families": kept, **project_set(
                 run_dir, ranking[key], proj["kernel_speedups"], proj["host_delta_us"],
                 on_gpu, only=kept)}
             changed = True
@@ -294,8 +294,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
     for fam, why in skipped.items():
         say(f"{fam}: {why}")
     fams = [f for f in fams if f not in skipped]
-    result = {"stage": "integrate", "families": fams, "chosen": families, "skipped": skipped,
-              "environment": environment(workloads[0].device), "workloads": {}}
+    result = {"stage": "integrate", "families": fams, "chosen": families, "environment":
+              environment(workloads[0].device), "workloads": {}}
     by_dtype: dict[tuple, list] = {}
     for w in workloads:
         by_dtype.setdefault((w.dtype, w.device), []).append(w)
@@ -329,7 +329,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
 def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bool = False,
                  max_configs: int | None = None, pairs: int | None = None,
                  proposer: str | None = None, backend: str = "triton",
-                 only: list[str] | None = None) -> dict:
+                only: list[str] | None = None) -> dict:
     """All stages after profile on `run_dir`; returns the paths of what was written.
     `only`: exactly these families (in the ranking's order), instead of the top `top`.
     `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back

@@ -171,9 +171,8 @@ def workload_graph(w: dict, trace_path: Path | None):
     if probe is not None and probe < factor:
         graph, factor = scale_host(traced, probe), probe
     # the host's own unprofiled time for the pass, when the profile timed it: the call returns
-    # after its last launch, so it bounds the host chain directly (Qwen2.5-0.5B b8 on the
-    # H200: 17.8 ms of a 26.6 ms wall, where the wall alone allowed a host half again slower
-    # and the replay under-projected 1.18x against 1.40x measured)
+    # after its last launch, so it bounds the host chain directly, where a device-bound wall
+    # only bounds it from above (Qwen2.5-0.5B b8 on the H200: 17.8 ms of a 26.6 ms wall)
     enqueue = enqueue_factor(traced, (w.get("wall") or {}).get("enqueue_ms"))
     if enqueue is not None and enqueue < factor:
         graph, factor = scale_host(traced, enqueue), enqueue

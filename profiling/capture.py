@@ -110,8 +110,8 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
     that is the host's own time for the pass when the forward never synchronises inside (an
     upper bound when it does): a pass whose host needs most of the wall to enqueue it turns
     host-bound once kernels shrink the device time (Qwen2.5-0.5B at batch 8 on a slow host,
-    2026-11-30). On the CPU the two agree. Recorded and reported, not yet used in a claim: it
-    has not been checked against a GPU trace."""
+    2026-11-30). On the CPU the two agree. The replay takes it as a bound on the host's speed
+    (`pipeline.rank_stage.workload_graph`)."""
     times, enqueues = [], []
     with torch.no_grad():
         for i in range(warmup + reps):

@@ -132,3 +132,9 @@ def verify_on_cpu_or_gpu(family, case, tmp_path):
 
 def instance_forwards(model) -> list[str]:
     return [name for name, m in model.named_modules() if "forward" in m.__dict__]
+
+
+def space_ends(configs: list[dict]) -> list[dict]:
+    """The first and last config of a search space (once, when they are the same): the
+    smallest and the widest blocks, what a rendered-kernel test runs."""
+    return list({repr(c): c for c in (configs[0], configs[-1])}.values())
