@@ -1,7 +1,8 @@
 """Per-kernel table of issue 4: each memory-bound family under HF eager, torch.compile, Liger, ours.
 
     python benchmarks/kernels.py --out DIR [--models llama-3.2-1b,qwen2.5-0.5b]
-        [--contenders copy,eager,ours,liger,compile] [--run-dir RUN] [--max-configs N]
+        [--families rmsnorm,rope,...] [--contenders copy,eager,ours,liger,compile]
+        [--run-dir RUN] [--max-configs N]
 
 Per model (zoo config, random weights, bf16, batch 8 x seq 1024) and family (rmsnorm; rope, q
 and k in one call; gated_act, SwiGLU; add_rmsnorm, residual add + RMSNorm; kv_cache, the
@@ -277,7 +278,7 @@ def worker(args) -> int:
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for name in args.models.split(","):
             setup = model_setup(name, args.dry_run)
-            for fam in FAMILIES:
+            for fam in args.families.split(","):
                 try:
                     r = run_case(args, setup, fam, device, bench_kw, Path(tmp))
                 except LookupError as e:  # the contender has no kernel for this op
@@ -301,7 +302,7 @@ def run_workers(args, out: Path, merged: dict) -> None:
         path, log = out / f"worker-{c}.json", out / f"worker-{c}.log"
         path.unlink(missing_ok=True)
         cmd = [sys.executable, __file__, "--worker", c, "--models", args.models,
-               "--json", str(path)] + ["--dry-run"] * args.dry_run
+               "--families", args.families, "--json", str(path)] + ["--dry-run"] * args.dry_run
         cmd += ["--run-dir", args.run_dir] if args.run_dir else []
         cmd += ["--max-configs", str(args.max_configs)] if args.max_configs else []
         t = time.monotonic()
@@ -337,7 +338,7 @@ def merge(args, data: dict, merged: dict) -> None:
         merged["large_copy"] = merged["large_copy"] or got.get("large_copy")
     large = (merged["large_copy"] or {}).get("gbps")
     for m in args.models.split(","):
-        for fam in FAMILIES:
+        for fam in args.families.split(","):
             row = merged["models"].setdefault(m, {}).setdefault(fam, {"contenders": {}})
             for c, got in data.items():
                 e = got.get("models", {}).get(m, {}).get(fam) or {"status": got.get("error", "?")}
@@ -419,6 +420,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="driver: folder for kernels.json, kernels.md and worker logs")
     p.add_argument("--models", default=MODELS)
+    p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--worker", choices=CONTENDERS, help="internal: run one contender")
     p.add_argument("--json", help="internal: the worker's output file")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def reproject(results: Path) -> dict:
-    from pipeline.optimize import project_set
+    from pipeline.optimize import host_of, project_set
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
@@ -45,7 +45,7 @@ def reproject(results: Path) -> dict:
             kept = list(w.get("kept") or [])
             frozen = w.get("projection_for_kept") or proj["workloads"][key]
             now = project_set(run, ranking[key], proj["kernel_speedups"],
-                               proj["host_delta_us"], True, only=kept)
+                              host_of(proj, key), True, only=kept)
             measured = 1 / w["combined"]["estimate"] if w.get("combined") else 1.0
             out[key] = {"kept": kept, "measured": measured,
                         "frozen": {k: frozen[k] for k in ("amdahl", "replay")},

@@ -114,25 +114,12 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
     it replaces run fewer times in the patched forward (a TorchDispatchMode counts them, on
     any device). On a GPU a re-profile also lists the new kernels by name. (A CPU re-profile
     with stacks would trace every Python line the Triton interpreter runs.)"""
+    from pipeline.host_delta import counting_chooser
     from profiling.capture import make_runner
     from verify.integrity import OpRecorder
 
     runner = make_runner(model, workload)
     calls: dict[str, int] = {f: 0 for f in families}
-
-    def counting(name):
-        inner = make_chooser(accepted, name)
-
-        def chooser(case):
-            fn = inner(case)
-            if fn is None:
-                return None
-
-            def counted(*args, **kwargs):  # adapters ask once per signature, call every time
-                calls[name] += 1
-                return fn(*args, **kwargs)
-            return counted
-        return chooser
 
     def count_ops():
         with torch.no_grad(), OpRecorder() as rec:
@@ -143,7 +130,8 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
     before = count_ops()
     with ExitStack() as stack:
         for name in families:
-            stack.callback(get_family(name).patch(model, counting(name)))
+            stack.callback(get_family(name).patch(
+                model, counting_chooser(make_chooser(accepted, name), calls, name)))
         after = count_ops()
         per_pass = dict(calls)  # the GPU re-profile below runs the pass once more
         kernels = _gpu_kernel_names(runner) if workload.device.startswith("cuda") else []

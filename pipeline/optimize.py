@@ -187,20 +187,54 @@ def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
     return {f: statistics.median(v) for f, v in by_family.items()}
 
 
-def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool) -> dict:
-    """Re-rank with measured kernel times (not rooflines) and freeze the projection."""
+def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool,
+                      in_model: dict | None = None) -> dict:
+    """Re-rank with measured kernel times (not rooflines) and freeze the projection.
+    `in_model`: per workload, the host deltas measured in the model (`host_stage`); they
+    replace the search's per-kernel ones for that workload."""
     ranking = read_json(run_dir / "ranking.json", "ranking")
     speed = kernel_speedups(summary) if on_gpu else {}
     host = kernel_speedups(summary, "host_delta_us") if on_gpu else {}
     out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
+        measured = (in_model or {}).get(w["key"]) or {}
+        host_w = {**host, **{f: d["us_per_call"] for f, d in measured.items()}}
         out["workloads"][w["key"]] = {
-            **project_set(run_dir, w, speed, host, on_gpu),
+            **project_set(run_dir, w, speed, host_w, on_gpu),
+            "host_delta_us": host_w, "host_in_model": measured,
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
     write_json(run_dir / "projection.json", out)
+    return out
+
+
+def host_of(proj: dict, key: str) -> dict:
+    """The host deltas a workload's projection used (per workload since they are measured in
+    the model; projections frozen before that have one set for all)."""
+    return (proj["workloads"].get(key) or {}).get("host_delta_us") or proj["host_delta_us"]
+
+
+def host_stage(model, workloads, summary: dict, families: list[str],
+               say: Callable[[str], None]) -> dict:
+    """Per workload of the model's dtype: each integrable family's host delta per call,
+    measured in the model (pipeline.host_delta), before any whole-model timing."""
+    from codegen.registry import get_family
+    from codegen.search import case_key
+    from pipeline.host_delta import in_model_host_deltas
+
+    accepted = summary["accepted"]
+    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
+    fams = [f for f in fams if f not in cannot_win(accepted, fams)]
+    out = {}
+    for w in workloads:
+        if w.dtype != workloads[0].dtype or not fams:
+            continue
+        say(f"host time per call in the model: {w.key}")
+        cases = {f: {case_key(c) for c in get_family(f).cases_from_model(model, w)}
+                 for f in fams}
+        out[w.key] = in_model_host_deltas(model, w, accepted, fams, cases)
     return out
 
 
@@ -236,7 +270,7 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
         kept = list(w.get("kept") or [])
         if key in ranking and set(kept) != set(proj["families"]):
             w["projection_for_kept"] = {"families": kept, **project_set(
-                run_dir, ranking[key], proj["kernel_speedups"], proj["host_delta_us"],
+                run_dir, ranking[key], proj["kernel_speedups"], host_of(proj, key),
                 on_gpu, only=kept)}
             changed = True
     if changed:
@@ -380,7 +414,8 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     unchanged = resume and verified_before == summary and integ_path.exists() \
         and read_json(integ_path, "integration").get("chosen") == families
     if not (unchanged and (run_dir / "projection.json").exists()):
-        freeze_projection(run_dir, summary, families, on_gpu)
+        in_model = host_stage(model, workloads, summary, families, say) if on_gpu else None
+        freeze_projection(run_dir, summary, families, on_gpu, in_model)
     if not unchanged:
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3),

@@ -139,7 +139,8 @@ def _projected(key, proj, fam_of) -> dict | None:
     return {"amdahl": None if pw.get("note") else pw.get("amdahl"),
             "replay": None if pw.get("note") else pw.get("replay"), "families": fams,
             "patterns": pw.get("patterns", []), "note": pw.get("note"),
-            "kernel_speedups": {f: speed[f] for f in fams}}
+            "kernel_speedups": {f: speed[f] for f in fams},
+            "host_in_model": pw.get("host_in_model") or {}}
 
 
 def _ratio(d: dict, families: list[str], scope: str) -> dict:
@@ -160,7 +161,8 @@ def _rolled_back(d: dict | None) -> bool:
 
 def _integration(iw: dict | None, projected: dict | None) -> dict:
     if iw is None:
-        return {"measured": None, "shipped": None, "projection_error": None, "per_family": [],
+        return {"measured": None, "shipped": None, "projection_error": None,
+                "compared_projection": None, "per_family": [],
                 "rollbacks": [], "kept": None, "check": None, "patch_effect": None}
     per, comb, check = iw.get("per_family") or {}, iw.get("combined"), iw.get("check") or {}
     in_comb = [f for f, d in per.items() if not _rolled_back(d)]
@@ -213,6 +215,8 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
             f"{comb['decision']} ({rp.speed(r['speedup'])} {rp.ci(r['ci'])}); every kernel "
             f"rolled back here")})
     return {"measured": measured, "shipped": shipped, "projection_error": error,
+            "compared_projection": basis if basis is not projected and not projected.get("note")
+            else None,
             "per_family": [{"family": f, **_ratio(d, [f], "alone")} for f, d in per.items()],
             "rollbacks": rollbacks, "kept": kept,
             "check": {**{k: (check.get("set") or {}).get(k) for k in ("families", "passed")},

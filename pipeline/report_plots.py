@@ -193,7 +193,7 @@ def make_plots(run_dir: Path, data: dict) -> dict[str, Path]:
                 run_dir / "plots" / f"cumulative_{k}.png", k, w["cumulative"], basis)
     entries = []
     for w in data["workloads"]:
-        p, m = w["projected"] or {}, w["measured"] or {}
+        p, m = w.get("compared_projection") or w["projected"] or {}, w["measured"] or {}
         entries.append({"key": w["key"], "amdahl": p.get("amdahl"), "replay": p.get("replay"),
                         "measured": m.get("speedup"), "ci": m.get("ci")})
     if len(entries) > 1 and any(e[v] is not None for e in entries
@@ -209,6 +209,8 @@ def _proj_cells(w: dict) -> tuple[str, str]:
         return ((f"ceiling {speed(a)}" if a else "-"), (f"ceiling {speed(r)}" if r else "-"))
     if p["note"]:
         return "n/a (CPU: no GPU kernel times)", "n/a (CPU: no GPU kernel times)"
+    # the projection the error is taken against: that of the set measured, after rollbacks
+    p = w.get("compared_projection") or p
     return speed(p["amdahl"]), speed(p["replay"])
 
 
@@ -327,6 +329,11 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         rows = [("kernel speedups projected", ", ".join(
                     f"{f} {speed(s)}" for f, s in (p or {}).get("kernel_speedups", {}).items())
                  or "none"), ("projected (Amdahl)", a_cell), ("projected (replay)", r_cell)]
+        host = (p or {}).get("host_in_model") or {}
+        if host:
+            rows.insert(1, ("host time saved per kernel call, measured in the model", ", ".join(
+                f"{f} {d['us_per_call']:+.1f} us ({d['calls_per_pass']} calls/pass)"
+                for f, d in host.items())))
         if m:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (
                 f" {ci(m['ci'])}, {m['pairs']} pairs, {m['verdict']}" if m["meaningful"] else

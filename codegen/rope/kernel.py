@@ -89,6 +89,58 @@ def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows,
                  mask=k_ok & tail)
 
 
+@triton.jit
+def _rope_heads(x_ptr, o_ptr, b, s, row_ok, c1, c2, s1, s2, x_sb, x_sh, x_ss, x_sd,
+                o_sb, o_sh, o_ss, o_sd, NHEADS: tl.constexpr, BLOCK_NH: tl.constexpr,
+                HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                BLOCK_PASS: tl.constexpr):
+    heads = tl.arange(0, BLOCK_NH)[None, :, None]
+    ok = row_ok & (heads < NHEADS)
+    dims = tl.arange(0, BLOCK_HALF)[None, None, :]
+    lo = ok & (dims < HALF)
+    x = x_ptr + (b * x_sb + s * x_ss)[:, None, None] + heads * x_sh
+    o = o_ptr + (b * o_sb + s * o_ss)[:, None, None] + heads * o_sh
+    x1 = tl.load(x + dims * x_sd, mask=lo, other=0.0).to(tl.float32)
+    x2 = tl.load(x + (dims + HALF) * x_sd, mask=lo, other=0.0).to(tl.float32)
+    tl.store(o + dims * o_sd, (x1 * c1 - x2 * s1).to(o_ptr.dtype.element_ty), mask=lo)
+    tl.store(o + (dims + HALF) * o_sd, (x2 * c2 + x1 * s2).to(o_ptr.dtype.element_ty), mask=lo)
+    if BLOCK_PASS > 0:
+        rest = (2 * HALF + tl.arange(0, BLOCK_PASS))[None, None, :]
+        tail = ok & (rest < HEAD_DIM)
+        tl.store(o + rest * o_sd, tl.load(x + rest * x_sd, mask=tail), mask=tail)
+
+
+@triton.jit
+def _rope_split_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, seq_len,
+                       q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd,
+                       qo_sb, qo_sh, qo_ss, qo_sd, ko_sb, ko_sh, ko_ss, ko_sd,
+                       cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                       BLOCK_PASS: tl.constexpr):
+    # Every head of BLOCK_S positions: q's heads and k's as two tiles of their own, each
+    # padded to a power of two (no straddling block, no complementary masked loads).
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    b = rows // seq_len
+    s = rows % seq_len
+    row_ok = (rows < n_rows)[:, None, None]
+    dims = tl.arange(0, BLOCK_HALF)[None, None, :]
+    lo = row_ok & (dims < HALF)
+    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None, None]
+    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None, None]
+    c1 = tl.load(cos_rows + dims * cos_sd, mask=lo, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=lo, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_rows + dims * sin_sd, mask=lo, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=lo, other=0.0).to(tl.float32)
+    _rope_heads(q_ptr, qo_ptr, b, s, row_ok, c1, c2, s1, s2, q_sb, q_sh, q_ss, q_sd,
+                qo_sb, qo_sh, qo_ss, qo_sd, HEADS, BLOCK_Q, HEAD_DIM, HALF, BLOCK_HALF,
+                BLOCK_PASS)
+    _rope_heads(k_ptr, ko_ptr, b, s, row_ok, c1, c2, s1, s2, k_sb, k_sh, k_ss, k_sd,
+                ko_sb, ko_sh, ko_ss, ko_sd, KV_HEADS, BLOCK_K, HEAD_DIM, HALF, BLOCK_HALF,
+                BLOCK_PASS)
+
+
 def block_sizes(head_dim: int, rot_dim: int) -> tuple[int, int]:
     """(BLOCK_HALF, BLOCK_PASS): powers of two covering half the rotated dims and the
     pass-through dims (0 when the rotation covers the whole head)."""
@@ -96,16 +148,27 @@ def block_sizes(head_dim: int, rot_dim: int) -> tuple[int, int]:
     return triton.next_power_of_2(rot_dim // 2), triton.next_power_of_2(rest) if rest else 0
 
 
+def _warps(tile: int) -> int:
+    """About 8 tile elements per thread, as a power of two between 1 and 8."""
+    return min(8, 1 << max(0, (tile // 256).bit_length() - 1))
+
+
 def search_space(case: Case) -> list[dict]:
-    """Positions x heads per program, warps sized for about 8 tile elements per thread.
-    Few positions and heads per program suit decode (parallelism must come from heads); a
-    prefill wants big programs (the first H200 run, one position per program, reached only
-    36 % of the copy ceiling on Llama-1B's rotary). Head blocks that leave more than a quarter
-    of the last block's slots empty are skipped (Llama's 32 + 8 heads: 8 or 16, not 32)."""
+    """Two layouts, listed together from small tiles to large.
+    Joint: BLOCK_S positions x BLOCK_H heads of one head axis (q's heads, then k's). Few
+    positions and heads per program suit decode (parallelism must come from heads); a prefill
+    wants big programs (the first H200 run, one position per program, reached only 36 % of the
+    copy ceiling on Llama-1B's rotary). Head blocks that leave more than a quarter of the last
+    block's slots empty are skipped (Llama's 32 + 8 heads: 8 or 16, not 32).
+    Split (SPLIT=1): every head of BLOCK_S positions, q and k as separate power-of-two tiles,
+    Liger-Kernel's layout (one position per program there), which was 10 % faster than the
+    joint layout's best on Llama-1B and Qwen2.5-0.5B prefill (H200, run 3)."""
     block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])
     total = case["heads"] + case["kv_heads"]
     most = triton.next_power_of_2(total)
     positions = case["batch"] * case["seq"]
+    split_heads = (triton.next_power_of_2(case["heads"])
+                   + triton.next_power_of_2(case["kv_heads"]))
     configs = []
     for bs in POSITION_BLOCKS:
         if bs > 1 and bs >= 2 * positions:
@@ -115,31 +178,12 @@ def search_space(case: Case) -> list[dict]:
             padding = triton.cdiv(total, bh) * bh - total
             if bh > most or 8 * bh < most or tile > MAX_TILE or padding > MAX_PADDING * total:
                 continue
-            configs.append({"BLOCK_S": bs, "BLOCK_H": bh,
-                            "num_warps": min(8, max(1, tile // 256))})
+            configs.append({"BLOCK_S": bs, "BLOCK_H": bh, "num_warps": _warps(tile)})
+        tile = bs * split_heads * block_half
+        if tile <= MAX_TILE and split_heads - total <= MAX_PADDING * total:
+            configs.append({"SPLIT": 1, "BLOCK_S": bs, "num_warps": _warps(tile)})
+    configs.sort(key=lambda c: c["BLOCK_S"] * c.get("BLOCK_H", split_heads))
     return configs or [{"BLOCK_S": 1, "BLOCK_H": 1, "num_warps": 1}]
-
-
-def _grid(batch, seq, heads, kv_heads, block_s, block_h):
-    return triton.cdiv(batch * seq, block_s), triton.cdiv(heads + kv_heads, block_h)
-
-
-def rope_forward(q, k, cos, sin, *, out, BLOCK_S: int = 1, BLOCK_H: int = 4,
-                 num_warps: int = 2) -> None:
-    """Host wrapper: HF layout (unsqueeze_dim=1); out = (q_embed, k_embed), any strides."""
-    q_out, k_out = out
-    batch, heads, seq, head_dim = q.shape
-    kv_heads, rot_dim = k.shape[1], cos.shape[-1]
-    block_half, block_pass = block_sizes(head_dim, rot_dim)
-    cos = cos.expand(batch, seq, rot_dim)
-    sin = sin.expand(batch, seq, rot_dim)
-    grid = _grid(batch, seq, heads, kv_heads, BLOCK_S, BLOCK_H)
-    _rope_forward_kernel[grid](
-        q, k, cos, sin, q_out, k_out, batch * seq, seq, *q.stride(), *k.stride(),
-        *q_out.stride(), *k_out.stride(), *cos.stride(), *sin.stride(), HEADS=heads,
-        KV_HEADS=kv_heads, HEAD_DIM=head_dim, HALF=rot_dim // 2, BLOCK_S=BLOCK_S,
-        BLOCK_H=BLOCK_H, BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=num_warps)
-
 
 
 _FORWARD = '''\
@@ -165,22 +209,42 @@ def forward(q, k, cos, sin, *, out, **params) -> None:
     # A batch-1 cos/sin broadcasts over the batch through a zero stride, without a copy.
     cos = cos.expand(batch, seq, ROT_DIM)
     sin = sin.expand(batch, seq, ROT_DIM)
-    grid = (cdiv(batch * seq, BLOCK_S), cdiv(HEADS + KV_HEADS, BLOCK_H))
+    grid = GRID
     _launch(grid, q, k, cos, sin, q_out, k_out, batch * seq, seq, *q.stride(), *k.stride(),
             *q_out.stride(), *k_out.stride(), *cos.stride(), *sin.stride())
 
 
-_launch = launcher(_rope_forward_kernel, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
-                   HALF=ROT_DIM // 2, BLOCK_S=BLOCK_S, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF,
-                   BLOCK_PASS=BLOCK_PASS, num_warps=NUM_WARPS)
+_launch = LAUNCH
 '''
+
+_JOINT = ("(cdiv(batch * seq, BLOCK_S), cdiv(HEADS + KV_HEADS, BLOCK_H))",
+          "launcher(_rope_forward_kernel, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,\n"
+          "                   HALF=ROT_DIM // 2, BLOCK_S=BLOCK_S, BLOCK_H=BLOCK_H, "
+          "BLOCK_HALF=BLOCK_HALF,\n                   BLOCK_PASS=BLOCK_PASS, num_warps=NUM_WARPS)")
+_SPLIT = ("(cdiv(batch * seq, BLOCK_S),)",
+          "launcher(_rope_split_kernel, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,\n"
+          "                   HALF=ROT_DIM // 2, BLOCK_S=BLOCK_S, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,"
+          "\n                   BLOCK_HALF=BLOCK_HALF, BLOCK_PASS=BLOCK_PASS, "
+          "num_warps=NUM_WARPS)")
 
 
 def render(config: dict, case: Case) -> str:
     heads, kv_heads, d, rot = case["heads"], case["kv_heads"], case["head_dim"], case["rot_dim"]
-    block_s, block_h, warps = config.get("BLOCK_S", 1), config["BLOCK_H"], config["num_warps"]
+    block_s, warps, split = config.get("BLOCK_S", 1), config["num_warps"], config.get("SPLIT")
     block_half, block_pass = block_sizes(d, rot)
     kind = "full rotary" if rot == d else f"partial rotary: {rot} of {d} dims, rest copied"
+    if split:
+        tile = (f"every head: q as a {triton.next_power_of_2(heads)}-head tile, k as a "
+                f"{triton.next_power_of_2(kv_heads)}-head tile")
+        blocks = (f"BLOCK_Q = {triton.next_power_of_2(heads)}\n"
+                  f"BLOCK_K = {triton.next_power_of_2(kv_heads)}")
+        grid, launch = _SPLIT
+        kernels = [kernel_source(_rope_heads), kernel_source(_rope_split_kernel)]
+    else:
+        tile = f"{config['BLOCK_H']} heads of q then k"
+        blocks = f"BLOCK_H = {config['BLOCK_H']}"
+        grid, launch = _JOINT
+        kernels = [kernel_source(_rope_forward_kernel)]
     header = textwrap.dedent(f'''\
         """Rotary embedding candidate: q_embed and k_embed in one launch ({kind}).
 
@@ -188,7 +252,7 @@ def render(config: dict, case: Case) -> str:
         convention; computes in fp32, rounds once to the output dtype.
         Specialised for heads={heads}, kv_heads={kv_heads}, head_dim={d}, rot_dim={rot};
         tuned for batch {case["batch"]} x seq {case["seq"]} of {case["dtype"]}.
-        Launch: one program per ({block_s} positions, {block_h} heads of q then k), {warps} warps.
+        Launch: one program per ({block_s} positions, {tile}), {warps} warps.
         case:   {json.dumps(case)}
         config: {json.dumps(config)}
         """
@@ -205,8 +269,8 @@ def render(config: dict, case: Case) -> str:
         BLOCK_HALF = {block_half}
         BLOCK_PASS = {block_pass}
         BLOCK_S = {block_s}
-        BLOCK_H = {block_h}
         NUM_WARPS = {warps}
         BAKED_PARAMS = {{}}
-        ''')
-    return "\n\n".join([header, kernel_source(_rope_forward_kernel), _FORWARD])
+        ''') + blocks + "\n"
+    forward = _FORWARD.replace("GRID", grid).replace("LAUNCH", launch)
+    return "\n\n".join([header, *kernels, forward])

@@ -59,7 +59,7 @@ def test_reference_is_bitwise_the_hf_function(rot_dim, hf, dtype):
 def test_rendered_matches_reference(shape, dtype, tmp_path):
     case = make_case(*shape, dtype)
     configs = FAMILY.search_space(case)
-    assert 1 <= len(configs) <= 16
+    assert 1 <= len(configs) <= 24
     for config in space_ends(configs):
         out, ref = run_candidate(FAMILY, config, case, tmp_path)
         assert_close(out, ref, TOL[dtype])
@@ -178,3 +178,17 @@ def test_decode_step_uses_the_decode_cases(tmp_path):
                                                                               mode="decode"))
     assert torch.isfinite(step).all()
 
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_split_layout_matches_reference(shape, dtype, tmp_path):
+    """q and k as separate power-of-two head tiles (Liger's layout), padded heads masked off."""
+    case = make_case(*shape, dtype)
+    split = [c for c in FAMILY.search_space(case) if c.get("SPLIT")]
+    assert split, "every test shape admits the split layout"
+    for config in space_ends(split):
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert_close(out, ref, TOL[dtype])
+    source = FAMILY.render(split[0], case)
+    assert "def _rope_split_kernel" in source and "_rope_forward_kernel" not in source

@@ -657,6 +657,7 @@ def test_projection_error_is_against_the_set_that_shipped():
     """A rollback changes the measured set; the error is then taken against the projection of
     that set (computed from the frozen kernel numbers), not the set that never ran."""
     from pipeline.report import _integration
+    from pipeline.report_plots import _proj_cells
 
     def ratio(est, decision):
         return {"estimate": est, "ci_low": est - 0.01, "ci_high": est + 0.01,
@@ -673,9 +674,12 @@ def test_projection_error_is_against_the_set_that_shipped():
     assert out["projection_error"]["replay"] == pytest.approx(abs(1.25 - measured) / measured)
     assert out["projection_error"]["amdahl"] == pytest.approx(abs(1.3 - measured) / measured)
     assert "projection of that set" in out["measured"]["note"]
+    # the report's projected cells are the values the error is taken against
+    assert _proj_cells({"projected": projected, **out}) == ("1.300x", "1.250x")
     # without a projection for the kept set, the error stays against the projected set
     out = _integration({**iw, "projection_for_kept": None}, projected)
     assert out["projection_error"]["replay"] == pytest.approx(abs(1.3 - measured) / measured)
+    assert _proj_cells({"projected": projected, **out}) == ("1.400x", "1.300x")
 
 
 def test_a_family_that_cannot_win_is_not_integrated():

@@ -1,0 +1,119 @@
+"""Host time a family's patch saves (or costs) per kernel call, measured in the model itself.
+
+The search times a kernel call against the family's reference function, alone. In the model
+the patched code is the module's whole replaced forward: the adapter, its allocations, the
+module calls it adds or removes (gate_proj and up_proj become one GEMM). Those differ: on the
+H200 host the search put gated_act at 21 us more host per call and kv_cache at 25 us more on
+Qwen2.5-0.5B, where in-model probes read 41-59 us and up to 99 us. With the pass close to
+host-bound once its kernels are faster, that difference moved the replay to 1.486x against a
+measured 1.401x (Qwen2.5-0.5B, b8 s1024, 2026-11-30).
+
+How: the modules whose forward the family's patch replaces get a pre- and a post-hook; the
+pre-hook synchronises the device, so each window times host work only (a full launch queue
+would otherwise block the host and charge it device time). Windows nested in another window
+count once. The unpatched model and a patched twin run interleaved; per pair, the difference
+of the summed windows, divided by the kernel calls the patched pass made, gives the delta per
+call; the median over pairs is kept. Only host time is read here: no whole-model timing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import ExitStack, contextmanager
+
+import torch
+
+from codegen.registry import get_family
+
+
+def counting_chooser(inner, calls: dict, name: str):
+    """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
+    and call every time, so the wrapper, not the chooser, counts)."""
+
+    def chooser(case):
+        fn = inner(case)
+        if fn is None:
+            return None
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+    return chooser
+
+
+@contextmanager
+def _windows(modules, device: str):
+    """Sum of host seconds spent inside `modules` (outermost calls only) -> box[0]."""
+    box, depth, start = [0.0], [0], [0.0]
+    cuda = device.startswith("cuda")
+
+    def pre(_module, _args):
+        if depth[0] == 0:
+            if cuda:
+                torch.cuda.synchronize()
+            start[0] = time.perf_counter()
+        depth[0] += 1
+
+    def post(_module, _args, _out):
+        depth[0] -= 1
+        if depth[0] == 0:
+            box[0] += time.perf_counter() - start[0]
+
+    with ExitStack() as stack:
+        for m in modules:
+            stack.callback(m.register_forward_pre_hook(pre).remove)
+            stack.callback(m.register_forward_hook(post).remove)
+        yield box
+
+
+def patched_modules(model, variant) -> list[tuple]:
+    """(module of `model`, its twin in `variant`) for every module the patch gave an instance
+    forward."""
+    base = dict(model.named_modules())
+    return [(base[path], m) for path, m in variant.named_modules()
+            if "forward" in vars(m) and path in base and "forward" not in vars(base[path])]
+
+
+def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
+                         workload_cases: dict | None = None, pairs: int = 10) -> dict:
+    """family -> {"us_per_call", "calls_per_pass", "pairs", "modules"}: host time saved per
+    kernel call (negative: the patch costs the host more), each family patched alone."""
+    from pipeline.integrate import make_chooser, twin
+    from profiling.capture import make_runner
+
+    out = {}
+    for name in families:
+        allowed = None if workload_cases is None else workload_cases.get(name, set())
+        calls = {name: 0}
+        variant = twin(model)
+        with ExitStack() as stack:
+            stack.callback(get_family(name).patch(
+                variant, counting_chooser(make_chooser(accepted, name, allowed), calls, name)))
+            pairs_of = patched_modules(model, variant)
+            if not pairs_of:
+                continue
+            runs = {}
+            for label, m, mods in (("base", model, [b for b, _ in pairs_of]),
+                                   ("patched", variant, [v for _, v in pairs_of])):
+                runs[label] = (make_runner(m, workload), stack.enter_context(
+                    _windows(mods, workload.device)))
+            diffs = []
+            with torch.no_grad():
+                for i in range(pairs + 1):  # the first pair warms both up and is dropped
+                    got = {}
+                    order = list(runs.items())
+                    for label, (runner, box) in order if i % 2 else order[::-1]:
+                        box[0], before = 0.0, calls[name]
+                        runner.call()
+                        runner.reset()
+                        got[label] = (box[0], calls[name] - before)
+                    per_pass = got["patched"][1]
+                    if i and per_pass:
+                        diffs.append((got["base"][0] - got["patched"][0]) * 1e6 / per_pass)
+            if diffs:
+                out[name] = {"us_per_call": statistics.median(diffs),
+                             "calls_per_pass": per_pass, "pairs": len(diffs),
+                             "modules": len(pairs_of)}
+    return out

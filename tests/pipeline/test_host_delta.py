@@ -1,0 +1,58 @@
+"""In-model host delta: the host time a family's patch adds or saves per kernel call, timed in
+the model's own patched modules, on the CPU with a candidate that costs a known extra."""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.rmsnorm import FAMILY as RMSNORM
+from codegen.search import case_key
+from models.loader import build, resolve
+from pipeline.host_delta import in_model_host_deltas, patched_modules
+from pipeline.integrate import twin
+from pipeline.workload import Workload
+
+EXTRA_S = 0.004
+
+SLOW = f'''
+import time
+from codegen.rmsnorm.reference import rms_norm
+
+
+def forward(x, weight, *, out, **params):
+    time.sleep({EXTRA_S})  # what the test measures: 4 ms of host per call
+    out.copy_(rms_norm(x, weight, **params))
+'''
+
+
+def _accepted(model, workload, path):
+    return {f"rmsnorm/{case_key(c)}": {"family": "rmsnorm", "case": c, "source": str(path)}
+            for c in RMSNORM.cases_from_model(model, workload)}
+
+
+def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
+    torch.manual_seed(0)
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    workload = Workload(batch=1, seq=8, dtype="float32", device="cpu")
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW)
+    accepted = _accepted(model, workload, path)
+    got = in_model_host_deltas(model, workload, accepted, ["rmsnorm"], pairs=2)["rmsnorm"]
+    norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
+    assert got["calls_per_pass"] == norms  # every norm of the pass ran the candidate
+    assert got["modules"] == norms
+    # the candidate costs EXTRA_S more than HF's norm, which takes far less than that here
+    assert -EXTRA_S * 1e6 * 1.5 < got["us_per_call"] < -EXTRA_S * 1e6 * 0.8
+    assert not any("forward" in vars(m) for m in model.modules())  # base model untouched
+
+
+def test_patched_modules_are_the_ones_given_an_instance_forward():
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    variant = twin(model)
+    undo = RMSNORM.patch(variant, lambda case: None)
+    try:
+        pairs = patched_modules(model, variant)
+    finally:
+        undo()
+    names = {type(b).__name__ for b, _ in pairs}
+    assert names == {"LlamaRMSNorm"} and all(b is not v for b, v in pairs)
