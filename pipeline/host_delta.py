@@ -78,10 +78,11 @@ def patched_modules(model, variant) -> list[tuple]:
 
 def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
                          workload_cases: dict | None = None, pairs: int = 10) -> dict:
-    """family -> {"us_per_call", "calls_per_pass", "pairs", "modules"}: host time saved per
-    kernel call (negative: the patch costs the host more), each family patched alone."""
+    """family -> {"us_per_call", "calls_per_pass", "pairs", "modules", "base_enqueue_ms"}:
+    host time saved per kernel call (negative: the patch costs the host more), each family
+    patched alone, and the unpatched pass's enqueue time measured just before it."""
     from pipeline.integrate import make_chooser, twin
-    from profiling.capture import make_runner
+    from profiling.capture import make_runner, wall_time
 
     out = {}
     for name in families:
@@ -94,11 +95,15 @@ def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
             pairs_of = patched_modules(model, variant)
             if not pairs_of:
                 continue
+            base_runner = make_runner(model, workload)
+            # the host's speed now, in the units the profile timed it: the replay rescales
+            # these deltas by the ratio (the H200 host's pass time drifted 2x within a call)
+            enqueue = wall_time(base_runner, workload.device, warmup=1, reps=5)["enqueue_ms"]
             runs = {}
-            for label, m, mods in (("base", model, [b for b, _ in pairs_of]),
-                                   ("patched", variant, [v for _, v in pairs_of])):
-                runs[label] = (make_runner(m, workload), stack.enter_context(
-                    _windows(mods, workload.device)))
+            for label, runner, mods in (("base", base_runner, [b for b, _ in pairs_of]),
+                                        ("patched", make_runner(variant, workload),
+                                         [v for _, v in pairs_of])):
+                runs[label] = (runner, stack.enter_context(_windows(mods, workload.device)))
             diffs = []
             with torch.no_grad():
                 for i in range(pairs + 1):  # the first pair warms both up and is dropped
@@ -115,5 +120,5 @@ def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
             if diffs:
                 out[name] = {"us_per_call": statistics.median(diffs),
                              "calls_per_pass": per_pass, "pairs": len(diffs),
-                             "modules": len(pairs_of)}
+                             "modules": len(pairs_of), "base_enqueue_ms": enqueue}
     return out

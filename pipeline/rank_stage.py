@@ -227,7 +227,8 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
         r.pop("kernel_correlations", None)
     return {
         "key": w["key"], "workload": w["workload"], "wall_ms": w["wall"]["median_ms"],
-        "time_basis": w["time_basis"], "gpu_busy_share": busy, "launch_bound": launch_bound,
+        "enqueue_ms": w["wall"].get("enqueue_ms"), "time_basis": w["time_basis"],
+        "gpu_busy_share": busy, "launch_bound": launch_bound,
         "regime": _regime(w, rows, launch_bound), "ranked_by": key, "rows": rows,
         "cumulative": curve,
         "ceiling_amdahl": curve[-1]["amdahl"] if curve else 1.0,

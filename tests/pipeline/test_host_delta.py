@@ -40,7 +40,7 @@ def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
     got = in_model_host_deltas(model, workload, accepted, ["rmsnorm"], pairs=2)["rmsnorm"]
     norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
     assert got["calls_per_pass"] == norms  # every norm of the pass ran the candidate
-    assert got["modules"] == norms
+    assert got["modules"] == norms and got["base_enqueue_ms"] > 0
     # the candidate costs EXTRA_S more than HF's norm, which takes far less than that here
     assert -EXTRA_S * 1e6 * 1.5 < got["us_per_call"] < -EXTRA_S * 1e6 * 0.8
     assert not any("forward" in vars(m) for m in model.modules())  # base model untouched
@@ -56,3 +56,13 @@ def test_patched_modules_are_the_ones_given_an_instance_forward():
         undo()
     names = {type(b).__name__ for b, _ in pairs}
     assert names == {"LlamaRMSNorm"} and all(b is not v for b, v in pairs)
+
+
+def test_deltas_are_rescaled_to_the_host_speed_the_profile_saw():
+    """Measured while the host ran the unpatched pass in 20 ms, projected onto a profile that
+    saw 30 ms: the same patch saves 1.5x the host time in the profile's units."""
+    from pipeline.optimize import host_drift
+
+    assert host_drift({"enqueue_ms": 30.0}, {"base_enqueue_ms": 20.0}) == 1.5
+    assert host_drift({"enqueue_ms": None}, {"base_enqueue_ms": 20.0}) == 1.0
+    assert host_drift({"enqueue_ms": 30.0}, {}) == 1.0
