@@ -200,7 +200,7 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     for w in ranking["workloads"]:
         measured = (in_model or {}).get(w["key"]) or {}
         host_w = {**host, **{f: d["us_per_call"] * host_drift(w, d) for f, d in
-                             measured.items()}}
+                             measured.items() if "us_per_call" in d}}
         out["workloads"][w["key"]] = {
             **project_set(run_dir, w, speed, host_w, on_gpu),
             "host_delta_us": host_w, "host_in_model": measured,

@@ -333,6 +333,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         if host:
             rows.insert(1, ("host time saved per kernel call, measured in the model", ", ".join(
                 f"{f} {d['us_per_call']:+.1f} us ({d['calls_per_pass']} calls/pass)"
+                if "us_per_call" in d else f"{f} not measured ({d.get('error')})"
                 for f, d in host.items())))
         if m:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (

@@ -66,3 +66,31 @@ def test_deltas_are_rescaled_to_the_host_speed_the_profile_saw():
     assert host_drift({"enqueue_ms": 30.0}, {"base_enqueue_ms": 20.0}) == 1.5
     assert host_drift({"enqueue_ms": None}, {"base_enqueue_ms": 20.0}) == 1.0
     assert host_drift({"enqueue_ms": 30.0}, {}) == 1.0
+
+
+def test_a_kernel_that_fails_in_the_model_leaves_the_search_number(tmp_path):
+    """Measuring must not end the run: the failure is recorded and the projection keeps the
+    search's per-kernel host delta for that family."""
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    workload = Workload(batch=1, seq=8, dtype="float32", device="cpu")
+    path = tmp_path / "boom.py"
+    path.write_text("def forward(x, weight, *, out, **params):\n"
+                    "    raise RuntimeError('boom in the model')\n")
+    got = in_model_host_deltas(model, workload, _accepted(model, workload, path), ["rmsnorm"],
+                               pairs=1)
+    assert "boom in the model" in got["rmsnorm"]["error"] and "us_per_call" not in got["rmsnorm"]
+    assert not any("forward" in vars(m) for m in model.modules())  # unpatched again
+
+
+def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
+    from pipeline.artifacts import read_json, write_json
+    from pipeline.optimize import freeze_projection, host_of
+
+    write_json(tmp_path / "ranking.json", {"stage": "ranking", "workloads": [
+        {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
+    in_model = {"w": {"rmsnorm": {"us_per_call": 10.0, "base_enqueue_ms": 20.0},
+                      "rope": {"error": "RuntimeError: boom"}}}
+    freeze_projection(tmp_path, {"accepted": {}}, ["rmsnorm", "rope"], False, in_model)
+    proj = read_json(tmp_path / "projection.json", "projection")
+    assert host_of(proj, "w") == {"rmsnorm": 15.0}  # 10 us at a 20 ms host, profiled at 30
+    assert proj["workloads"]["w"]["host_in_model"]["rope"]["error"].endswith("boom")
