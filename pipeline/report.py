@@ -140,7 +140,8 @@ def _projected(key, proj, fam_of) -> dict | None:
             "replay": None if pw.get("note") else pw.get("replay"), "families": fams,
             "patterns": pw.get("patterns", []), "note": pw.get("note"),
             "kernel_speedups": {f: speed[f] for f in fams},
-            "host_in_model": pw.get("host_in_model") or {}}
+            "host_in_model": pw.get("host_in_model") or {},
+            "host_used": pw.get("host_delta_us") or {}}
 
 
 def _ratio(d: dict, families: list[str], scope: str) -> dict:

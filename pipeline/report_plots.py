@@ -202,6 +202,14 @@ def make_plots(run_dir: Path, data: dict) -> dict[str, Path]:
     return out
 
 
+def _host_cell(family: str, d: dict, used: float | None) -> str:
+    if "us_per_call" not in d:
+        return f"{family} not measured ({d.get('error')})"
+    at = (f", {used:+.1f} us at the profile's host speed"
+          if used is not None and abs(used - d["us_per_call"]) > 0.05 else "")
+    return f"{family} {d['us_per_call']:+.1f} us{at} ({d['calls_per_pass']} calls/pass)"
+
+
 def _proj_cells(w: dict) -> tuple[str, str]:
     p = w["projected"]
     if p is None:
@@ -332,9 +340,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         host = (p or {}).get("host_in_model") or {}
         if host:
             rows.insert(1, ("host time saved per kernel call, measured in the model", ", ".join(
-                f"{f} {d['us_per_call']:+.1f} us ({d['calls_per_pass']} calls/pass)"
-                if "us_per_call" in d else f"{f} not measured ({d.get('error')})"
-                for f, d in host.items())))
+                _host_cell(f, d, (p or {}).get("host_used", {}).get(f)) for f, d in host.items())))
         if m:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (
                 f" {ci(m['ci'])}, {m['pairs']} pairs, {m['verdict']}" if m["meaningful"] else

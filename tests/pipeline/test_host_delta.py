@@ -94,3 +94,14 @@ def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
     proj = read_json(tmp_path / "projection.json", "projection")
     assert host_of(proj, "w") == {"rmsnorm": 15.0}  # 10 us at a 20 ms host, profiled at 30
     assert proj["workloads"]["w"]["host_in_model"]["rope"]["error"].endswith("boom")
+
+
+def test_the_report_shows_measured_and_rescaled_deltas():
+    from pipeline.report_plots import _host_cell
+
+    d = {"us_per_call": 10.0, "calls_per_pass": 4, "base_enqueue_ms": 20.0}
+    assert _host_cell("rmsnorm", d, 15.0) == \
+        "rmsnorm +10.0 us, +15.0 us at the profile's host speed (4 calls/pass)"
+    assert _host_cell("rmsnorm", d, 10.0) == "rmsnorm +10.0 us (4 calls/pass)"
+    failed = _host_cell("rope", {"error": "RuntimeError: boom"}, None)
+    assert failed == "rope not measured (RuntimeError: boom)"
