@@ -2,11 +2,13 @@
 
 The search times a kernel call against the family's reference function, alone. In the model
 the patched code is the module's whole replaced forward: the adapter, its allocations, the
-module calls it adds or removes (gate_proj and up_proj become one GEMM). Those differ: on the
-H200 host the search put gated_act at 21 us more host per call and kv_cache at 25 us more on
-Qwen2.5-0.5B, where in-model probes read 41-59 us and up to 99 us. With the pass close to
-host-bound once its kernels are faster, that difference moved the replay to 1.486x against a
-measured 1.401x (Qwen2.5-0.5B, b8 s1024, 2026-11-30).
+module calls it adds or removes (gate_proj and up_proj become one GEMM). Those differ. On
+Qwen2.5-0.5B b8 (H200 host, 2026-11-30), us of host saved per call, search / in the model:
+rmsnorm +75 / +87, rope +58 / +108, gated_act -21 / -31, kv_cache -25 / -76. With the search's
+numbers the replay projected 1.486x for a measured 1.401x; the pass turns nearly host-bound
+once its kernels are faster, so these numbers decide the projection. With the in-model ones
+a later call projected 1.376x for 1.341x measured (2.6 %). They still miss part of what a
+host-bound decode step saves: Qwen2.5-0.5B b1 decode was projected 1.258x, measured 1.343x.
 
 How: the modules whose forward the family's patch replaces get a pre- and a post-hook; the
 pre-hook synchronises the device, so each window times host work only (a full launch queue
