@@ -3,12 +3,12 @@
 The search times a kernel call against the family's reference function, alone. In the model
 the patched code is the module's whole replaced forward: the adapter, its allocations, the
 module calls it adds or removes (gate_proj and up_proj become one GEMM). Those differ. On
-Qwen2.5-0.5B b8 (H200 host, 2026-11-30), us of host saved per call, search / in the model:
-rmsnorm +75 / +87, rope +58 / +108, gated_act -21 / -31, kv_cache -25 / -76. With the search's
-numbers the replay projected 1.486x for a measured 1.401x; the pass turns nearly host-bound
-once its kernels are faster, so these numbers decide the projection. With the in-model ones
-a later call projected 1.376x for 1.341x measured (2.6 %). They still miss part of what a
-host-bound decode step saves: Qwen2.5-0.5B b1 decode was projected 1.258x, measured 1.343x.
+Qwen2.5-0.5B b8 (H200 host, 2026-11-30, one call), us of host saved per call, in the model /
+search: rmsnorm +87 / +51, rope +108 / +101, gated_act -31 / -14, kv_cache -76 / -11. The pass
+turns nearly host-bound once its kernels are faster, so these numbers decide the projection:
+with the search's, an earlier call projected 1.486x for a measured 1.401x; with the in-model
+ones this call projected 1.376x for 1.341x. They still miss part of what a host-bound decode
+step saves: Qwen2.5-0.5B b1 decode was projected 1.258x, measured 1.343x.
 
 How: the modules whose forward the family's patch replaces get a pre- and a post-hook; the
 pre-hook synchronises the device, so each window times host work only (a full launch queue
@@ -120,11 +120,10 @@ def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict 
                                     ("patched", make_runner(variant, workload),
                                      [v for _, v in pairs_of])):
             runs[label] = (runner, stack.enter_context(_windows(mods, workload.device)))
-        diffs, per_pass = [], 0
+        diffs, per_pass, order = [], 0, list(runs.items())
         with torch.no_grad():
             for i in range(pairs + 1):  # the first pair warms both up and is dropped
                 got = {}
-                order = list(runs.items())
                 for label, (runner, box) in order if i % 2 else order[::-1]:
                     box[0], before = 0.0, calls[name]
                     runner.call()

@@ -231,20 +231,16 @@ def host_stage(model, workloads, summary: dict, families: list[str],
                say: Callable[[str], None]) -> dict:
     """Per workload of the model's dtype: each integrable family's host delta per call,
     measured in the model (pipeline.host_delta), before any whole-model timing."""
-    from codegen.registry import get_family
-    from codegen.search import case_key
     from pipeline.host_delta import in_model_host_deltas
 
     accepted = summary["accepted"]
-    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
-    fams = [f for f in fams if f not in cannot_win(accepted, fams)]
+    fams, _ = integrable(accepted, families, workloads[0].device)
     out = {}
     for w in workloads:
         if w.dtype != workloads[0].dtype or not fams:
             continue
         say(f"host time per call in the model: {w.key}")
-        cases = {f: {case_key(c) for c in get_family(f).cases_from_model(model, w)}
-                 for f in fams}
+        cases = {f: set(v) for f, v in workload_cases(model, w, fams).items()}
         out[w.key] = in_model_host_deltas(model, w, accepted, fams, cases)
     return out
 
@@ -320,25 +316,37 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
     return out
 
 
+def integrable(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
+    """(families with an accepted kernel that may gain somewhere, {skipped family: why}).
+    Only GPU timings say a kernel is slower; the interpreter's say nothing."""
+    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
+    skipped = cannot_win(accepted, fams) if device.startswith("cuda") else {}
+    return [f for f in fams if f not in skipped], skipped
+
+
+def workload_cases(model, workload, families: list[str]) -> dict[str, list[str]]:
+    """family -> the case keys `workload` calls it with in `model` (sorted)."""
+    from codegen.registry import get_family
+    from codegen.search import case_key
+
+    return {f: sorted({case_key(c) for c in get_family(f).cases_from_model(model, workload)})
+            for f in families}
+
+
 def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: list[str],
                     say: Callable[[str], None], pairs: int, built: dict | None = None) -> dict:
     """`built`: models already built, keyed by (dtype, device), reused instead of rebuilt."""
     import torch
 
-    from codegen.registry import get_family
-    from codegen.search import case_key
     from models.loader import build
     from pipeline import integrate as ig
     from pipeline.env import environment
     from verify.timing import paired_ratio
 
     accepted = summary["accepted"]
-    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
-    # only GPU timings say a kernel is slower; the interpreter's say nothing
-    skipped = cannot_win(accepted, fams) if workloads[0].device.startswith("cuda") else {}
+    fams, skipped = integrable(accepted, families, workloads[0].device)
     for fam, why in skipped.items():
         say(f"{fam}: {why}")
-    fams = [f for f in fams if f not in skipped]
     result = {"stage": "integrate", "families": fams, "chosen": families, "environment":
               environment(workloads[0].device), "workloads": {}}
     by_dtype: dict[tuple, list] = {}
@@ -359,8 +367,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
         for w in ws:
             say(f"measure {w.key}")
-            cases = {f: sorted({case_key(c) for c in get_family(f).cases_from_model(model, w)})
-                     for f in fams}
+            cases = workload_cases(model, w, fams)
             m = ig.measure(model, w, accepted, kept, {f: set(v) for f, v in cases.items()},
                            pairs, paired_ratio)
             result["workloads"][w.key] = {"workload": w.to_dict(), "check": check,
@@ -374,7 +381,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
 def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bool = False,
                  max_configs: int | None = None, pairs: int | None = None,
                  proposer: str | None = None, backend: str = "triton",
-                only: list[str] | None = None) -> dict:
+                 only: list[str] | None = None) -> dict:
     """All stages after profile on `run_dir`; returns the paths of what was written.
     `only`: exactly these families (in the ranking's order), instead of the top `top`.
     `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back

@@ -32,6 +32,19 @@ MAX_PADDING = 0.25  # head slots of the last block left empty, as a share of all
 
 
 @triton.jit
+def _cos_sin_halves(cos_ptr, sin_ptr, b, s, mask, dims, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss,
+                    sin_sd, HALF: tl.constexpr):
+    """[BLOCK_S, 1, BLOCK_HALF] each: one cos/sin row per position, both halves, in fp32."""
+    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None, None]
+    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None, None]
+    c1 = tl.load(cos_rows + dims * cos_sd, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_rows + dims * sin_sd, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=mask, other=0.0).to(tl.float32)
+    return c1, c2, s1, s2
+
+
+@triton.jit
 def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, seq_len,
                          q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd,
                          qo_sb, qo_sh, qo_ss, qo_sd, ko_sb, ko_sh, ko_ss, ko_sd,
@@ -58,13 +71,9 @@ def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows,
 
     dims = tl.arange(0, BLOCK_HALF)[None, None, :]
     lo = dims < HALF
-    # [BLOCK_S, 1, BLOCK_HALF]: one cos/sin row per position, shared by every head
-    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None, None]
-    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None, None]
-    c1 = tl.load(cos_rows + dims * cos_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_rows + dims * sin_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=row_ok & lo, other=0.0).to(tl.float32)
+    # one cos/sin row per position, shared by every head
+    c1, c2, s1, s2 = _cos_sin_halves(cos_ptr, sin_ptr, b, s, row_ok & lo, dims, cos_sb, cos_ss,
+                                     cos_sd, sin_sb, sin_ss, sin_sd, HALF)
 
     # Two loads with complementary masks instead of one through tl.where(is_q, q, k): a
     # pointer select loses the contiguity the compiler needs for 16-byte accesses (scalar
@@ -127,12 +136,8 @@ def _rope_split_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, s
     row_ok = (rows < n_rows)[:, None, None]
     dims = tl.arange(0, BLOCK_HALF)[None, None, :]
     lo = row_ok & (dims < HALF)
-    cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None, None]
-    sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None, None]
-    c1 = tl.load(cos_rows + dims * cos_sd, mask=lo, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_rows + (dims + HALF) * cos_sd, mask=lo, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_rows + dims * sin_sd, mask=lo, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_rows + (dims + HALF) * sin_sd, mask=lo, other=0.0).to(tl.float32)
+    c1, c2, s1, s2 = _cos_sin_halves(cos_ptr, sin_ptr, b, s, lo, dims, cos_sb, cos_ss, cos_sd,
+                                     sin_sb, sin_ss, sin_sd, HALF)
     _rope_heads(q_ptr, qo_ptr, b, s, row_ok, c1, c2, s1, s2, q_sb, q_sh, q_ss, q_sd,
                 qo_sb, qo_sh, qo_ss, qo_sd, HEADS, BLOCK_Q, HEAD_DIM, HALF, BLOCK_HALF,
                 BLOCK_PASS)
@@ -161,8 +166,10 @@ def search_space(case: Case) -> list[dict]:
     copy ceiling on Llama-1B's rotary). Head blocks that leave more than a quarter of the last
     block's slots empty are skipped (Llama's 32 + 8 heads: 8 or 16, not 32).
     Split (SPLIT=1): every head of BLOCK_S positions, q and k as separate power-of-two tiles,
-    Liger-Kernel's layout (one position per program there), which was 10 % faster than the
-    joint layout's best on Llama-1B and Qwen2.5-0.5B prefill (H200, run 3)."""
+    Liger-Kernel's layout (one position per program there; Liger's kernel was 10 % faster than
+    our joint layout's best in run 3). On the H200 (run 4, all configs timed in one call) the
+    split layout's best was 27.3 us against the joint's 27.8 on Llama-1B b8, and tied at
+    14.5 us on Qwen2.5-0.5B b8."""
     block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])
     total = case["heads"] + case["kv_heads"]
     most = triton.next_power_of_2(total)
@@ -239,12 +246,13 @@ def render(config: dict, case: Case) -> str:
         blocks = (f"BLOCK_Q = {triton.next_power_of_2(heads)}\n"
                   f"BLOCK_K = {triton.next_power_of_2(kv_heads)}")
         grid, launch = _SPLIT
-        kernels = [kernel_source(_rope_heads), kernel_source(_rope_split_kernel)]
+        kernels = [kernel_source(_cos_sin_halves), kernel_source(_rope_heads),
+                   kernel_source(_rope_split_kernel)]
     else:
         tile = f"{config['BLOCK_H']} heads of q then k"
         blocks = f"BLOCK_H = {config['BLOCK_H']}"
         grid, launch = _JOINT
-        kernels = [kernel_source(_rope_forward_kernel)]
+        kernels = [kernel_source(_cos_sin_halves), kernel_source(_rope_forward_kernel)]
     header = textwrap.dedent(f'''\
         """Rotary embedding candidate: q_embed and k_embed in one launch ({kind}).
 
