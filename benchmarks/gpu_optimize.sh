@@ -2,7 +2,8 @@
 # Issue 6 evidence on the H200: `pipeline optimize` end to end on one model and workload, then
 # torch.compile and Liger-Kernel against eager, each in its own process, in the same call.
 # Env: M (model), B, S (workload), MODE (prefill, decode or prefill,decode), TOP, FAMILIES
-# (instead of TOP: exactly these), MAXC (configs per case), PAIRS, BACKEND, SKIP_CONTENDERS.
+# (instead of TOP: exactly these), MAXC (configs per case; "all": the default exhaustive
+# search a user gets), PAIRS, BACKEND, SKIP_CONTENDERS.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/runs
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -17,7 +18,8 @@ t0=$(date +%s)
 python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 --mode $MODE --run-dir $run --top 8 \
   > $OUT/profile-$tag.log 2>&1; echo "profile $tag rc=$? $(( $(date +%s) - t0 ))s"
 t1=$(date +%s)
-python3 -m pipeline optimize $run $choice --max-configs $MAXC --pairs $PAIRS --backend $BACKEND \
+maxc="--max-configs $MAXC"; [ "$MAXC" != all ] || maxc=""
+python3 -m pipeline optimize $run $choice $maxc --pairs $PAIRS --backend $BACKEND \
   > $OUT/optimize-$tag.log 2>&1
 echo "optimize $tag rc=$? $(( $(date +%s) - t1 ))s"; tail -n 30 $OUT/optimize-$tag.log
 tar -czf $OUT/run-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag

@@ -8,8 +8,9 @@ Per model (zoo config, random weights, bf16, batch 8 x seq 1024) and family (rms
 and k in one call; gated_act, SwiGLU; add_rmsnorm, residual add + RMSNorm; kv_cache, the
 prefill's append of k and v to an empty DynamicLayer), on the same inputs:
 eager: the unmodified HF module or function; compile: torch.compile (default mode) of exactly
-that callable; liger: Liger-Kernel's kernel for the op; ours: every config of the family's search
-space rendered, screened and timed, best median (or the accepted kernel of `--run-dir`); copy:
+that callable; liger: Liger-Kernel's kernel for the op (rope: in place); ours: every config of
+the family's search space rendered, screened and timed, in place where the family's adapter
+runs it so (rope), best median (or the accepted kernel of `--run-dir`); copy:
 dst.copy_(src) moving the family's min_bytes, plus a 1 GiB copy as the bandwidth ceiling.
 Every contender is checked against the family reference first; a wrong one is reported, not
 timed. Each contender runs in its own process (`--worker`): compile caches and Liger's global
@@ -136,9 +137,10 @@ def timing_us(t) -> dict:
 
 
 def measure(job, build) -> dict:
-    """Check build(copies of the inputs)() against the reference, then time build(inputs).
-    Copies for the check: a contender that writes its inputs (Liger's rope) must neither
-    change what later calls see nor be checked on what an earlier call left."""
+    """Check build(copies of the inputs)() against the reference, then time build(other
+    copies). Copies both times: a contender that writes its inputs (Liger's rope, ours where
+    the adapter rotates in place) must neither change what later calls see nor be checked on
+    what an earlier call left."""
     from codegen.search import SCREEN_RTOL
     from verify.timing import bench
 
@@ -150,7 +152,8 @@ def measure(job, build) -> dict:
     tol = SCREEN_RTOL.get(job.case["dtype"], 1e-2)
     if not all(torch.allclose(g.float(), r.float(), rtol=tol, atol=tol) for g, r in zip(got, refs)):
         return {"status": "wrong", "max_abs_err": err}
-    t = bench(build(job.inputs), device=job.device, min_bytes=job.min_bytes, **job.bench_kw)
+    t = bench(build(tuple(t.clone() for t in job.inputs)), device=job.device,
+              min_bytes=job.min_bytes, **job.bench_kw)
     return {"status": "ok", "max_abs_err": err, **timing_us(t)}
 
 
@@ -173,9 +176,11 @@ def ours(job, args, tmp: Path) -> dict:
         path.write_text(family.render(cfg, case))  # a folder each: every candidate is kernel.py
         sources.append((cfg, path))
 
+    alias = family.extras.get("in_place")
+
     def builder(fwd):  # out is allocated once, outside the timing, as the pipeline calls it
-        def build(inp):
-            out = family.make_out(case, inp)
+        def build(inp):  # written over the inputs where the family's adapter does that (rope)
+            out = alias(inp) if alias else family.make_out(case, inp)
             return lambda: (fwd(*inp, out=out, **job.params), out)[1]
         return build
 

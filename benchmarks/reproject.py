@@ -23,8 +23,11 @@ import tempfile
 from pathlib import Path
 
 
-def reproject(results: Path) -> dict:
-    from pipeline.optimize import host_of, project_set
+def reproject(results: Path, basis: str | None = None) -> dict:
+    """Per workload: the kept set's projection, frozen and now; with `basis` (a reading of
+    pipeline.host_delta, e.g. "pass_us_per_call"), the in-model host deltas of that reading
+    replace the frozen ones, and each family measured alone is re-projected alone too."""
+    from pipeline.optimize import host_of, project_set, rescaled_host
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
@@ -44,8 +47,12 @@ def reproject(results: Path) -> dict:
         for key, w in integ["workloads"].items():
             kept = list(w.get("kept") or [])
             frozen = w.get("projection_for_kept") or proj["workloads"][key]
-            now = project_set(run, ranking[key], proj["kernel_speedups"],
-                              host_of(proj, key), True, only=kept)
+            host = host_of(proj, key)
+            if basis:
+                host = {**host, **rescaled_host(ranking[key], proj["workloads"][key].get(
+                    "host_in_model") or {}, basis)}
+            now = project_set(run, ranking[key], proj["kernel_speedups"], host, True,
+                              only=kept)
             measured = 1 / w["combined"]["estimate"] if w.get("combined") else 1.0
             out[key] = {"kept": kept, "measured": measured,
                         "frozen": {k: frozen[k] for k in ("amdahl", "replay")},
@@ -53,7 +60,11 @@ def reproject(results: Path) -> dict:
                         "error_frozen": {k: abs(frozen[k] - measured) / measured
                                          for k in ("amdahl", "replay")},
                         "error_now": {k: abs(now[k] - measured) / measured
-                                      for k in ("amdahl", "replay")}}
+                                      for k in ("amdahl", "replay")},
+                        "alone": {f: {"measured": 1 / m["estimate"], "replay": project_set(
+                            run, ranking[key], proj["kernel_speedups"], host, True,
+                            only=[f])["replay"]} for f, m in (w.get("per_family") or {}).items()
+                            if m.get("estimate")}}
     return out
 
 
@@ -61,13 +72,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--host-basis", help="re-project with this in-model host reading "
+                                         "(us_per_call: hooked windows; pass_us_per_call: "
+                                         "whole passes)")
     args = ap.parse_args()
-    out = reproject(args.results)
+    out = reproject(args.results, args.host_basis)
     for key, r in out.items():
         print(f"{key}: measured {r['measured']:.3f}x; replay frozen {r['frozen']['replay']:.3f}x "
               f"({r['error_frozen']['replay']:.1%}), now {r['now']['replay']:.3f}x "
               f"({r['error_now']['replay']:.1%}); Amdahl {r['now']['amdahl']:.3f}x "
               f"({r['error_now']['amdahl']:.1%}); kept {', '.join(r['kept'])}")
+        for f, a in r["alone"].items():
+            print(f"  {f} alone: measured {a['measured']:.3f}x, replay now {a['replay']:.3f}x")
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))
 

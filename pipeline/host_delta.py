@@ -28,6 +28,10 @@ import torch
 
 from codegen.registry import get_family
 
+# Which reading the projection uses: "us_per_call" (hooked windows around the patched modules)
+# or "pass_us_per_call" (each whole pass's time to return, no hooks). Both are recorded.
+HOST_BASIS = "us_per_call"
+
 
 def counting_chooser(inner, calls: dict, name: str):
     """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
@@ -115,24 +119,44 @@ def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict 
         # the host's speed now, in the units the profile timed it: the replay rescales
         # these deltas by the ratio (the H200 host's pass time drifted 2x within a call)
         enqueue = wall_time(base_runner, workload.device, warmup=1, reps=5)["enqueue_ms"]
-        runs = {}
-        for label, runner, mods in (("base", base_runner, [b for b, _ in pairs_of]),
-                                    ("patched", make_runner(variant, workload),
-                                     [v for _, v in pairs_of])):
-            runs[label] = (runner, stack.enter_context(_windows(mods, workload.device)))
-        diffs, per_pass, order = [], 0, list(runs.items())
-        with torch.no_grad():
-            for i in range(pairs + 1):  # the first pair warms both up and is dropped
-                got = {}
-                for label, (runner, box) in order if i % 2 else order[::-1]:
-                    box[0], before = 0.0, calls[name]
-                    runner.call()
-                    runner.reset()
-                    got[label] = (box[0], calls[name] - before)
-                per_pass = got["patched"][1]
-                if i and per_pass:
-                    diffs.append((got["base"][0] - got["patched"][0]) * 1e6 / per_pass)
+        runners = {"base": base_runner, "patched": make_runner(variant, workload)}
+        mods = {"base": [b for b, _ in pairs_of], "patched": [v for _, v in pairs_of]}
+        with ExitStack() as hooks:
+            boxes = {k: hooks.enter_context(_windows(mods[k], workload.device)) for k in mods}
+            diffs, per_pass = _paired(runners, boxes, calls, name, pairs, workload.device)
+        # the same pairs again with the hooks gone: each pass's own host time (to return)
+        pass_diffs, _ = _paired(runners, None, calls, name, pairs, workload.device)
     if not diffs:
         return None
-    return {"us_per_call": statistics.median(diffs), "calls_per_pass": per_pass,
-            "pairs": len(diffs), "modules": len(pairs_of), "base_enqueue_ms": enqueue}
+    return {"us_per_call": statistics.median(diffs),
+            "pass_us_per_call": statistics.median(pass_diffs) if pass_diffs else None,
+            "calls_per_pass": per_pass, "pairs": len(diffs), "modules": len(pairs_of),
+            "base_enqueue_ms": enqueue}
+
+
+def _paired(runners: dict, boxes: dict | None, calls: dict, name: str, pairs: int,
+            device: str) -> tuple[list, int]:
+    """Interleaved (base, patched) passes; per pair, host us saved per kernel call: from the
+    hooked windows (`boxes`) or, without, from the time each pass takes to return."""
+    from profiling.capture import sync
+
+    diffs, per_pass, order = [], 0, list(runners.items())
+    with torch.no_grad():
+        for i in range(pairs + 1):  # the first pair warms both up and is dropped
+            got = {}
+            for label, runner in order if i % 2 else order[::-1]:
+                before = calls[name]
+                box = boxes[label] if boxes else None
+                if box is not None:
+                    box[0] = 0.0
+                sync(device)
+                t = time.perf_counter()
+                runner.call()
+                took = time.perf_counter() - t
+                sync(device)
+                runner.reset()
+                got[label] = (box[0] if box is not None else took, calls[name] - before)
+            per_pass = got["patched"][1]
+            if i and per_pass:
+                diffs.append((got["base"][0] - got["patched"][0]) * 1e6 / per_pass)
+    return diffs, per_pass

@@ -14,6 +14,9 @@ those two runs come:
     out_of_bounds     guard bytes around `out` (and gaps of a strided `out`) untouched
     out_buffer        `out` keeps its storage, shape and strides (no out.set_(...))
     inputs_unchanged  every input's whole storage is bitwise unchanged
+    in_place          families whose adapter writes the result over its inputs (rope:
+                      `extras["in_place"]`) get, on the first random input set, the same
+                      result bit for bit when `out` is those inputs
     aten_ops          none of family.aten_ops dispatched (TorchDispatchMode; plus the profiler
                       on a GPU)
     default_stream    all GPU work on the caller's stream (profiler); skipped on the CPU
@@ -63,7 +66,8 @@ from verify.tolerances import tolerance_for
 CHECK_OF_KIND = {"random": "numerics", "nonfinite": "nonfinite",
                  **{k: "stress" for k in STRESS_KINDS}}
 ORDER = ("reference", "runs", "numerics", "stress", "nonfinite", "writes_all", "deterministic",
-         "out_of_bounds", "out_buffer", "inputs_unchanged", "aten_ops", "default_stream")
+         "out_of_bounds", "out_buffer", "inputs_unchanged", "in_place", "aten_ops",
+         "default_stream")
 
 Emit = Callable[[str, Any], None]
 
@@ -254,7 +258,25 @@ class Suite:
                                          f"({result.n_nonfinite_bad} non-finite mismatches); "
                                          f"first {result.first_bad}")]
         checks.record(CHECK_OF_KIND[kind], problem, context)
+        alias = self.family.extras.get("in_place")
+        if alias is not None and kind == "random" and trial == 0:
+            checks.record("in_place", self._in_place(inputs, alias, first.outs, params),
+                          context)
         return True
+
+    def _in_place(self, inputs: tuple, alias: Callable, outs: list, params: dict) -> list[str]:
+        """Problems when the candidate writes over its own inputs (out = alias(inputs)), as
+        the family's adapter runs it in the model, against its out-of-place result."""
+        copies = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+        out = alias(copies)
+        try:
+            self.forward(*copies, out=out, **params)
+            synchronize(self.device)
+        except Exception as e:  # noqa: BLE001 - a candidate that cannot alias fails the check
+            return [f"raised when out aliases the inputs: {_describe(e).splitlines()[0]}"]
+        return [f"output {i}: {n} elements differ when out aliases the inputs"
+                for i, (o, g) in enumerate(zip(as_tuple(out), outs))
+                if (n := int((bits(o) != bits(g.view)).sum()))]
 
     # -- the GPU-only stream and profiler check -----------------------------------------------
     def _streams(self, checks: CaseChecks, case: dict, params: dict) -> None:

@@ -69,5 +69,7 @@ FAMILY = Family(
     aten_ops=("aten::mul", "aten::neg", "aten::cat", "aten::add"),
     # Stress values go into q and k only: cos/sin are cosines and sines in every model, and
     # stressing them to 1e4 would test an input no caller can produce.
-    extras={"params": params, "stress_inputs": (0, 1)},
+    # the adapter writes the rotation over q and k (patch.in_place_ok); the verifier checks
+    # each candidate does that correctly
+    extras={"params": params, "stress_inputs": (0, 1), "in_place": lambda inputs: inputs[:2]},
 )

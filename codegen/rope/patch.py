@@ -15,6 +15,14 @@ An attention module is patched only when its module's `apply_rotary_pos_emb` and
 are, statement for statement, Llama's or Phi-3's (compared as syntax trees, docstrings aside):
 that is what the kernel computes. Other variants (interleaved, multimodal sections) keep their
 own code.
+
+Where the attention's forward is, statement for statement, one of the HF forwards listed in
+`_IN_PLACE_FORWARDS` (Llama, Qwen2, Mistral, Gemma, Phi-3), the rotation is written over q and
+k themselves, as Liger-Kernel's does: those forwards build q and k from their projections and
+rebind both names to the result at once, so nothing else holds the unrotated tensors. On the
+H200 an in-place rotation took 26.4 us against 27.3 out of place at Llama-1B b8 (run 4), and
+the verifier checks every candidate gives the same bits when `out` is its inputs (`in_place`).
+Any other forward gets new tensors, as HF's function returns.
 """
 
 from __future__ import annotations
@@ -46,6 +54,28 @@ def _known_forms() -> dict[tuple[str, str, str], str]:
     return {(_signature(m.apply_rotary_pos_emb), code_shape(m.apply_rotary_pos_emb),
              code_shape(m.rotate_half)): form
             for m, form in ((modeling_llama, "full"), (modeling_phi3, "partial"))}
+
+
+@cache
+def _in_place_forwards() -> frozenset:
+    from transformers.models.gemma.modeling_gemma import GemmaAttention
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.mistral.modeling_mistral import MistralAttention
+    from transformers.models.phi3.modeling_phi3 import Phi3Attention
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
+
+    return frozenset(code_shape(c.forward) for c in (LlamaAttention, Qwen2Attention,
+                                                     MistralAttention, GemmaAttention,
+                                                     Phi3Attention))
+
+
+@cache
+def in_place_ok(cls: type) -> bool:
+    """The class's forward is one whose q and k nothing else holds (see the module doc)."""
+    try:
+        return code_shape(cls.forward) in _in_place_forwards()
+    except (OSError, TypeError):  # no source to compare
+        return False
 
 
 def rotary_form(module_globals: dict) -> str | None:
@@ -125,7 +155,8 @@ def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
             and cos.shape[0] in (1, batch) and cos.shape[1] == seq)
 
 
-def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable) -> Callable:
+def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable,
+                       in_place: bool = False) -> Callable:
     def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype) -> Case:
         batch, heads, seq, head_dim = q_shape
         return make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
@@ -141,7 +172,7 @@ def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable)
             return original(q, k, cos, sin, unsqueeze_dim)
         # empty_like keeps q's (batch, seq, heads, dim) memory order, as HF's elementwise
         # result does, so downstream attention sees the layout it sees unpatched.
-        out = (torch.empty_like(q), torch.empty_like(k))
+        out = (q, k) if in_place else (torch.empty_like(q), torch.empty_like(k))
         kernel(q, k, cos, sin, out=out, **kw)
         return out
 
@@ -151,7 +182,8 @@ def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable)
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
     wrappers = []
     for _, module, module_globals, form in find_rotary_attentions(model):
-        rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case)
+        rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case,
+                                    in_place_ok(type(module)))
         wrappers.append((module, lambda below, g=module_globals, r=rotary: with_global(
             below, g, GLOBAL_NAME, lambda _previous: r)))
     return wrap_instance_forwards(wrappers)

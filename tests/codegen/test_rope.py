@@ -192,3 +192,58 @@ def test_split_layout_matches_reference(shape, dtype, tmp_path):
         assert_close(out, ref, TOL[dtype])
     source = FAMILY.render(split[0], case)
     assert "def _rope_split_kernel" in source and "_rope_forward_kernel" not in source
+
+
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_native_arithmetic_rounds_as_hf_does(shape, dtype, tmp_path):
+    """NATIVE=1 computes in the storage dtype with HF's order of operations (x1 * c1 - x2 * s1,
+    each step rounded), so under the interpreter it reproduces HF's half-precision result bit
+    for bit (the fp32 default is only within rounding of it); a GPU compiler may contract a
+    product and a sum into one FMA, so there it is held to the dtype's tolerance. Searched only
+    where the dtype is not fp32 (there it adds nothing)."""
+    case = make_case(*shape, dtype)
+    native = [c for c in FAMILY.search_space(case) if c.get("NATIVE")]
+    assert native and all(c.get("SPLIT") for c in native)
+    assert not any(c.get("NATIVE") for c in FAMILY.search_space({**case, "dtype": "float32"}))
+    for config in space_ends(native):
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        if DEVICE == "cpu":
+            for o, r in zip(out, ref):
+                torch.testing.assert_close(o, r, rtol=0, atol=0)
+        else:
+            assert_close(out, ref, TOL[dtype])
+    source = FAMILY.render(native[0], case)
+    assert "NATIVE = True" in source and f"computes in {dtype}" in source
+
+
+def test_known_attention_forwards_rotate_in_place_others_get_new_tensors(tmp_path):
+    """HF's Llama/Qwen2/Mistral/Gemma/Phi-3 attentions rebind q and k to the result at once,
+    so the adapter writes the rotation over them; an attention with any other forward (one
+    that might still read the unrotated q) gets new tensors, as HF's function returns."""
+    from codegen.rope.patch import in_place_ok
+
+    class KeepsQuery(modeling_llama.LlamaAttention):
+        def forward(self, hidden_states, position_embeddings, attention_mask, **kwargs):
+            self.last_query = hidden_states
+            return super().forward(hidden_states, position_embeddings, attention_mask, **kwargs)
+
+    assert in_place_ok(modeling_llama.LlamaAttention) and in_place_ok(modeling_phi3.Phi3Attention)
+    assert not in_place_ok(KeepsQuery)
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    inner = CountingChooser(FAMILY, tmp_path)
+    aliased = []
+
+    def chooser(case):
+        kernel = inner(case)
+
+        def call(q, k, cos, sin, *, out, **kw):
+            aliased.append(out[0] is q and out[1] is k)
+            return kernel(q, k, cos, sin, out=out, **kw)
+        return call
+
+    undo = FAMILY.patch(model, chooser)
+    with torch.no_grad():
+        model(torch.randint(3, 500, (1, 4)).to(DEVICE))
+    undo()
+    assert aliased == [True, True]

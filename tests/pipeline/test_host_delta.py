@@ -43,6 +43,8 @@ def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
     assert got["modules"] == norms and got["base_enqueue_ms"] > 0
     # the candidate costs EXTRA_S more than HF's norm, which takes far less than that here
     assert -EXTRA_S * 1e6 * 1.5 < got["us_per_call"] < -EXTRA_S * 1e6 * 0.8
+    # the same cost read from each whole pass's time to return, without hooks
+    assert -EXTRA_S * 1e6 * 1.5 < got["pass_us_per_call"] < -EXTRA_S * 1e6 * 0.8
     assert not any("forward" in vars(m) for m in model.modules())  # base model untouched
 
 

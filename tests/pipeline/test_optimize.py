@@ -699,3 +699,41 @@ def test_a_family_that_cannot_win_is_not_integrated():
     skipped = cannot_win(accepted, ["attention", "gated_act", "kv_cache", "rope", "rmsnorm"])
     assert list(skipped) == ["attention"]
     assert "0.19x, 0.69x" in skipped["attention"] and "+30.0 us" in skipped["attention"]
+
+
+def test_top_n_backfills_a_family_that_cannot_reach_the_model(monkeypatch):
+    """`--top 3` with attention ranked 2nd but slower than SDPA: the 4th family is generated
+    and verified in its place, so three families reach the model; nothing more is added once
+    three can."""
+    from pipeline import optimize
+
+    ranking = {"workloads": [{"rows": [
+        {"family": f, "replay_gain": g, "amdahl_gain": g}
+        for f, g in (("rmsnorm", 1.3), ("attention", 1.2), ("rope", 1.1), ("add_rmsnorm", 1.05),
+                     ("kv_cache", 1.01))]}]}
+    verdicts = {"rmsnorm": 1.5, "attention": 0.2, "rope": 1.4, "add_rmsnorm": 1.2,
+                "kv_cache": 1.1}
+    generated = []
+
+    def generate(run_dir, fams, *args):
+        generated.extend(fams)
+        return {"searches": generated[:]}
+
+    def verify(run_dir, log, *args):
+        return {"accepted": {f"{f}/c": {"family": f, "speedup": verdicts[f],
+                                        "host_delta_us": None} for f in log["searches"]}}
+
+    monkeypatch.setattr(optimize, "generate_stage", generate)
+    monkeypatch.setattr(optimize, "verify_stage", verify)
+    chosen = optimize.choose_families(ranking, 3)
+    log = generate(None, chosen)
+    messages = []
+    fams, _, summary = optimize.backfill(None, ranking, chosen, 3, None, [], "cuda:0",
+                                         messages.append, None, "triton", log,
+                                         verify(None, log))
+    assert chosen == ["rmsnorm", "attention", "rope"]
+    assert fams == ["rmsnorm", "attention", "rope", "add_rmsnorm"]
+    assert generated == fams  # only the backfilled family was generated again
+    assert optimize.integrable(summary["accepted"], fams, "cuda:0")[0] == \
+        ["rmsnorm", "rope", "add_rmsnorm"]
+    assert messages == ["attention will not reach the model; next in the ranking: add_rmsnorm"]

@@ -111,3 +111,20 @@ def test_second_output_left_unwritten_is_caught():
     assert good.verdict == "accepted", good.reasons
     assert "writes_all" in cheat.failed()
     assert "output 1" in next(c["detail"] for c in cheat.checks if c["name"] == "writes_all")
+
+
+def test_a_kernel_that_cannot_run_in_place_is_rejected_where_the_adapter_needs_it(tmp_path):
+    """rope's adapter writes the rotation over q and k; a candidate right only out of place
+    fails `in_place` alone, and a rendered rope kernel passes it."""
+    from codegen.rope import FAMILY as ROPE
+    from codegen.rope.reference import make_case
+
+    case = make_case(2, 5, 4, 2, 16, 16, "float32")
+    rendered = tmp_path / "kernel.py"
+    rendered.write_text(ROPE.render(ROPE.search_space(case)[-1], case))
+    cheat, good = verify_candidates(ROPE, [HERE / "cheats" / "rope_not_alias_safe.py", rendered],
+                                    [case], device=DEVICE, trials=1, timing=False, jobs=2)
+    assert cheat.failed() == {"in_place"}, cheat.reasons
+    assert "differ when out aliases the inputs" in cheat.reasons[0]
+    assert good.verdict == "accepted", good.reasons
+    assert any(c["name"] == "in_place" and c["passed"] for c in good.checks)
