@@ -350,7 +350,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                  ("shipped", _shipped_cell(w["shipped"]) + (
                      f" ({w['shipped']['note']})" if (w["shipped"] or {}).get("note") else ""))]
         b.append(("table", ["", "value"], rows))
-        for note in ((p or {}).get("note"), (m or {}).get("note")):
+        for note in ((p or {}).get("note"), (m or {}).get("note"), w.get("conditions")):
             if note:
                 b.append(("note", note))
     if w["per_family"] or w["check"]:

@@ -215,6 +215,7 @@ def test_native_arithmetic_rounds_as_hf_does(shape, dtype, tmp_path):
             assert_close(out, ref, TOL[dtype])
     source = FAMILY.render(native[0], case)
     assert "NATIVE = True" in source and f"computes in {dtype}" in source
+    assert "enable_fp_fusion=not NATIVE" in source  # a GPU compiler must not contract it
 
 
 def test_known_attention_forwards_rotate_in_place_others_get_new_tensors(tmp_path):
