@@ -50,13 +50,17 @@ def family_backend(family: Family, backend: str) -> str:
 
 
 def backend_configs(family: Family, case: Case, backend: str,
-                    budget: int | None = None) -> list[dict]:
+                    budget: int | None = None, interpreter: bool = False) -> list[dict]:
     """The configs `backend` searches for `case`; `budget` spreads over each space apart, so
-    "both" keeps both backends even with one config per case."""
+    "both" keeps both backends even with one config per case. Under Triton's CPU interpreter
+    one config per case takes the widest tiles: timings mean nothing there, and the run time
+    grows with the number of programs (rope's middle config, one head per program, spent 31 s
+    verifying tiny-llama's case; 2026-11-30)."""
     backend = family_backend(family, backend)
     configs = []
     if backend in ("triton", "both"):
-        configs += spread(family.search_space(case), budget)
+        space = family.search_space(case)
+        configs += space[-1:] if interpreter and budget == 1 else spread(space, budget)
     if backend in ("cuda", "both"):
         space = family.extras["cuda"]["search_space"](case)
         configs += spread([{**c, "backend": "cuda"} for c in space], budget)
@@ -166,7 +170,8 @@ def spread(configs: list[dict], budget: int | None) -> list[dict]:
 def search(family: Family, case: Case, root: Path, device: str, max_configs: int | None = None,
            timeout_s: float = 300.0, backend: str = "triton") -> dict:
     """Render, screen and time every config for one case; returns the search log entry."""
-    configs = backend_configs(family, case, backend, max_configs)
+    configs = backend_configs(family, case, backend, max_configs,
+                              interpreter=not device.startswith("cuda"))
     folder = root / family.name / case_key(case)
     jobs = []
     for cfg in configs:
