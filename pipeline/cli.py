@@ -112,7 +112,9 @@ def rank(run_dir):
 @cli.command()
 @click.argument("target", required=False)
 @click.option("--top", default=5, show_default=True,
-              help="How many kernel families to generate, from the top of the ranking.")
+              help="How many kernel families to bring into the model, from the top of the "
+                   "ranking; one with no verified kernel, or slower than the code it replaces "
+                   "and saving no host time, gives its place to the next.")
 @workload_options
 @click.option("--backend", type=click.Choice(["triton", "cuda", "both"]), default="triton",
               show_default=True, help="Kernel source language(s) to generate: Triton, CUDA "
