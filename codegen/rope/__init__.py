@@ -68,8 +68,7 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::mul", "aten::neg", "aten::cat", "aten::add"),
     # Stress values go into q and k only: cos/sin are cosines and sines in every model, and
-    # stressing them to 1e4 would test an input no caller can produce.
-    # the adapter writes the rotation over q and k (patch.in_place_ok); the verifier checks
-    # each candidate does that correctly
+    # stressing them to 1e4 would test an input no caller can produce. The adapter writes the
+    # rotation over q and k (patch.in_place_ok), so the verifier runs each candidate that way.
     extras={"params": params, "stress_inputs": (0, 1), "in_place": lambda inputs: inputs[:2]},
 )
