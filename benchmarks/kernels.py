@@ -6,7 +6,10 @@
 
 Per model (zoo config, random weights, bf16, batch 8 x seq 1024) and family (rmsnorm; rope, q
 and k in one call; gated_act, SwiGLU; add_rmsnorm, residual add + RMSNorm; kv_cache, the
-prefill's append of k and v to an empty DynamicLayer), on the same inputs:
+prefill's append of k and v to an empty DynamicLayer; matmul_epilogue, on request, the gate and
+up projections with silu(gate) * up fused into one GEMM's epilogue: compute-bound, so its copy
+column is no ceiling, and its eager and Liger rows run cuBLAS for the projections), on the
+same inputs:
 eager: the unmodified HF module or function; compile: torch.compile (default mode) of exactly
 that callable; liger: Liger-Kernel's kernel for the op (rope: in place); ours: every config of
 the family's search space rendered, screened and timed, in place where the family's adapter
@@ -64,6 +67,7 @@ def model_setup(name: str, dry: bool) -> dict:
 
     from codegen.gated_act.reference import make_case as gated_case
     from codegen.kv_cache.reference import make_case as kv_case
+    from codegen.matmul_epilogue.reference import make_case as gemm_case
     from codegen.rope.reference import make_case as rope_case
     from models.zoo import ZOO
 
@@ -82,7 +86,9 @@ def model_setup(name: str, dry: bool) -> dict:
             "eps": float(cfg.rms_norm_eps), "offset": 0.0, "cast_first": True}
     cases = {"rmsnorm": norm, "rope": rope_case(b, s, heads, kv, head_dim, head_dim, DTYPE),
              "gated_act": gated_case(b * s, cfg.intermediate_size, DTYPE, "silu", "separate"),
-             "add_rmsnorm": dict(norm), "kv_cache": kv_case(b, kv, head_dim, 0, s, DTYPE)}
+             "add_rmsnorm": dict(norm), "kv_cache": kv_case(b, kv, head_dim, 0, s, DTYPE),
+             "matmul_epilogue": gemm_case(b * s, cfg.hidden_size, cfg.intermediate_size, DTYPE,
+                                          "silu")}
     return {"config": cfg, "module": module, "prefix": prefix, "cases": cases}
 
 
@@ -95,9 +101,12 @@ def hf_callable(fam: str, setup: dict, inputs: tuple, device: str):
         from transformers.cache_utils import DynamicLayer
 
         return lambda keys, values, k, v: DynamicLayer().update(k, v)
-    if fam == "gated_act":
+    if fam in ("gated_act", "matmul_epilogue"):
         with torch.device("meta"):  # the MLP's own act_fn; its Linear weights are not needed
             act_fn = getattr(mod, prefix + "MLP")(cfg).act_fn
+        if fam == "matmul_epilogue":  # MLP.forward up to down_proj, cuBLAS for the projections
+            linear = torch.nn.functional.linear
+            return lambda x, wg, wu: act_fn(linear(x, wg)) * linear(x, wu)
         return lambda gate, up: act_fn(gate) * up  # as MLP.forward: act_fn(gate_proj) * up_proj
     norm = getattr(mod, prefix + "RMSNorm")(cfg.hidden_size, eps=cfg.rms_norm_eps)
     norm = norm.to(device=device, dtype=inputs[-1].dtype)
@@ -123,6 +132,9 @@ def liger_callable(fam: str, case: dict):
         raise LookupError("n/a: Liger-Kernel has no KV-cache kernel")
     if fam == "gated_act":  # LigerSwiGLUMLP's call
         return lambda gate, up: lk.LigerSiLUMulFunction.apply(gate, up)
+    if fam == "matmul_epilogue":  # LigerSwiGLUMLP.forward up to down_proj
+        linear = torch.nn.functional.linear
+        return lambda x, wg, wu: lk.LigerSiLUMulFunction.apply(linear(x, wg), linear(x, wu))
     eps = case["eps"]
     if fam == "rmsnorm":  # LigerRMSNorm.forward with the settings of the Llama/Qwen2 patch
         return lambda x, w: lk.LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", True, None)

@@ -54,6 +54,13 @@ class Pattern:
     # cost(ops) -> (min_bytes, flops) of one fused occurrence, from the recorded op shapes and
     # dtypes (profile op dicts); None: the rank stage treats each op as its own roofline.
     cost: Callable[[list[dict]], tuple[int, int]] | None = None
+    # An alternative to another pattern rather than a rival claimant: each occurrence of the
+    # pattern named `extends` (on the same scope) plus the occurrences of the child modules
+    # named in `absorbs` (a Linear's own `linear` occurrence) forms one occurrence of this one.
+    # Ranked beside the pattern it extends, never replaced together with it (a GEMM with the
+    # gated activation in its epilogue replaces the activation that gated_act would replace).
+    extends: str | None = None
+    absorbs: tuple[str, ...] = ()
 
 
 @dataclass

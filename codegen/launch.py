@@ -100,6 +100,23 @@ def _c_launch(k):
     return launch
 
 
+def ensure_allocator() -> None:
+    """Give Triton an allocator (torch's caching one) for kernels that need global scratch
+    memory, such as TMA descriptors made on the device, unless the process has set one."""
+    import torch
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):  # another Triton: set ours
+        pass
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8,
+                                                                     device="cuda"))
+
+
 def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     """`launch(grid, *runtime_args)` for `kernel` with its trailing constexpr parameters and
     launch options (num_warps, num_stages) bound once."""

@@ -193,8 +193,12 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     `in_model`: per workload, the host deltas measured in the model (`host_stage`); they
     replace the search's per-kernel ones for that workload."""
     ranking = read_json(run_dir / "ranking.json", "ranking")
-    speed = kernel_speedups(summary) if on_gpu else {}
-    host = kernel_speedups(summary, "host_delta_us") if on_gpu else {}
+    # only what will reach the model: a family skipped before any measurement (one that
+    # cannot win, or one superseded by another replacing the same ops) is not projected
+    fams, _ = integrable(summary["accepted"], families, "cuda" if on_gpu else "cpu")
+    speed = {f: v for f, v in kernel_speedups(summary).items() if f in fams} if on_gpu else {}
+    host = {f: v for f, v in kernel_speedups(summary, "host_delta_us").items()
+            if f in fams} if on_gpu else {}
     out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
@@ -346,11 +350,37 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
     return out
 
 
+def superseded(accepted: dict, families: list[str]) -> dict[str, str]:
+    """Of two families that replace the same ops (`extras["overlaps"]`: the matmul with the
+    gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
+    less device time per call, summed over its cases, gives way: both patch the same MLP, and
+    each one's saving is measured against the same HF code by the same harness. Under the CPU
+    interpreter the times mean nothing, but the rule still keeps one of the two."""
+    from codegen.registry import get_family
+
+    def saved_us(fam: str) -> float:
+        return sum((a["baseline"]["median_ms"] - a["kernel"]["median_ms"]) * 1e3
+                   for a in accepted.values() if a["family"] == fam)
+
+    out = {}
+    for fam in families:
+        for other in get_family(fam).extras.get("overlaps", ()):
+            if other not in families or fam in out or other in out:
+                continue
+            loser, winner = sorted((fam, other), key=saved_us)
+            out[loser] = (f"superseded by {winner}, which replaces the same ops: it saves "
+                          f"{saved_us(winner):.1f} us per call against {saved_us(loser):.1f} us "
+                          f"(kernel-level, summed over cases)")
+    return out
+
+
 def integrable(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
     """(families with an accepted kernel that may gain somewhere, {skipped family: why}).
-    Only GPU timings say a kernel is slower; the interpreter's say nothing."""
+    Only GPU timings say a kernel is slower; the interpreter's say nothing. Of two families
+    that replace the same ops, one is skipped (`superseded`)."""
     fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
     skipped = cannot_win(accepted, fams) if device.startswith("cuda") else {}
+    skipped.update(superseded(accepted, [f for f in fams if f not in skipped]))
     return [f for f in fams if f not in skipped], skipped
 
 

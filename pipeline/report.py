@@ -143,8 +143,9 @@ def _regime(basis, busy) -> str:
 
 def _share_rows(rows: list[dict], rest: float) -> list[dict]:
     """Top patterns by share, the remainder of the device work, and the host/launch/idle row:
-    together they sum to 1 like the profile's shares."""
-    by_share = sorted(rows, key=lambda x: -x["share"])
+    together they sum to 1 like the profile's shares. A row that is an alternative to others
+    (`alternative_to`) holds their ops again and stays out of the sum."""
+    by_share = sorted((x for x in rows if not x.get("alternative_to")), key=lambda x: -x["share"])
     out = [{"label": x["pattern"], "share": x["share"],
             "kind": "family" if x.get("family") else "other"} for x in by_share[:TOP]]
     other = sum(x["share"] for x in by_share[TOP:])

@@ -52,6 +52,7 @@ class Occurrence:
     module: str
     module_class: str
     ops: list[int] = field(default_factory=list)  # indices into the profile's op list
+    extends: str | None = None  # an alternative to this pattern's occurrence (`alternatives`)
 
     def to_dict(self) -> dict:
         return {"pattern": self.pattern, "family": self.family, "module": self.module,
@@ -100,7 +101,8 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
             cls, path = info.get(key[1], (None, None))
         else:
             cls, path = None, scope["module"]
-        for pat in sorted(patterns, key=lambda p: -p.priority):
+        for pat in sorted((p for p in patterns if p.extends is None),
+                          key=lambda p: -p.priority):
             if key[0] == "m" and (pat.module_class is None or cls is None
                                   or not re.search(pat.module_class, cls)):
                 continue
@@ -118,6 +120,34 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
             break
     unclaimed = [i for i in range(len(ops)) if i not in claimed]
     return found, unclaimed
+
+
+def alternatives(occurrences: list[Occurrence], patterns: list[Pattern]) -> list[Occurrence]:
+    """Occurrences of the patterns that extend another (`Pattern.extends`): one per occurrence
+    of the extended pattern whose scope has every absorbed child module's own occurrence (the
+    gate and up Linears of an MLP), with the ops of all of them. They overlap what `match`
+    found, so they are ranked beside it and never replaced together with it. Children are
+    found by module path, so this needs a profile that names modules (the pipeline's own
+    profiles do; a bare trace's `Linear_4` does not say which projection it is)."""
+    by_module: dict[str, list[Occurrence]] = {}
+    for o in occurrences:
+        by_module.setdefault(o.module, []).append(o)
+    taken: set[int] = set()
+    found = []
+    for o in occurrences:
+        for pat in patterns:
+            if pat.extends != o.pattern:
+                continue
+            parts = [next((c for c in by_module.get(f"{o.module}.{child}", [])
+                           if id(c) not in taken), None) for child in pat.absorbs]
+            if any(c is None for c in parts):
+                continue
+            taken.update(id(c) for c in parts)
+            ops = sorted(o.ops + [i for c in parts for i in c.ops])
+            found.append(Occurrence(pat.name, pat.family, o.module, o.module_class, ops,
+                                    extends=o.pattern))
+            break
+    return found
 
 
 def _check(pat: Pattern, names: list[str]) -> list[bool] | None:

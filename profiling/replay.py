@@ -63,12 +63,20 @@ class Replacement:
     grouping kernels separated by unrelated host work would move work ahead of that work.
     `host_saving_us`: host time each launch this replacement removes also takes off the
     segment before it (None: the `apply_replacements` default), so one pattern's saving stays
-    on its own launches."""
+    on its own launches.
+
+    `host_saving_total_us`: instead, the host time the replacement saves in all, the launch
+    calls it removes included (a measured host delta already pays for them): each removed
+    launch node takes its own traced duration with it, and the rest comes off the host
+    segments before the removed launches, pooled over them (each shrinks by the same fraction,
+    none below zero); a negative rest adds host time to those segments evenly. A replacement
+    that removes no launch changes no host time."""
 
     device: frozenset
     new_duration_us: float
     launches: frozenset | None = None
     host_saving_us: float | None = None
+    host_saving_total_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +343,29 @@ def _remove_launch(g, lnode, keep, host_saving_us) -> float:
     return saved
 
 
+def _remove_launches_pooled(g, removed: list, kept, total_us: float) -> float:
+    """Remove the `removed` launch nodes, which together save `total_us` of host time, their
+    own durations included: the rest is taken off (or, negative, added to) the host segments
+    before them, in proportion to their lengths. Returns the host time removed."""
+    if not removed:
+        return 0.0
+    segs = [p for n in removed for p in g.predecessors(n)
+            if g.edges[p, n]["kind"] == "host" and g.nodes[p]["kind"] == "host"]
+    calls = sum(g.nodes[n]["dur"] for n in removed)
+    rest = total_us - calls
+    if rest > 0:
+        room = sum(g.nodes[p]["dur"] for p in segs)
+        frac = min(1.0, rest / room) if room > 0 else 0.0
+        cuts = {p: g.nodes[p]["dur"] * frac for p in segs}
+    else:
+        cuts = {p: rest / len(segs) for p in segs} if segs else {}
+    for p, cut in cuts.items():
+        g.nodes[p]["dur"] -= cut
+    for n in removed:
+        _remove_launch(g, n, kept, 0.0)
+    return calls + sum(cuts.values())
+
+
 def apply_replacements(graph: nx.DiGraph, replacements: Iterable, *, host_saving_us: float = 0.0,
                        ids: str = "correlation") -> nx.DiGraph:
     """A copy of `graph` with each replacement applied (see `Replacement`; a plain tuple
@@ -368,11 +399,15 @@ def apply_replacements(graph: nx.DiGraph, replacements: Iterable, *, host_saving
         if launches:
             first = g.nodes[keep]["launch"]
             kept = first if first in launches else launches[0]
-            for lnode in launches:
-                if lnode != kept:
-                    g.graph["host_removed_us"] += _remove_launch(
-                        g, lnode, kept, host_saving_us if rep.host_saving_us is None
-                        else rep.host_saving_us)
+            removed = [n for n in launches if n != kept]
+            if rep.host_saving_total_us is not None:
+                g.graph["host_removed_us"] += _remove_launches_pooled(
+                    g, removed, kept, rep.host_saving_total_us)
+                continue
+            for lnode in removed:
+                g.graph["host_removed_us"] += _remove_launch(
+                    g, lnode, kept, host_saving_us if rep.host_saving_us is None
+                    else rep.host_saving_us)
     if not nx.is_directed_acyclic_graph(g):
         raise ValueError("the replacements create a dependency cycle")
     return g

@@ -64,6 +64,17 @@ def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tu
     raise RuntimeError(f"reference failed in float64 and float32: {last_error}")
 
 
+def order_slack(family, inputs: Sequence, params: dict) -> tuple | None:
+    """The family's per-element bound on what the summation order may change
+    (`extras["order_bound"](*inputs, **params)`, on float64 copies of the inputs), or None."""
+    bound = family.extras.get("order_bound")
+    if bound is None:
+        return None
+    up = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+          else a for a in inputs]
+    return as_tuple(bound(*up, **params))
+
+
 def stress_indices(family, inputs: Sequence) -> list[int]:
     """Which inputs get stress values: family.extras['stress_inputs'] or else the floating inputs
     with two or more dimensions (activations; 1-D weights and biases keep their usual values so
@@ -161,7 +172,10 @@ def _max(t: torch.Tensor) -> float:
 
 
 def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
-                tol: Tolerance) -> Comparison:
+                tol: Tolerance, slack: torch.Tensor | None = None) -> Comparison:
+    """`slack`: the family's bound on what any summation order may change per element
+    (`extras["order_bound"]`, see verify/tolerances.py), added to the allowed error; +inf where
+    any result is possible (an accumulator that may overflow), and the element is not judged."""
     if cand.shape != ref.shape or base.shape != ref.shape:
         return Comparison(False, cand.numel(), 0, math.inf, math.inf, math.inf, 0.0, 0.0,
                           f"shape: candidate {list(cand.shape)}, reference {list(ref.shape)}, "
@@ -171,9 +185,15 @@ def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
     err = (c - r).abs()
     base_err = (b - r).abs()
     allowed = tol.atol + tol.rtol * r.abs() + torch.where(fb & fr, base_err, 0.0)
+    free = torch.zeros_like(fc)
+    if slack is not None:
+        s = slack.detach().to(device=c.device, dtype=torch.float64).expand_as(c)
+        free = s == math.inf
+        allowed = allowed + torch.where(torch.isfinite(s), s, 0.0)
     both = fc & fr
     close = both & (err <= allowed)
-    ok = close | (~fr & _same_nonfinite(c, r)) | (~fb & _same_nonfinite(c, b))
+    ok = close | free | (~fr & _same_nonfinite(c, r)) | (~fb & _same_nonfinite(c, b))
+    both = both & ~free
     bad = ~ok
     n_bad = int(bad.sum())
     significant = both & (r.abs() > tol.atol)  # relative error of values near zero means nothing
@@ -200,12 +220,15 @@ def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
 
 
 def compare(cands: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
-            bases: Sequence[torch.Tensor], tols: Sequence[Tolerance]) -> Comparison:
+            bases: Sequence[torch.Tensor], tols: Sequence[Tolerance],
+            slacks: Sequence[torch.Tensor | None] | None = None) -> Comparison:
     """Compare every output (multi-output families) and merge into one Comparison."""
     if not (len(cands) == len(refs) == len(bases)):
         return Comparison(False, 1, 0, math.inf, math.inf, math.inf, 0.0, 0.0,
                           f"{len(cands)} outputs, reference returned {len(refs)}")
-    parts = [compare_one(c, r, b, t) for c, r, b, t in zip(cands, refs, bases, tols)]
+    slacks = list(slacks) if slacks is not None else [None] * len(cands)
+    parts = [compare_one(c, r, b, t, s) for c, r, b, t, s in zip(cands, refs, bases, tols,
+                                                                   slacks)]
     firsts = [f"output {i} {p.first_bad}" if len(parts) > 1 else p.first_bad
               for i, p in enumerate(parts) if p.first_bad]
     return Comparison(

@@ -138,3 +138,27 @@ def space_ends(configs: list[dict]) -> list[dict]:
     """The first and last config of a search space (once, when they are the same): the
     smallest and the widest blocks, what a rendered-kernel test runs."""
     return list({repr(c): c for c in (configs[0], configs[-1])}.values())
+
+
+def declines_then_trains(family, model_id: str, ids, tmp_path):
+    """A patched model whose chooser declines every case gives the unpatched logits bit for
+    bit (having asked once per case signature); with a chooser that would give kernels, a
+    backward pass still runs the original code (the kernels write plain buffers). Returns the
+    model (after backward, gradients set) and the second chooser, for family-specific asserts."""
+    from models.loader import build, resolve
+
+    model = build(resolve(model_id), torch.float32, DEVICE)
+    ids = ids.to(DEVICE)
+    with torch.no_grad():
+        before = model(ids).logits
+        declining = CountingChooser(family, tmp_path, give=False)
+        undo = family.patch(model, declining)
+        declined = model(ids).logits
+    undo()
+    assert len(declining.cases) == 2 and declining.calls == 0
+    assert torch.equal(declined, before)
+    chooser = CountingChooser(family, tmp_path)
+    undo = family.patch(model, chooser)
+    model(ids).logits.sum().backward()
+    undo()
+    return model, chooser

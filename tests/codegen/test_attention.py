@@ -14,6 +14,7 @@ from family_checks import (
     DEVICE,
     CountingChooser,
     assert_close,
+    declines_then_trains,
     instance_forwards,
     load_rendered,
     run_candidate,
@@ -261,20 +262,7 @@ def test_padding_mask_falls_back(tmp_path):
 
 
 def test_declined_cases_and_autograd_run_the_original_code(tmp_path):
-    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
-    ids = IDS.to(DEVICE)
-    with torch.no_grad():
-        before = model(ids).logits
-        declining = CountingChooser(FAMILY, tmp_path, give=False)
-        undo = FAMILY.patch(model, declining)
-        declined = model(ids).logits
-        undo()
-    assert len(declining.cases) == 2 and declining.calls == 0
-    assert torch.equal(declined, before)
-    chooser = CountingChooser(FAMILY, tmp_path)
-    undo = FAMILY.patch(model, chooser)
-    model(ids).logits.sum().backward()
-    undo()
+    model, chooser = declines_then_trains(FAMILY, "tiny-llama", IDS, tmp_path)
     assert chooser.calls == 0 and chooser.cases == []
     assert any(p.grad is not None for p in model.parameters())
 

@@ -148,3 +148,29 @@ def test_decode_is_launch_bound_and_halving_kernels_gains_little(decode):
                                     rows[0]["dur_us"] + rows[1]["dur_us"])])
     assert fused.graph["host_removed_us"] > 0
     assert base - replay(fused) == pytest.approx(fused.graph["host_removed_us"], rel=0.05)
+
+
+def test_synthetic_total_host_saving_pays_the_removed_calls_and_pools_the_rest():
+    """A measured host delta of a fused call, its removed launch calls included: the
+    replacement saves exactly that, whatever the launches' own traced durations, the rest
+    taken off the segments before them in proportion to their lengths (L3's 20 us segment
+    alone could not hold half of it, the 1000 us one before L2 can)."""
+    g = build_graph(_synthetic_trace())
+
+    def fuse(**kw):
+        return apply_replacements(g, [Replacement(frozenset({1, 2, 3}), 250.0, **kw)])
+
+    fused = fuse(host_saving_total_us=120.0)
+    # L2 and L3 go (5 us each) and 110 us comes off seg 1 (1000 us) and seg 2 (20 us), each
+    # by the same fraction: 120 us in all, where 60 us per launch less a launch, capped at
+    # the one segment before each, takes 85
+    assert fused.graph["host_removed_us"] == pytest.approx(120.0)
+    segs = {n: a["dur"] for n, a in fused.nodes(data=True) if a["kind"] == "host"}
+    assert segs[("host", 1)] == pytest.approx(1000.0 * (1 - 110 / 1020))
+    assert segs[("host", 2)] == pytest.approx(20.0 * (1 - 110 / 1020))
+    assert fuse(host_saving_us=55.0).graph["host_removed_us"] == pytest.approx(85.0)
+    # never more than the segments hold; a negative delta adds host time evenly
+    assert fuse(host_saving_total_us=1e4).graph["host_removed_us"] == pytest.approx(1030.0)
+    costs = fuse(host_saving_total_us=-40.0)
+    assert costs.graph["host_removed_us"] == pytest.approx(-40.0)
+    assert replay(costs) > replay(fuse(host_saving_total_us=0.0))

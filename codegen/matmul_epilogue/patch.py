@@ -1,0 +1,118 @@
+"""Patching the gated GEMM into a model: per MLP instance, reversible, stacked over what runs.
+
+The MLPs are codegen.gated_act's (`find_gated_mlps`: class name, projections, activation, and
+a forward that is HF's own, statement for statement), restricted to those whose gate and up
+projections are plain `nn.Linear` without bias (Phi-3: gate_up_proj), the only projections
+the kernel computes.
+
+The replacement WRAPS the instance's forward (`models.patching.wrap_instance_forwards`) rather
+than replacing it: where the kernel does not apply it calls `below`, whatever ran before, which
+may be gated_act's own patch of the same MLP (the pipeline integrates one of the two families,
+but a model patched with both must still run, and undo in any order). The kernel applies when
+no autograd graph is needed, nobody hooks the absorbed projections (a user's hook, or
+accelerate's that brings offloaded weights in, must see its module called), the weights have
+x's dtype, and the chooser gives a kernel for the input signature (shape, dtype; asked once
+per signature, `codegen.family.kernel_by_signature`). The weights are read from the
+projections at call time, never captured at patch time: a parameter given new storage after
+patching (`.to()`, reassignment, gated_act's fused [gate; up] buffer, whose halves are views)
+is what the kernel reads. down_proj stays HF's Linear, called as a module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from codegen.dtypes import dtype_name
+from codegen.family import Case, kernel_by_signature
+from codegen.gated_act.patch import GatedMLP, find_gated_mlps, needs_graph
+from codegen.matmul_epilogue.reference import make_case, params
+from models.patching import wrap_instance_forwards
+
+
+def _plain(linear) -> bool:
+    return type(linear) is nn.Linear and linear.bias is None
+
+
+def projections(mlp: GatedMLP) -> tuple[nn.Linear, ...] | None:
+    """The Linears the kernel absorbs, (gate_proj, up_proj) or (gate_up_proj,); None when the
+    MLP does not qualify."""
+    m = mlp.module
+    if mlp.layout == "packed":
+        projs = (m.gate_up_proj,)
+    else:
+        projs = (m.gate_proj, m.up_proj)
+        if m.gate_proj.in_features != m.up_proj.in_features:
+            return None
+    return projs if all(_plain(p) for p in projs) else None
+
+
+def gemm_mlps(model: nn.Module) -> list[tuple[GatedMLP, tuple[nn.Linear, ...]]]:
+    return [(mlp, projs) for mlp in find_gated_mlps(model)
+            if (projs := projections(mlp)) is not None]
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    """Every qualifying MLP sees tokens x hidden in, tokens x intermediate out; prefill has
+    batch x seq tokens, a decode step one per sequence (`workload.tokens`)."""
+    cases = []
+    for mlp, projs in gemm_mlps(model):
+        case = make_case(workload.tokens, projs[0].in_features, mlp.cols, workload.dtype,
+                         mlp.act)
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def _weights(mlp: GatedMLP) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """(w_gate, w_up) as the projections hold them now: Phi-3's are the two row halves of
+    gate_up_proj's weight (views, no copy)."""
+    m, cols = mlp.module, mlp.cols
+    if mlp.layout == "packed":
+        def packed() -> tuple[torch.Tensor, torch.Tensor]:
+            w = m.gate_up_proj.weight
+            return w[:cols], w[cols:]
+        return packed
+    return lambda: (m.gate_proj.weight, m.up_proj.weight)
+
+
+def _hooked(projs: tuple[nn.Module, ...]) -> bool:
+    return any(p._forward_hooks or p._forward_pre_hooks for p in projs)
+
+
+def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
+             forward_by_case: Callable) -> Callable[[Callable], Callable]:
+    m, cols, hidden = mlp.module, mlp.cols, projs[0].in_features
+    weights = _weights(mlp)
+
+    def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
+        return make_case(shape.numel() // shape[-1], hidden, cols, dtype_name(dtype), mlp.act)
+
+    resolve = kernel_by_signature(forward_by_case, case_of, params)
+
+    def wrap(below: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            if len(args) == 1 and not kwargs:  # HF calls mlp(hidden_states)
+                (x,) = args
+                w_gate, w_up = weights()
+                if (w_gate.dtype == x.dtype and not needs_graph(x, w_gate, w_up)
+                        and not _hooked(projs)):
+                    kernel, kw = resolve(x.shape, x.dtype)
+                    if kernel is not None:
+                        out = torch.empty((*x.shape[:-1], cols), dtype=x.dtype, device=x.device)
+                        kernel(x, w_gate, w_up, out=out, **kw)
+                        return m.down_proj(out)
+            return below(*args, **kwargs)
+
+        return forward
+
+    return wrap
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
+    """Wrap every qualifying MLP's forward; the undo restores what each ran before (and leaves
+    a forward stacked on top of this one working, whichever is undone first)."""
+    return wrap_instance_forwards([(mlp.module, _wrapper(mlp, projs, forward_by_case))
+                                   for mlp, projs in gemm_mlps(model)])

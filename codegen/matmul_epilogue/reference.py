@@ -1,0 +1,126 @@
+"""The gated MLP's gate and up projections with the activation and multiply, as Hugging Face
+computes them, and the case side of the family.
+
+What HF's MLP hands down_proj, in every form this family covers:
+
+- Llama/Qwen2/Mistral (`LlamaMLP`): `act_fn(gate_proj(x)) * up_proj(x)`, SiLU (SwiGLU);
+- Gemma (`GemmaMLP`): the same with `gelu_pytorch_tanh` (GeGLU);
+- Phi-3 (`Phi3MLP`): `gate, up = gate_up_proj(x).chunk(2)`, `up * act(gate)`; the gate and
+  up weights are the first and second halves of gate_up_proj's rows, and the product commutes
+  bit for bit, so the same function with `w_gate = W[:cols]`, `w_up = W[cols:]` reproduces it.
+
+In half precision HF rounds four times (gate, up, the activation, the product), each step in
+the storage dtype; the reference repeats that literally, so it is bitwise the modules' own
+result (tests check it). The fused kernel rounds once, from fp32 accumulators.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from codegen.dtypes import element_size, torch_dtype
+from codegen.family import Case, distinct
+from codegen.gated_act.reference import ACTS, activation
+from codegen.gated_act.reference import flops as activation_flops
+
+# The largest row block (BM) in kernel.search_space; kernel.py checks it agrees. Lives here
+# because edge cases must go just past it without importing the kernel (which applies
+# @triton.jit, see codegen.family.lazy).
+MAX_BLOCK_M = 128
+
+
+def gated_gemm(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+               act: str = "silu") -> torch.Tensor:
+    """act(x @ w_gate^T) * (x @ w_up^T): x (..., hidden), w_gate and w_up (cols, hidden)."""
+    return activation(F.linear(x, w_gate), act) * F.linear(x, w_up)
+
+
+# The largest slope of silu (1.0998 at x = 2.40) and of tanh-GELU (1.1289 at x = 1.5), rounded up.
+MAX_SLOPE = 1.13
+FP32_UNIT = 2.0 ** -24  # unit roundoff of the fp32 accumulators
+
+
+def order_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                act: str = "silu") -> torch.Tensor:
+    """Per output element (inputs in float64), how far any fp32-accumulated implementation may
+    land from the exact value: the classic dot-product bound K u / (1 - K u) * sum |x_k w_k| for
+    gate and for up, carried through the activation (slope <= MAX_SLOPE) and the product, plus
+    an fp32 epilogue's rounding (2^-20 relative, 16 ulps). HF's own result obeys it as the
+    kernel does; which of the two lands closer at a cancelling element is the order's luck
+    (verify/tolerances.py). +inf where sum |x_k w_k| passes fp32's largest value: the
+    accumulator may overflow in one order and not in another (the verifier's "large" x)."""
+    k = x.shape[-1] * FP32_UNIT
+    gamma = k / (1 - k)
+    mag_gate, mag_up = x.abs() @ w_gate.abs().T, x.abs() @ w_up.abs().T
+    gate, up = x @ w_gate.T, x @ w_up.T
+    d_gate, d_up = gamma * mag_gate, gamma * mag_up
+    act_gate = activation(gate, act)
+    bound = (MAX_SLOPE * d_gate * (up.abs() + d_up) + act_gate.abs() * d_up
+             + 2.0 ** -20 * ((act_gate * up).abs() + MAX_SLOPE * gate.abs() * up.abs()))
+    top = torch.finfo(torch.float32).max
+    return torch.where((mag_gate >= top) | (mag_up >= top), torch.inf, bound)
+
+
+def make_case(rows: int, hidden: int, cols: int, dtype: str, act: str) -> Case:
+    """`rows` tokens of width `hidden` in, `cols` (the intermediate size) out."""
+    if act not in ACTS:
+        raise ValueError(f"unsupported gated activation {act!r}; known: {', '.join(ACTS)}")
+    return {"rows": int(rows), "hidden": int(hidden), "cols": int(cols), "dtype": dtype,
+            "act": act}
+
+
+def params(case: Case) -> dict:
+    """The keyword params a candidate's forward and the reference take for `case`."""
+    return {"act": case["act"]}
+
+
+def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
+    gen_device = generator.device if generator is not None else "cpu"
+    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
+    return (scale * x).to(device=device, dtype=torch_dtype(dtype))
+
+
+def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
+    """(x, w_gate, w_up). Weights scaled by hidden**-0.5 as trained (and initialised) ones
+    are, so gate and up keep the spread of x whatever the width; x of standard deviation 2, so
+    gate reaches both tails of the activation. A `row_stride` wider than `hidden` makes x a
+    column slice of wider rows (a slice of a fused buffer, a strided view)."""
+    rows, hidden, cols, dtype = case["rows"], case["hidden"], case["cols"], case["dtype"]
+    stride = case.get("row_stride", hidden)
+    x = _randn((rows, stride), device, generator, dtype, 2.0)[:, :hidden]
+    w_gate = _randn((cols, hidden), device, generator, dtype, hidden ** -0.5)
+    w_up = _randn((cols, hidden), device, generator, dtype, hidden ** -0.5)
+    return x, w_gate, w_up
+
+
+def make_out(case: Case, inputs: tuple) -> torch.Tensor:
+    x = inputs[0]
+    return torch.empty((case["rows"], case["cols"]), dtype=x.dtype, device=x.device)
+
+
+def edge_cases(case: Case) -> list[Case]:
+    """Variations a candidate rendered for `case` must survive. HIDDEN and COLS are baked into
+    it (the dispatcher only sends it those widths), so edges vary what stays free at run time,
+    the rows: one row (decode at batch 1), a prime count (no block divides it), one row past the
+    largest row block (a second, one-row block, masked), and x as a column slice of wider rows
+    (its row stride is not its width)."""
+    cases = [
+        {**case, "rows": 1},
+        {**case, "rows": 37},
+        {**case, "rows": MAX_BLOCK_M + 1},
+        {**case, "rows": 5, "row_stride": case["hidden"] + 64},
+    ]
+    return distinct(case, cases)
+
+
+def min_bytes(case: Case) -> int:
+    """Read x and both weights once, write the product once."""
+    rows, hidden, cols = case["rows"], case["hidden"], case["cols"]
+    return (rows * hidden + 2 * cols * hidden + rows * cols) * element_size(case)
+
+
+def flops(case: Case) -> int:
+    """Two GEMMs (2 flops per multiply-add each), then the activation and the multiply per
+    output element, counted as codegen.gated_act counts them."""
+    return 4 * case["rows"] * case["hidden"] * case["cols"] + activation_flops(case)
