@@ -113,8 +113,10 @@ def rank(run_dir):
 @click.argument("target", required=False)
 @click.option("--top", default=5, show_default=True,
               help="How many kernel families to bring into the model, from the top of the "
-                   "ranking; one with no verified kernel, or slower than the code it replaces "
-                   "and saving no host time, gives its place to the next.")
+                   "ranking; one with no verified kernel, slower than the code it replaces "
+                   "and saving no host time, or superseded by another that replaces the same "
+                   "ops and saves more (matmul_epilogue and gated_act), gives its place to "
+                   "the next.")
 @workload_options
 @click.option("--backend", type=click.Choice(["triton", "cuda", "both"]), default="triton",
               show_default=True, help="Kernel source language(s) to generate: Triton, CUDA "

@@ -5,11 +5,11 @@ Why it exists: gated_act fuses the activation and the multiply, but still reads 
 (tokens, intermediate) tensors the gate and up GEMMs wrote. A dual GEMM that keeps both fp32
 accumulators on chip and applies the activation in its epilogue never writes them: per MLP it
 saves 2 x tokens x intermediate of writes and as much of reads, and two launches. Whether that
-pays depends on how close a Triton GEMM comes to cuBLAS: benchmarks/epilogue_probe.py measured
-its best tile 1 % (Qwen2.5-0.5B) to 6 % (Llama-3.2-1B) slower than cuBLAS's two projections
-plus gated_act's kernel (H200, bf16 prefill), the saved traffic not making up the GEMM's
-distance there. Decode shapes and launch-bound passes may go the other way, so the search and
-the integrate stage decide per workload, by measurement.
+pays depends on how close a Triton GEMM comes to cuBLAS: with pointer loads the best tile was
+1-6 % slower than cuBLAS's projections plus gated_act's kernel (H200, bf16 prefill); with TMA
+loads and one program per SM it is 7-10 % faster (benchmarks/epilogue_probe.py, run 6), and
+in the pipeline Llama-3.2-1B b8 went from 1.423x to 1.455x. The search and the integrate stage
+still decide per workload, by measurement.
 
 An ALTERNATIVE to gated_act, not a rival claimant: both replace the same silu/gelu and mul, so
 the profile's matcher never claims with these patterns. Each extends gated_act's pattern
