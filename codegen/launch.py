@@ -100,21 +100,37 @@ def _c_launch(k):
     return launch
 
 
-def ensure_allocator() -> None:
-    """Give Triton an allocator (torch's caching one) for kernels that need global scratch
-    memory, such as TMA descriptors made on the device, unless the process has set one."""
-    import torch
-    import triton
-
+def _allocator_state():
+    """(current allocator getter, the null allocator's class) of this Triton, or None."""
     try:
         from triton.runtime import _allocation
 
-        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        return _allocation._allocator.get, _allocation.NullAllocator
+    except (ImportError, AttributeError):
+        return None
+
+
+_ALLOCATOR_STATE = _allocator_state()
+
+
+def _torch_alloc(size: int, alignment: int, stream) -> object:
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Give Triton an allocator (torch's caching one) for kernels that need global scratch
+    memory, such as TMA descriptors made on the device, unless one is set. Triton keeps it in
+    a context variable, so each thread (a `generate` in a worker thread) needs its own: call
+    this before every such launch; it is a lookup when one is set."""
+    import triton
+
+    if _ALLOCATOR_STATE is not None:
+        current, null = _ALLOCATOR_STATE
+        if not isinstance(current(), null):
             return
-    except (ImportError, AttributeError):  # another Triton: set ours
-        pass
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8,
-                                                                     device="cuda"))
+    triton.set_allocator(_torch_alloc)
 
 
 def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:

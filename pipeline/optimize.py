@@ -355,7 +355,12 @@ def superseded(accepted: dict, families: list[str]) -> dict[str, str]:
     gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
     less device time per call, summed over its cases, gives way: both patch the same MLP, and
     each one's saving is measured against the same HF code by the same harness. Under the CPU
-    interpreter the times mean nothing, but the rule still keeps one of the two."""
+    interpreter the times mean nothing, but the rule still keeps one of the two.
+    Decided once per run, before any in-model measurement: where each family wins on another
+    workload, only one is kept for all of them; gated_act's number leaves out its in-model
+    gate/up GEMM fusion; and the loser is no fallback when the winner is rolled back. (Run 6,
+    H200: matmul_epilogue saved more at prefill b8 on both models; at batch 1 on Llama
+    gated_act was not among the top 5.)"""
     from codegen.registry import get_family
 
     def saved_us(fam: str) -> float:

@@ -84,7 +84,8 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         {"pattern": o["op"], "family": None, "share": o["share"], "time_us": o["time_us"],
          "occurrences": o["calls"]} for o in (p or {}).get("by_op", [])]
     rest = (p or {}).get("rest_share")
-    rest = max(0.0, 1 - sum(x["share"] for x in rows)) if rest is None else rest
+    rest = max(0.0, 1 - sum(x["share"] for x in rows if not x.get("alternative_to"))) \
+        if rest is None else rest
     busy = base.get("gpu_busy_share")
     launch_bound = bool(r.get("launch_bound")) or (busy is not None and busy < LAUNCH_BOUND_BUSY)
     wall = (p or {}).get("wall") or {"median_ms": r.get("wall_ms")}

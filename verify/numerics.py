@@ -65,8 +65,9 @@ def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tu
 
 
 def order_slack(family, inputs: Sequence, params: dict) -> tuple | None:
-    """The family's per-element bound on what the summation order may change
-    (`extras["order_bound"](*inputs, **params)`, on float64 copies of the inputs), or None."""
+    """The family's per-output order bounds (`extras["order_bound"](*inputs, **params)`, on
+    float64 copies of the inputs: {"bound", "overflow"} per output, see `compare_one`), or
+    None."""
     bound = family.extras.get("order_bound")
     if bound is None:
         return None
@@ -171,11 +172,35 @@ def _max(t: torch.Tensor) -> float:
     return float(t.max()) if t.numel() else 0.0
 
 
+# The order bound (a family's `extras["order_bound"]`) may excuse at most this share of the
+# elements of one output (the verifier's "mixed" stress, magnitudes over 2^-32..2^32, needed it
+# at 0.34 % of a K = 2048 GEMM's outputs summed in another order than torch's, and at 0.1 % of
+# the tiny models' cases), and only when the candidate's errors are, as a distribution, within
+# PARITY times the baseline's (median and 99.9th percentile). Without the parity test the bound
+# (worst case over every summation order, K u sum |x_k w_k|) also excused TF32 products and
+# fp16 accumulators at hidden widths of 2048 and more; with it they fail by 20x and more, while
+# the matmul-epilogue kernel's errors match torch's (median 1.4e-7 against 1.9e-7, fp32).
+ORDER_SHARE = 1e-2
+PARITY = 4.0
+
+
+def _quantiles(t: torch.Tensor, qs=(0.5, 0.999)) -> list[float]:
+    """Quantiles of a flat tensor (a strided sample of at most 2^20 of its elements)."""
+    if not t.numel():
+        return [0.0 for _ in qs]
+    t = t.reshape(-1)[::max(1, t.numel() >> 20)]
+    return [float(v) for v in torch.quantile(t, torch.tensor(qs, dtype=t.dtype,
+                                                             device=t.device))]
+
+
 def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
-                tol: Tolerance, slack: torch.Tensor | None = None) -> Comparison:
-    """`slack`: the family's bound on what any summation order may change per element
-    (`extras["order_bound"]`, see verify/tolerances.py), added to the allowed error; +inf where
-    any result is possible (an accumulator that may overflow), and the element is not judged."""
+                tol: Tolerance, slack: dict | None = None) -> Comparison:
+    """`slack`: the family's order bound for this output (`extras["order_bound"]`, see
+    verify/tolerances.py): {"bound": per element, what any summation order may change,
+    "overflow": where an accumulator may overflow in some order}. An element outside the rule
+    may then pass within the bound (at most ORDER_SHARE of them, and only if the candidate's
+    errors match the baseline's in distribution), or, where the accumulator may overflow, by
+    being non-finite. A non-finite bound (non-finite inputs) excuses nothing."""
     if cand.shape != ref.shape or base.shape != ref.shape:
         return Comparison(False, cand.numel(), 0, math.inf, math.inf, math.inf, 0.0, 0.0,
                           f"shape: candidate {list(cand.shape)}, reference {list(ref.shape)}, "
@@ -185,15 +210,32 @@ def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
     err = (c - r).abs()
     base_err = (b - r).abs()
     allowed = tol.atol + tol.rtol * r.abs() + torch.where(fb & fr, base_err, 0.0)
-    free = torch.zeros_like(fc)
-    if slack is not None:
-        s = slack.detach().to(device=c.device, dtype=torch.float64).expand_as(c)
-        free = s == math.inf
-        allowed = allowed + torch.where(torch.isfinite(s), s, 0.0)
     both = fc & fr
     close = both & (err <= allowed)
-    ok = close | free | (~fr & _same_nonfinite(c, r)) | (~fb & _same_nonfinite(c, b))
-    both = both & ~free
+    ok = close | (~fr & _same_nonfinite(c, r)) | (~fb & _same_nonfinite(c, b))
+    order_note = ""
+    if slack is not None:
+        bound = slack["bound"].detach().to(device=c.device, dtype=torch.float64).expand_as(c)
+        overflow = slack["overflow"].to(device=c.device).expand_as(c)
+        bound = torch.where(torch.isfinite(bound), bound, 0.0)
+        by_order = ~ok & both & (err <= allowed + bound)
+        by_overflow = ~ok & overflow & ~fc
+        n_order = int(by_order.sum())
+        if n_order:
+            share_ok = n_order <= max(1.0, ORDER_SHARE * c.numel())
+            pair = both & fb
+            (c_med, c_top), (b_med, b_top) = (_quantiles(e[pair]) for e in (err, base_err))
+            parity = (c_med <= PARITY * b_med + tol.atol and c_top <= PARITY * b_top + tol.atol)
+            if share_ok and parity:
+                ok = ok | by_order
+            else:
+                order_note = (f"; the order bound would excuse {n_order} of {c.numel()} "
+                              f"elements, but " + (
+                                  f"its errors are not the baseline's: median {c_med:.3g} / "
+                                  f"99.9 % {c_top:.3g} against {b_med:.3g} / {b_top:.3g}"
+                                  if not parity else f"at most {ORDER_SHARE:.0e} of them may be"))
+        ok = ok | by_overflow
+        both = both & ~by_overflow
     bad = ~ok
     n_bad = int(bad.sum())
     significant = both & (r.abs() > tol.atol)  # relative error of values near zero means nothing
@@ -204,7 +246,8 @@ def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
         flat = int(bad.reshape(-1).nonzero()[0])
         idx = _unravel(flat, c.shape)
         first = (f"at {list(idx)}: candidate {float(c[idx]):.6g}, reference {float(r[idx]):.6g}, "
-                 f"baseline {float(b[idx]):.6g}, allowed error {float(allowed[idx]):.3g}")
+                 f"baseline {float(b[idx]):.6g}, allowed error {float(allowed[idx]):.3g}"
+                 f"{order_note}")
     return Comparison(
         ok=n_bad == 0,
         n_bad=n_bad,
@@ -221,7 +264,7 @@ def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
 
 def compare(cands: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
             bases: Sequence[torch.Tensor], tols: Sequence[Tolerance],
-            slacks: Sequence[torch.Tensor | None] | None = None) -> Comparison:
+            slacks: Sequence[dict | None] | None = None) -> Comparison:
     """Compare every output (multi-output families) and merge into one Comparison."""
     if not (len(cands) == len(refs) == len(bases)):
         return Comparison(False, 1, 0, math.inf, math.inf, math.inf, 0.0, 0.0,

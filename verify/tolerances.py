@@ -20,11 +20,15 @@ sign), so NaN/Inf propagate as the reference does.
 A family whose kernel sums long products in another order than the baseline (a GEMM) may give
 `extras["order_bound"]`: per output element, the classic bound on what any summation order in the
 accumulator's precision may change (for a dot product of K terms, K u / (1 - K u) * sum |x_k w_k|),
-carried through the epilogue. It is added to the allowed error: where terms cancel, the baseline's
-own error at that element is luck (on fp32 stress inputs the matmul-epilogue kernel's and torch's
-errors had the same median and 99.9th percentile, yet one in 10^4 elements came out on the wrong
-side). Where the bound is +inf (an fp32 accumulator that may overflow in some order) the element
-is not judged. Everywhere else the bound is tight: an fp16 accumulator or a lost term exceeds it.
+carried through the epilogue. Where terms cancel, the baseline's own error at that element is luck
+(on fp32 stress inputs the matmul-epilogue kernel's and torch's errors had the same median and
+99.9th percentile, yet one in 10^4 elements came out on the wrong side). So an element outside
+the rule passes within the bound, but only for at most 1 % of an output's elements and only
+when the candidate's errors match the baseline's as a distribution (median and 99.9th
+percentile within 4x, `numerics.ORDER_SHARE`, `PARITY`): the bound is a worst case over all
+orders, loose enough to excuse TF32 products or an fp16 accumulator at hidden sizes of 2048 and
+more, which the distribution test rejects. Where the family marks that an fp32 accumulator may
+overflow in some order, a non-finite output passes (a finite one is still judged).
 
 The tolerance therefore only has to cover the candidate's own rounding, which differs from the
 baseline's by reduction order, fused operations and where it rounds to the output dtype. The

@@ -273,18 +273,24 @@ def _aligned(t):
             and t.data_ptr() % 16 == 0)
 
 
+def _fresh(t):
+    """A copy in a new (aligned) buffer: `contiguous()` returns a contiguous view as it is,
+    misaligned offset and all."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 _SMS = {}
 
 
 def _programs(tiles, device):
     """One program per SM, looping over the tiles (one per tile under the CPU interpreter).
-    The first call on a GPU also gives Triton an allocator for the descriptors' scratch
-    memory, unless one is set."""
+    On a GPU, also makes sure Triton has an allocator for the descriptors' scratch memory in
+    this thread."""
     if device.type != "cuda":
         return tiles
+    ensure_allocator()
     if device.index not in _SMS:
         _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-        ensure_allocator()
     return min(tiles, _SMS[device.index])
 
 
@@ -299,7 +305,7 @@ def forward(x, w_gate, w_up, *, out, **params) -> None:
     rows = x.shape[0]
     if rows == 0:
         return
-    x, w_gate, w_up = (t if _aligned(t) else t.contiguous() for t in (x, w_gate, w_up))
+    x, w_gate, w_up = (t if _aligned(t) else _fresh(t) for t in (x, w_gate, w_up))
     res = dst if _aligned(dst) else torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
     programs = _programs(cdiv(rows, BM) * N_COL_BLOCKS, x.device)
     _kernel((programs,), x, w_gate, w_up, res, rows, x.stride(0), w_gate.stride(0),

@@ -9,9 +9,10 @@ The replacement WRAPS the instance's forward (`models.patching.wrap_instance_for
 than replacing it: where the kernel does not apply it calls `below`, whatever ran before, which
 may be gated_act's own patch of the same MLP (the pipeline integrates one of the two families,
 but a model patched with both must still run, and undo in any order). The kernel applies when
-no autograd graph is needed, nobody hooks the absorbed projections (a user's hook, or
-accelerate's that brings offloaded weights in, must see its module called), the weights have
-x's dtype, and the chooser gives a kernel for the input signature (shape, dtype; asked once
+no autograd graph is needed, the absorbed projections are the modules seen at patch time and
+nobody hooks them (a user's hook, or accelerate's that brings offloaded weights in, must see
+its module called; a LoRA layer swapped in must add its term), both weights have x's dtype
+and device, and the chooser gives a kernel for the input signature (shape, dtype; asked once
 per signature, `codegen.family.kernel_by_signature`). The weights are read from the
 projections at call time, never captured at patch time: a parameter given new storage after
 patching (`.to()`, reassignment, gated_act's fused [gate; up] buffer, whose halves are views)
@@ -78,8 +79,19 @@ def _weights(mlp: GatedMLP) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     return lambda: (m.gate_proj.weight, m.up_proj.weight)
 
 
-def _hooked(projs: tuple[nn.Module, ...]) -> bool:
-    return any(p._forward_hooks or p._forward_pre_hooks for p in projs)
+def _current(mlp: GatedMLP) -> tuple[nn.Module, ...]:
+    m = mlp.module
+    return (m.gate_up_proj,) if mlp.layout == "packed" else (m.gate_proj, m.up_proj)
+
+
+def _as_patched(mlp: GatedMLP, projs: tuple[nn.Module, ...]) -> bool:
+    """The projections are still the plain Linears seen at patch time, and nothing intercepts
+    their calls: no hook of torch's, none of accelerate's (it replaces the instance's forward
+    and sets `_hf_hook`, to bring offloaded weights in), no module swapped in since (PEFT's
+    LoRA layer, whose `.weight` is the base weight only)."""
+    return all(c is p and not (p._forward_hooks or p._forward_pre_hooks)
+               and "forward" not in p.__dict__ and not hasattr(p, "_hf_hook")
+               for c, p in zip(_current(mlp), projs))
 
 
 def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
@@ -96,9 +108,10 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
         def forward(*args, **kwargs):
             if len(args) == 1 and not kwargs:  # HF calls mlp(hidden_states)
                 (x,) = args
-                w_gate, w_up = weights()
-                if (w_gate.dtype == x.dtype and not needs_graph(x, w_gate, w_up)
-                        and not _hooked(projs)):
+                w_gate, w_up = weights() if _as_patched(mlp, projs) else (None, None)
+                if (w_gate is not None and w_gate.dtype == w_up.dtype == x.dtype
+                        and w_gate.device == w_up.device == x.device
+                        and not needs_graph(x, w_gate, w_up)):
                     kernel, kw = resolve(x.shape, x.dtype)
                     if kernel is not None:
                         out = torch.empty((*x.shape[:-1], cols), dtype=x.dtype, device=x.device)

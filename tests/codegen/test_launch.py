@@ -144,3 +144,34 @@ def test_the_c_launch_shortcut_only_takes_a_launcher_it_knows():
         class K:
             run = launcher_cls()
         assert _c_launch(K()) is None
+
+
+def test_ensure_allocator_sets_one_per_thread_and_keeps_a_users():
+    """Triton keeps its allocator in a context variable: a thread that never set one has none,
+    so the TMA kernel's forward calls ensure_allocator before every launch. One already set
+    (the user's) is left alone."""
+    import threading
+
+    import triton
+    from triton.runtime import _allocation
+
+    from codegen.launch import ensure_allocator
+
+    seen = {}
+
+    def in_thread():
+        seen["before"] = _allocation._allocator.get()
+        ensure_allocator()
+        seen["after"] = _allocation._allocator.get()
+        mine = lambda size, alignment, stream: None  # noqa: E731 - a user's allocator
+        triton.set_allocator(mine)
+        ensure_allocator()
+        seen["kept"] = _allocation._allocator.get() is mine or getattr(
+            _allocation._allocator.get(), "fn", None) is mine
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    assert isinstance(seen["before"], _allocation.NullAllocator)
+    assert not isinstance(seen["after"], _allocation.NullAllocator)
+    assert seen["kept"]

@@ -206,10 +206,46 @@ def test_tma_candidates_are_searched_for_prefill_rows_and_match_on_the_edges(dty
     assert not tma_ok({**case, "cols": 173})  # 173 x 2 bytes: not a 16-byte row
     source = FAMILY.render(space[-1], case)
     assert "tl.make_tensor_descriptor" in source and "launcher(_gated_gemm_tma_kernel" in source
+    helpers = load_rendered(FAMILY, space[-1], case, tmp_path).__globals__
+    buf = torch.zeros(case["rows"] * 96 + 1, dtype=getattr(torch, dtype))
+    shifted = buf[1:].view(case["rows"], 96)  # contiguous, but 2 or 4 bytes off alignment
+    assert shifted.is_contiguous() and not helpers["_aligned"](shifted)
+    assert helpers["_aligned"](helpers["_fresh"](shifted))
     for edge in [case] + FAMILY.edge_cases(case):
         out, ref = run_candidate(FAMILY, space[-1], edge, tmp_path, rendered_for=case)
         assert_close(out, ref, TOL[dtype])
     verify_on_cpu_or_gpu(FAMILY, case, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["random", "mixed"])
+def test_the_order_bound_rejects_tf32_products_at_a_real_width(kind):
+    """At hidden 2048 the worst-case bound alone would excuse TF32 products (and an fp16
+    accumulator); the verifier's parity test does not. Another fp32 summation order passes."""
+    from verify.numerics import compare_one, order_slack
+    from verify.tolerances import tolerance_for
+
+    case = make_case(64, 2048, 256, "float32", "silu")
+    x, wg, wu = FAMILY.make_inputs(case, "cpu", torch.Generator().manual_seed(3))
+    if kind == "mixed":
+        apply_stress((x, wg, wu), FAMILY.extras["stress_inputs"], kind, 3)
+    exact = FAMILY.reference(*(t.double() for t in (x, wg, wu)))
+    base = FAMILY.reference(x, wg, wu)
+    (slack,) = order_slack(FAMILY, (x, wg, wu), {"act": "silu"})
+    tol = tolerance_for(torch.float32)
+
+    def blocked(a, w):  # fp32 partial products over 256-wide K blocks, summed last to first
+        parts = [a[:, k:k + 256] @ w[:, k:k + 256].T for k in range(0, a.shape[1], 256)]
+        return torch.stack(parts[::-1]).sum(0)
+
+    other_order = activation(blocked(x, wg), "silu") * blocked(x, wu)
+    assert compare_one(other_order, exact, base, tol, slack).ok
+
+    def tf32(t):  # 10 mantissa bits, as TF32 tensor cores read fp32 operands
+        return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+    truncated = FAMILY.reference(tf32(x), tf32(wg), tf32(wu))
+    out = compare_one(truncated, exact, base, tol, slack)
+    assert not out.ok and not compare_one(truncated, exact, base, tol).ok
 
 
 def test_the_order_bound_still_rejects_a_lost_term(tmp_path):
@@ -414,6 +450,18 @@ def test_weights_are_read_at_call_time_and_hooks_are_honoured(tmp_path):
         handle.remove()
         assert hooked == [1] and chooser.calls == 1  # the projections ran, not the kernel
         mlp(x)
+        assert chooser.calls == 2
+        # accelerate-style: an instance forward on a projection (offloaded weights come in
+        # there), then a projection swapped for another module after patching (PEFT's LoRA)
+        up = mlp.up_proj
+        seen = []
+        linear = type(up).forward
+        up.forward = lambda t: (seen.append(1), linear(up, t))[1]
+        torch.testing.assert_close(mlp(x), LlamaMLP.forward(mlp, x), atol=1e-5, rtol=1e-5)
+        assert seen and chooser.calls == 2
+        del up.forward
+        mlp.gate_proj = torch.nn.Sequential(mlp.gate_proj)
+        torch.testing.assert_close(mlp(x), LlamaMLP.forward(mlp, x), atol=1e-5, rtol=1e-5)
         assert chooser.calls == 2
     undo()
 

@@ -50,6 +50,46 @@ def test_a_baseline_overflow_may_be_matched_exactly():
     assert not compare_one(t(1.0), ref, base, FP32).ok  # finite must then be close on its own
 
 
+def test_an_order_bound_excuses_few_elements_and_only_errors_like_the_baseline():
+    """The family's bound lets an element outside the rule pass (a cancelling dot product where
+    the baseline was luckier), at most ORDER_SHARE of them, and only while the candidate's error
+    distribution matches the baseline's; a non-finite bound excuses nothing; where the
+    accumulator may overflow, a non-finite result passes and a finite one is still judged."""
+    from verify.numerics import ORDER_SHARE
+
+    tol = tolerance_for(torch.float32)
+    n = 4096
+    gen = torch.Generator().manual_seed(0)
+    r = torch.randn(n, generator=gen, dtype=torch.float64)
+    noise = torch.randn(n, generator=gen, dtype=torch.float64)
+    b = r + 1e-7 * noise  # the baseline's own errors
+    c = r + 1e-7 * noise.roll(1)  # the same distribution, other elements
+    c[7] = r[7] + 5e-4  # one cancelling element, far outside the rule
+    none = torch.zeros(n, dtype=torch.bool)
+    slack = {"bound": torch.full((n,), 1e-3, dtype=torch.float64), "overflow": none}
+    assert not compare_one(c, r, b, tol).ok
+    assert compare_one(c, r, b, tol, slack).ok
+    many = c.clone()
+    many[: int(ORDER_SHARE * n) + 2] += 5e-4  # more elements than the bound may excuse
+    assert not compare_one(many, r, b, tol, slack).ok
+    tf32 = r + 3e-4 * noise  # errors of another kind everywhere, each within the bound
+    out = compare_one(tf32, r, b, tol, slack)
+    assert not out.ok and "not the baseline's" in out.first_bad
+    # non-finite inputs give a non-finite bound: nothing excused there
+    inf_bound = {"bound": torch.full((n,), math.inf, dtype=torch.float64), "overflow": none}
+    assert not compare_one(c, r, b, tol, inf_bound).ok
+    # where the accumulator may overflow: inf passes, a finite wrong value does not
+    overflow = none.clone()
+    overflow[:3] = True
+    flows = {"bound": torch.zeros(n, dtype=torch.float64), "overflow": overflow}
+    c2 = b.clone()
+    c2[0] = math.inf
+    c2[1] = math.nan
+    assert compare_one(c2, r, b, tol, flows).ok
+    c2[2] = 0.0 if abs(r[2]) > 1e-3 else 1.0
+    assert not compare_one(c2, r, b, tol, flows).ok
+
+
 def test_tolerance_table():
     assert tolerance_for(torch.bfloat16) is TOLERANCES["bfloat16"]
     assert tolerance_for("torch.float16") is TOLERANCES["float16"]
