@@ -84,8 +84,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         {"pattern": o["op"], "family": None, "share": o["share"], "time_us": o["time_us"],
          "occurrences": o["calls"]} for o in (p or {}).get("by_op", [])]
     rest = (p or {}).get("rest_share")
-    rest = max(0.0, 1 - sum(x["share"] for x in rows if not x.get("alternative_to"))) \
-        if rest is None else rest
+    rest = max(0.0, 1 - sum(x["share"] for x in _own(rows))) if rest is None else rest
     busy = base.get("gpu_busy_share")
     launch_bound = bool(r.get("launch_bound")) or (busy is not None and busy < LAUNCH_BOUND_BUSY)
     wall = (p or {}).get("wall") or {"median_ms": r.get("wall_ms")}
@@ -142,11 +141,16 @@ def _regime(basis, busy) -> str:
     return f"{bound}-bound: the GPU is busy {busy or 0:.0%} of the wall time"
 
 
+def _own(rows: list[dict]) -> list[dict]:
+    """The rows whose ops no other row holds: shares of these sum to 1 with the rest row."""
+    return [x for x in rows if not x.get("alternative_to")]
+
+
 def _share_rows(rows: list[dict], rest: float) -> list[dict]:
     """Top patterns by share, the remainder of the device work, and the host/launch/idle row:
     together they sum to 1 like the profile's shares. A row that is an alternative to others
     (`alternative_to`) holds their ops again and stays out of the sum."""
-    by_share = sorted((x for x in rows if not x.get("alternative_to")), key=lambda x: -x["share"])
+    by_share = sorted(_own(rows), key=lambda x: -x["share"])
     out = [{"label": x["pattern"], "share": x["share"],
             "kind": "family" if x.get("family") else "other"} for x in by_share[:TOP]]
     other = sum(x["share"] for x in by_share[TOP:])

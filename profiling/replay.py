@@ -403,11 +403,11 @@ def apply_replacements(graph: nx.DiGraph, replacements: Iterable, *, host_saving
             if rep.host_saving_total_us is not None:
                 g.graph["host_removed_us"] += _remove_launches_pooled(
                     g, removed, kept, rep.host_saving_total_us)
-                continue
-            for lnode in removed:
-                g.graph["host_removed_us"] += _remove_launch(
-                    g, lnode, kept, host_saving_us if rep.host_saving_us is None
-                    else rep.host_saving_us)
+            else:
+                for lnode in removed:
+                    g.graph["host_removed_us"] += _remove_launch(
+                        g, lnode, kept, host_saving_us if rep.host_saving_us is None
+                        else rep.host_saving_us)
     if not nx.is_directed_acyclic_graph(g):
         raise ValueError("the replacements create a dependency cycle")
     return g

@@ -45,6 +45,12 @@ def _clone_arg(a: Any) -> Any:
     return a.clone() if isinstance(a, torch.Tensor) else a
 
 
+def _upcast(inputs: Sequence, dtype: torch.dtype) -> list:
+    """The inputs with every floating tensor in `dtype`, the rest copied."""
+    return [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else
+            _clone_arg(a) for a in inputs]
+
+
 def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tuple, str]:
     """(high-precision reference, baseline, dtype name the reference ran in).
 
@@ -55,8 +61,7 @@ def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tu
     last_error: Exception | None = None
     for dtype in (torch.float64, torch.float32):
         try:
-            up = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else
-                  _clone_arg(a) for a in inputs]
+            up = _upcast(inputs, dtype)
             name = str(dtype).removeprefix("torch.")
             return as_tuple(family.reference(*up, **params)), base, name
         except (RuntimeError, NotImplementedError, TypeError) as e:
@@ -71,9 +76,7 @@ def order_slack(family, inputs: Sequence, params: dict) -> tuple | None:
     bound = family.extras.get("order_bound")
     if bound is None:
         return None
-    up = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
-          else a for a in inputs]
-    return as_tuple(bound(*up, **params))
+    return as_tuple(bound(*_upcast(inputs, torch.float64), **params))
 
 
 def stress_indices(family, inputs: Sequence) -> list[int]:
@@ -178,8 +181,9 @@ def _max(t: torch.Tensor) -> float:
 # the tiny models' cases), and only when the candidate's errors are, as a distribution, within
 # PARITY times the baseline's (median and 99.9th percentile). Without the parity test the bound
 # (worst case over every summation order, K u sum |x_k w_k|) also excused TF32 products and
-# fp16 accumulators at hidden widths of 2048 and more; with it they fail by 20x and more, while
-# the matmul-epilogue kernel's errors match torch's (median 1.4e-7 against 1.9e-7, fp32).
+# fp16 accumulators at hidden widths of 2048 and 4096; their median errors are 40-59x what
+# parity allows (fp32 silu case, 64 x 256 outputs, CPU), while another fp32 summation order
+# passes (tests/codegen/test_matmul_epilogue.py).
 ORDER_SHARE = 1e-2
 PARITY = 4.0
 

@@ -57,22 +57,28 @@ def _gated(acc_gate, acc_up, GELU_TANH: tl.constexpr):
 
 
 @triton.jit
+def _tile(tile, n_rows, COLS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+          GROUP_M: tl.constexpr):
+    """(row block, column block) of output tile number `tile` in grouped order: GROUP_M row
+    blocks walk one column block together, so programs running at once share weight tiles
+    in L2."""
+    n_row_blocks = tl.cdiv(n_rows, BM)
+    n_col_blocks = (COLS + BN - 1) // BN
+    first_row_block = tile // (GROUP_M * n_col_blocks) * GROUP_M
+    group_rows = tl.minimum(n_row_blocks - first_row_block, GROUP_M)
+    row_block = first_row_block + (tile % (GROUP_M * n_col_blocks)) % group_rows
+    col_block = (tile % (GROUP_M * n_col_blocks)) // group_rows
+    return row_block, col_block
+
+
+@triton.jit
 def _gated_gemm_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows,
                        x_row_stride, x_col_stride, wg_row_stride, wg_col_stride,
                        wu_row_stride, wu_col_stride, out_row_stride, out_col_stride,
                        HIDDEN: tl.constexpr, COLS: tl.constexpr, GELU_TANH: tl.constexpr,
                        INPUT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, GROUP_M: tl.constexpr):
-    # Grouped tile order: GROUP_M row blocks walk one column block together.
-    pid = tl.program_id(0)
-    n_row_blocks = tl.cdiv(n_rows, BM)
-    n_col_blocks = (COLS + BN - 1) // BN
-    group = pid // (GROUP_M * n_col_blocks)
-    first_row_block = group * GROUP_M
-    group_rows = tl.minimum(n_row_blocks - first_row_block, GROUP_M)
-    row_block = first_row_block + (pid % (GROUP_M * n_col_blocks)) % group_rows
-    col_block = (pid % (GROUP_M * n_col_blocks)) // group_rows
-
+    row_block, col_block = _tile(tl.program_id(0), n_rows, COLS, BM, BN, GROUP_M)
     # int64: the output's row * stride passes 2**31 at 150k tokens of Llama-3.1-8B's 14336.
     rows = row_block.to(tl.int64) * BM + tl.arange(0, BM)
     cols = col_block.to(tl.int64) * BN + tl.arange(0, BN)
@@ -117,8 +123,9 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
     # store is clipped at the edges the same way. The descriptors are made here, on the device,
     # so the host launches plain pointers through codegen.launch (host-made descriptors went
     # through Triton's JIT on every call: 115 us more host time per MLP call than HF's code in
-    # Qwen2.5-0.5B b8 on the H200, which turned a 1.26x kernel into a 1.08x slower model).
-    # `programs` programs (one per SM) walk the output tiles in grouped order: on the H200 this
+    # Qwen2.5-0.5B b8 on the H200; a kernel 1.26x faster than HF's code measured 0.926x of the
+    # unpatched model with it alone). `programs` programs (one per SM) walk the output tiles in
+    # grouped order (`_tile`): on the H200 this
     # was 7.6 % faster than cuBLAS's gate and up GEMMs plus gated_act at Llama-3.2-1B's prefill
     # shape (benchmarks/epilogue_probe.py).
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[n_rows, HIDDEN], strides=[x_row_stride, 1],
@@ -129,14 +136,10 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
                                         strides=[wu_row_stride, 1], block_shape=[BN, BK])
     out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, COLS],
                                          strides=[out_row_stride, 1], block_shape=[BM, BN])
-    n_row_blocks = tl.cdiv(n_rows, BM)
-    n_col_blocks = (COLS + BN - 1) // BN
-    for tile in tl.range(tl.program_id(0), n_row_blocks * n_col_blocks, programs):
-        group = tile // (GROUP_M * n_col_blocks)
-        first_row_block = group * GROUP_M
-        group_rows = tl.minimum(n_row_blocks - first_row_block, GROUP_M)
-        off_m = (first_row_block + (tile % (GROUP_M * n_col_blocks)) % group_rows) * BM
-        off_n = ((tile % (GROUP_M * n_col_blocks)) // group_rows) * BN
+    tiles = tl.cdiv(n_rows, BM) * ((COLS + BN - 1) // BN)
+    for tile in tl.range(tl.program_id(0), tiles, programs):
+        row_block, col_block = _tile(tile, n_rows, COLS, BM, BN, GROUP_M)
+        off_m, off_n = row_block * BM, col_block * BN
         acc_gate = tl.zeros((BM, BN), dtype=tl.float32)
         acc_up = tl.zeros((BM, BN), dtype=tl.float32)
         for k in tl.range(0, HIDDEN, BK, num_stages=STAGES):
@@ -322,8 +325,10 @@ def render(config: dict, case: Case) -> str:
     precision = input_precision(dtype)
     why = ("torch's fp32 matmul does not use TF32" if precision == "ieee"
            else "no effect on 16-bit operands")
+    tma = bool(config.get("TMA"))
     launch = ("one program per SM walking the tiles, loads and stores through TMA "
-              "descriptors" if config.get("TMA") else "one program per tile")
+              "descriptors" if tma else "one program per tile")
+    imports = "cdiv, ensure_allocator, launcher" if tma else "cdiv, launcher"
     header = textwrap.dedent(f'''\
         """Gated MLP GEMM candidate: out = {_FORMULA[act]}.
 
@@ -340,7 +345,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import cdiv, launcher
+        from codegen.launch import {imports}
 
         HIDDEN = {hidden}
         COLS = {cols}
@@ -357,19 +362,14 @@ def render(config: dict, case: Case) -> str:
         N_COL_BLOCKS = {-(-cols // bn)}
         BAKED_PARAMS = {{"act": {act!r}}}
         ''')
-    helper = kernel_source(_gated)
-    if config.get("TMA"):
-        header = header.replace("from codegen.launch import cdiv, launcher",
-                                "from codegen.launch import cdiv, ensure_allocator, launcher")
-        bind = ("_kernel = launcher(_gated_gemm_tma_kernel, HIDDEN=HIDDEN, COLS=COLS, "
-                "GELU_TANH=GELU_TANH,\n                   INPUT_PRECISION=INPUT_PRECISION, "
-                "BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M,\n                   STAGES=NUM_STAGES, "
-                "num_warps=NUM_WARPS)\n")
-        return "\n\n".join([header, helper, kernel_source(_gated_gemm_tma_kernel), bind,
-                             _HELPERS, _FORWARD_TMA])
-    bind = ("_kernel = launcher(_gated_gemm_kernel, HIDDEN=HIDDEN, COLS=COLS, "
+    kernel = _gated_gemm_tma_kernel if tma else _gated_gemm_kernel
+    # the TMA kernel pipelines its K loop itself (tl.range's num_stages), the other via the
+    # launch option
+    pipelining = "STAGES=NUM_STAGES" if tma else "num_stages=NUM_STAGES"
+    bind = (f"_kernel = launcher({kernel.fn.__name__}, HIDDEN=HIDDEN, COLS=COLS, "
             "GELU_TANH=GELU_TANH,\n                   INPUT_PRECISION=INPUT_PRECISION, BM=BM, "
-            "BN=BN, BK=BK, GROUP_M=GROUP_M,\n                   num_warps=NUM_WARPS, "
-            "num_stages=NUM_STAGES)\n")
-    return "\n\n".join([header, helper, kernel_source(_gated_gemm_kernel), bind, _HELPERS,
-                         _FORWARD])
+            f"BN=BN, BK=BK, GROUP_M=GROUP_M,\n                   num_warps=NUM_WARPS, "
+            f"{pipelining})\n")
+    return "\n\n".join([header, kernel_source(_gated), kernel_source(_tile),
+                         kernel_source(kernel), bind, _HELPERS,
+                         _FORWARD_TMA if tma else _FORWARD])

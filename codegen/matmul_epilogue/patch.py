@@ -88,9 +88,10 @@ def _as_patched(mlp: GatedMLP, projs: tuple[nn.Module, ...]) -> bool:
     """The projections are still the plain Linears seen at patch time, and nothing intercepts
     their calls: no hook of torch's, none of accelerate's (it replaces the instance's forward
     and sets `_hf_hook`, to bring offloaded weights in), no module swapped in since (PEFT's
-    LoRA layer, whose `.weight` is the base weight only)."""
+    LoRA layer, whose `.weight` is the base weight only). Runs on every MLP call: plain
+    lookups, no `hasattr` (which raises and catches inside nn.Module.__getattr__)."""
     return all(c is p and not (p._forward_hooks or p._forward_pre_hooks)
-               and "forward" not in p.__dict__ and not hasattr(p, "_hf_hook")
+               and "forward" not in p.__dict__ and "_hf_hook" not in p.__dict__
                for c, p in zip(_current(mlp), projs))
 
 
