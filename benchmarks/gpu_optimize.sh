@@ -19,8 +19,20 @@ python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 --mode $MODE --r
   > $OUT/profile-$tag.log 2>&1; echo "profile $tag rc=$? $(( $(date +%s) - t0 ))s"
 t1=$(date +%s)
 maxc="--max-configs $MAXC"; [ "$MAXC" != all ] || maxc=""
-python3 -m pipeline optimize $run $choice $maxc --pairs $PAIRS --backend $BACKEND \
-  > $OUT/optimize-$tag.log 2>&1
+python3 -X faulthandler -m pipeline optimize $run $choice $maxc --pairs $PAIRS \
+  --backend $BACKEND > $OUT/optimize-$tag.log 2>&1 &
+opt=$!
+# Run 7's first call: the report was written, then the process did not exit for 46 s. A run
+# still alive 15 s after its report gets its process tree logged and a Python traceback
+# (SIGABRT, faulthandler) instead of eating the call's time.
+( while kill -0 $opt 2>/dev/null; do
+    if grep -q '^report:' $OUT/optimize-$tag.log; then
+      sleep 15; kill -0 $opt 2>/dev/null || exit 0
+      echo "optimize $tag alive 15 s after its report" >&2
+      ps -eo pid,ppid,etimes,stat,cmd --forest > $OUT/ps-$tag.log; kill -ABRT $opt; exit 0
+    fi; sleep 2
+  done ) &
+wait $opt
 echo "optimize $tag rc=$? $(( $(date +%s) - t1 ))s"; tail -n 30 $OUT/optimize-$tag.log
 tar -czf $OUT/run-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag
 tar -czf $OUT/trace-$tag.tgz -C /tmp/runs $tag/trace $tag/profile.json  # for offline replay work

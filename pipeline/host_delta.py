@@ -19,6 +19,13 @@ call; the median over pairs is kept. The same pairs then run again without hooks
 time each pass takes to return gives a second reading (`pass_us_per_call`), recorded beside
 the first; on run 5's workloads it was not closer to the measured speedups, so the projection
 uses the windows (`HOST_BASIS`). Only host time is read here: no whole-model wall time.
+
+Each pair also yields its delta as a share of that pair's own unpatched pass host time (its
+time to return, less the hooks' waits for the device): `share_per_call`, `pass_share_per_call`.
+The projection multiplies the share by the profile's host time. The H200 host's speed moved
+from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within two minutes of one call
+(2026-11-30, run 7), so a host speed read before the pairs (`base_enqueue_ms`) can belong to
+another moment than the deltas.
 """
 
 from __future__ import annotations
@@ -54,14 +61,17 @@ def counting_chooser(inner, calls: dict, name: str):
 
 @contextmanager
 def _windows(modules, device: str):
-    """Sum of host seconds spent inside `modules` (outermost calls only) -> box[0]."""
-    box, depth, start = [0.0], [0], [0.0]
+    """Sum of host seconds spent inside `modules` (outermost calls only) -> box[0]; seconds
+    spent waiting for the device before them -> box[1]."""
+    box, depth, start = [0.0, 0.0], [0], [0.0]
     cuda = device.startswith("cuda")
 
     def pre(_module, _args):
         if depth[0] == 0:
             if cuda:
+                t = time.perf_counter()
                 torch.cuda.synchronize()
+                box[1] += time.perf_counter() - t
             start[0] = time.perf_counter()
         depth[0] += 1
 
@@ -132,16 +142,21 @@ def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict 
         pass_diffs, _ = _paired(runners, None, calls, name, pairs, workload.device)
     if not diffs:
         return None
-    return {"us_per_call": statistics.median(diffs),
-            "pass_us_per_call": statistics.median(pass_diffs) if pass_diffs else None,
+    return {"us_per_call": statistics.median(d for d, _ in diffs),
+            "share_per_call": statistics.median(s for _, s in diffs),
+            "pass_us_per_call": statistics.median(d for d, _ in pass_diffs)
+            if pass_diffs else None,
+            "pass_share_per_call": statistics.median(s for _, s in pass_diffs)
+            if pass_diffs else None,
             "calls_per_pass": per_pass, "pairs": len(diffs), "modules": len(pairs_of),
             "base_enqueue_ms": enqueue}
 
 
 def _paired(runners: dict, boxes: dict | None, calls: dict, name: str, pairs: int,
             device: str) -> tuple[list, int]:
-    """Interleaved (base, patched) passes; per pair, host us saved per kernel call: from the
-    hooked windows (`boxes`) or, without, from the time each pass takes to return."""
+    """Interleaved (base, patched) passes; per pair, (host us saved per kernel call, that as a
+    share of the unpatched pass's host time): from the hooked windows (`boxes`) or, without,
+    from the time each pass takes to return."""
     from profiling.capture import sync
 
     diffs, per_pass, order = [], 0, list(runners.items())
@@ -152,15 +167,17 @@ def _paired(runners: dict, boxes: dict | None, calls: dict, name: str, pairs: in
                 before = calls[name]
                 box = boxes[label] if boxes else None
                 if box is not None:
-                    box[0] = 0.0
+                    box[0] = box[1] = 0.0
                 sync(device)
                 t = time.perf_counter()
                 runner.call()
                 took = time.perf_counter() - t
                 sync(device)
                 runner.reset()
-                got[label] = (box[0] if box is not None else took, calls[name] - before)
+                host = took - box[1] if box is not None else took
+                got[label] = (box[0] if box is not None else took, calls[name] - before, host)
             per_pass = got["patched"][1]
             if i and per_pass:
-                diffs.append((got["base"][0] - got["patched"][0]) * 1e6 / per_pass)
+                saved = (got["base"][0] - got["patched"][0]) / per_pass
+                diffs.append((saved * 1e6, saved / got["base"][2]))
     return diffs, per_pass

@@ -236,7 +236,13 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
     rollbacks += [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
                   for f, res in (check.get("rejected") or {}).items()]
     for f, d in per.items():
-        if _rolled_back(d):
+        if _rolled_back(d) and d.get("in_set") and d["decision"].endswith("slower with it"):
+            r = _ratio(d["in_set"], [f], "in the set")
+            rollbacks.append({"family": f, "stage": "timing in the set", "reason": (
+                f"the set with it against the set without it {rp.speed(r['speedup'])} "
+                f"{rp.ci(r['ci'])}: the 95% CI shows a slowdown (alone "
+                f"{rp.speed(_ratio(d, [f], 'alone')['speedup'])})")})
+        elif _rolled_back(d):
             r = _ratio(d, [f], "alone")
             rollbacks.append({"family": f, "stage": "timing", "reason": (
                 f"alone {rp.speed(r['speedup'])} {rp.ci(r['ci'])}: the 95% CI of the paired "
@@ -344,8 +350,9 @@ def _record(run_dir: Path, family: str, path: str | None) -> dict | None:
 # ---------------------------------------------------------------- acceptance records
 
 ROLLBACK_RULE = ("rolled back on a workload when the 95% CI of its paired whole-model ratio "
-                 "shows a slowdown, when the combined set regresses there, or when the patched "
-                 "logits' error against the fp32 model exceeds 1.5x the unpatched error")
+                 "shows a slowdown, alone or in the set against the set without it, when the "
+                 "combined set regresses there, or when the patched logits' error against the "
+                 "fp32 model exceeds 1.5x the unpatched error")
 
 
 def acceptance_record(fam: str, data: dict, load) -> str:

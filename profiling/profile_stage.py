@@ -36,21 +36,37 @@ def check_device(device: str) -> None:
         raise UserError(f"unknown device {device!r}; use cpu or cuda")
 
 
-def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[str], None]) -> dict:
+def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict:
+    """Everything a workload's profile times without the profiler: the wall time, and on a GPU
+    the host-bound probe's. Done for every workload before any profiler session, since Kineto
+    leaves CUPTI attached after one (pytorch/pytorch#144455) and every later launch of the
+    process pays for it: on the H200 a one-element add took 10.3 us per launch before a
+    session and 14.6 us after (benchmarks/results/cupti_probe, run 7)."""
+    runner = make_runner(model, workload)
+    say("timing without the profiler")
+    timed = {"wall": wall_time(runner, workload.device)}
+    if workload.device.startswith("cuda"):
+        probe = _probe(workload)
+        timed["probe_wall_ms"] = wall_time(make_runner(model, probe), probe.device, warmup=3,
+                                           reps=10)["median_ms"]
+    return timed
+
+
+def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[str], None],
+                     timed: dict) -> dict:
+    """`timed`: what `time_workload` measured for this workload, before any profiler ran."""
     runner = make_runner(model, workload)
     names = module_names(model, runner)
-    say("timing without the profiler")
-    wall = wall_time(runner, workload.device)
     say("profiling")
     trace_rel = f"trace/{workload.key}.json.gz"
     profiled_ms = capture(runner, workload.device, run_dir / trace_rel)
-    result = summarise(run_dir / trace_rel, workload, wall, names, profiled_ms)
+    result = summarise(run_dir / trace_rel, workload, timed["wall"], names, profiled_ms)
     result["trace"] = trace_rel
     if workload.device.startswith("cuda"):
         say("HTA analyses")
         result["hta"] = _hta(run_dir / trace_rel)
         say("profiler overhead probe")
-        result["host_factor"] = host_factor(model, workload)
+        result["host_factor"] = host_factor(model, workload, timed["probe_wall_ms"])
     return result
 
 
@@ -97,19 +113,22 @@ def summarise(trace_path: Path, workload: Workload, wall: dict,
     }
 
 
-def host_factor(model, workload: Workload) -> float:
-    """How much faster the host runs without the profiler: wall / profiled step of a tiny,
-    host-bound pass of the same model (batch 1, 8 tokens), where the GPU never holds the host
-    back. The profiler's cost is per op and per Python call, the same at any batch size, so
-    the factor carries over to the real workload; the replay scales host time by it."""
+def _probe(workload: Workload) -> Workload:
+    return Workload(1, min(8, workload.seq), workload.dtype, workload.device, workload.mode)
+
+
+def host_factor(model, workload: Workload, wall_ms: float) -> float:
+    """How much faster the host runs without the profiler: `wall_ms` (timed by
+    `time_workload`) over the profiled step of a tiny, host-bound pass of the same model
+    (batch 1, 8 tokens), where the GPU never holds the host back. The profiler's cost is per
+    op and per Python call, the same at any batch size, so the factor carries over to the
+    real workload; the replay scales host time by it."""
     import tempfile
 
-    probe = Workload(1, min(8, workload.seq), workload.dtype, workload.device, workload.mode)
-    runner = make_runner(model, probe)
-    wall = wall_time(runner, probe.device, warmup=3, reps=10)["median_ms"]
+    probe = _probe(workload)
     with tempfile.TemporaryDirectory() as tmp:
-        profiled = capture(runner, probe.device, Path(tmp) / "probe.json.gz")
-    return min(1.0, wall / profiled)
+        profiled = capture(make_runner(model, probe), probe.device, Path(tmp) / "probe.json.gz")
+    return min(1.0, wall_ms / profiled)
 
 
 def _by_op(ops: list[dict]) -> list[dict]:
@@ -138,20 +157,27 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
     """Profile every workload (each its own model build only when dtype/device change)."""
     for w in workloads:
         check_device(w.device)
-    results = []
     built: dict[tuple, torch.nn.Module] = {}
-    for w in workloads:
+
+    def model_for(w: Workload):
         key = (w.dtype, w.device)
         if key not in built:
             built.clear()
             say(f"building {spec.model_id} ({spec.weights} weights, {w.dtype}, {w.device})")
             built[key] = build(spec, w.torch_dtype(), w.device)
-        say(f"[{w.key}]")
-        try:
-            results.append(profile_workload(built[key], w, run_dir, say))
-        except torch.OutOfMemoryError:
-            raise UserError(f"out of memory profiling {spec.model_id} at {w.key}; "
-                            f"try a smaller --batch or --seq") from None
+        return built[key]
+
+    timed, results = {}, []
+    try:
+        for w in workloads:  # every unprofiled timing first (see time_workload)
+            say(f"[{w.key}]")
+            timed[w.key] = time_workload(model_for(w), w, say)
+        for w in workloads:
+            say(f"[{w.key}]")
+            results.append(profile_workload(model_for(w), w, run_dir, say, timed[w.key]))
+    except torch.OutOfMemoryError:
+        raise UserError(f"out of memory profiling {spec.model_id} at {w.key}; "
+                        f"try a smaller --batch or --seq") from None
     profile = {
         "stage": "profile",
         "model": spec.describe(),

@@ -45,6 +45,11 @@ def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
     assert -EXTRA_S * 1e6 * 1.5 < got["us_per_call"] < -EXTRA_S * 1e6 * 0.8
     # the same cost read from each whole pass's time to return, without hooks
     assert -EXTRA_S * 1e6 * 1.5 < got["pass_us_per_call"] < -EXTRA_S * 1e6 * 0.8
+    # as shares of each pair's unpatched pass (on the CPU the host runs at one speed, so the
+    # unpatched pass timed before the pairs gives the share back in microseconds)
+    for key in ("share_per_call", "pass_share_per_call"):
+        us = got[key] * got["base_enqueue_ms"] * 1e3
+        assert -EXTRA_S * 1e6 * 2 < us < -EXTRA_S * 1e6 * 0.5
     assert not any("forward" in vars(m) for m in model.modules())  # base model untouched
 
 
@@ -96,6 +101,21 @@ def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
     proj = read_json(tmp_path / "projection.json", "projection")
     assert host_of(proj, "w") == {"rmsnorm": 15.0}  # 10 us at a 20 ms host, profiled at 30
     assert proj["workloads"]["w"]["host_in_model"]["rope"]["error"].endswith("boom")
+
+
+def test_a_share_of_the_pass_is_projected_at_the_profiles_host_time():
+    """Pair by pair the patch saved 0.1 % of the unpatched pass's host time per call: 30 us of
+    the profile's 30 ms, whatever host speed the single reading before the pairs caught."""
+    from pipeline.optimize import rescaled_host
+
+    measured = {"rmsnorm": {"us_per_call": 10.0, "share_per_call": 1e-3,
+                            "pass_us_per_call": 12.0, "pass_share_per_call": None,
+                            "base_enqueue_ms": 20.0}}
+    assert rescaled_host({"enqueue_ms": 30.0}, measured) == {"rmsnorm": 30.0}
+    # a reading without its share falls back to rescaling by the host speed read before
+    assert rescaled_host({"enqueue_ms": 30.0}, measured, "pass_us_per_call") == {"rmsnorm": 18.0}
+    # no profile host time: the delta as measured
+    assert rescaled_host({"enqueue_ms": None}, measured) == {"rmsnorm": 10.0}
 
 
 def test_the_report_shows_measured_and_rescaled_deltas():

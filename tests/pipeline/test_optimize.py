@@ -303,7 +303,8 @@ def test_failed_candidate_never_reaches_integration(optimized, run_data, tmp_pat
 @pytest.fixture
 def fake_timing(monkeypatch):
     """A paired_ratio whose verdict is chosen per set of patched families (read off
-    integrate.patched, whatever order measure() runs them in)."""
+    integrate.patched, whatever order measure() runs them in): verdict_of(families of the
+    variant patched last, families of the one patched before it or None)."""
     from pipeline import integrate as ig
     from verify.timing import PairedRatio
 
@@ -326,10 +327,11 @@ def fake_timing(monkeypatch):
         def paired_ratio(fn_a, fn_b, n=30, *, device=None, **_):
             assert fn_a is not fn_b
             fams = active[-1]
-            verdict = verdict_of(fams)
+            base = active[-2] if len(active) > 1 else None
+            verdict = verdict_of(fams, base)
             est, lo, hi = {"faster": (0.8, 0.75, 0.85), "slower": (1.25, 1.2, 1.3),
                            "same": (1.0, 0.95, 1.05)}[verdict]
-            calls.append((fams, n, device))
+            calls.append((fams, n, device, base))
             return PairedRatio(ratios=[est] * n, statistic="median", estimate=est, ci_low=lo,
                                ci_high=hi, confidence=0.95, verdict=verdict, meaningful=True,
                                reason=None)
@@ -352,20 +354,25 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
 
     # rope alone is slower: it alone is rolled back, the others are kept and measured together
     m = ig.measure(model, workload, accepted, families, cases, PAIRS,
-                   make(lambda fams: "slower" if fams == {"rope"} else "faster"))
+                   make(lambda fams, base: "slower" if fams == {"rope"} else "faster"))
     assert m["per_family"]["rope"]["decision"] == "rolled back"
     assert "rope" not in m["kept"]
     assert sorted(m["kept"]) == ["gated_act", "rmsnorm"]
     assert m["per_family"]["rmsnorm"]["decision"] == "kept"
     assert m["per_family"]["gated_act"]["decision"] == "kept"
     assert m["combined"]["decision"] == "kept"
-    assert calls[-1] == (frozenset({"rmsnorm", "gated_act"}), PAIRS, "cpu")
-    assert {c[0] for c in calls[:-1]} == {frozenset({f}) for f in families}
+    kept = frozenset({"rmsnorm", "gated_act"})
+    against_base = [c for c in calls if c[3] is None]
+    assert [c[0] for c in against_base] == [frozenset({f}) for f in families] + [kept]
+    assert all(c[1:3] == (PAIRS, "cpu") for c in calls)
+    # then each kept family in the set against the set without it; both stay
+    in_set = [(c[0], c[3]) for c in calls if c[3] is not None]
+    assert len(in_set) == 2 and set(in_set) == {(kept, kept - {f}) for f in kept}
 
     # each alone is faster, the combined set is slower: everything is rolled back
     calls.clear()
     m = ig.measure(model, workload, accepted, families, cases, PAIRS,
-                   make(lambda fams: "faster" if len(fams) == 1 else "slower"))
+                   make(lambda fams, base: "faster" if len(fams) == 1 else "slower"))
     assert all(m["per_family"][f]["decision"] == "kept" for f in families)
     assert m["combined"]["decision"].startswith("rolled back")
     assert m["kept"] == []
@@ -373,11 +380,43 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
 
     # no significant difference: kept, and said so
     m = ig.measure(model, workload, accepted, ["rmsnorm"], cases, PAIRS,
-                   make(lambda fams: "same"))
+                   make(lambda fams, base: "same"))
     assert m["kept"] == ["rmsnorm"]
     assert m["per_family"]["rmsnorm"]["decision"] == "kept (no significant difference)"
     # the model itself was never left patched
     assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
+def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
+    """Every family is faster alone and the set beats the baseline, but the set is slower with
+    rope than without it (a host-bound set, where rope's launch costs more host time than its
+    kernel saves): rope is rolled back there, and the set that ships is timed again."""
+    from pipeline import integrate as ig
+    from pipeline.report import _integration
+
+    make, calls = fake_timing
+    accepted = run_data["summary"]["accepted"]
+    [(wkey, iw)] = run_data["integration"]["workloads"].items()
+    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
+    cases = {f: set(v) for f, v in iw["cases"].items()}
+    families = ["rmsnorm", "rope", "gated_act"]
+
+    def verdict(fams, base):
+        return "slower" if base is not None and "rope" in fams - base else "faster"
+
+    m = ig.measure(build_tiny_llama(), workload, accepted, families, cases, PAIRS,
+                   make(verdict))
+    assert sorted(m["kept"]) == ["gated_act", "rmsnorm"]
+    assert m["per_family"]["rope"]["decision"] == "rolled back: the set is slower with it"
+    assert m["per_family"]["rope"]["in_set"]["verdict"] == "slower"
+    assert m["per_family"]["rmsnorm"]["decision"] == "kept"
+    # the shipped number is the shipped set's, against the baseline
+    assert calls[-1][0] == frozenset({"rmsnorm", "gated_act"}) and calls[-1][3] is None
+    assert m["combined"]["decision"] == "kept"
+    report = _integration({**m, "check": {}}, None)
+    [rb] = report["rollbacks"]
+    assert rb["family"] == "rope" and rb["stage"] == "timing in the set"
+    assert rb["reason"].startswith("the set with it against the set without it 0.800x")
 
 
 def test_patch_effect_counts_kernel_calls_of_one_pass(run_data, monkeypatch):
