@@ -137,8 +137,8 @@ def capture(runner: Runner, device: str, trace_path: Path) -> float:
 
     On a GPU this leaves CUPTI attached to the process, so every later launch costs more:
     time before capturing, never after. (Kineto detaches it with TEARDOWN_CUPTI=1, which the
-    pipeline does not set: on the H200, torch 2.11, three of the five processes that set it in
-    run 7 hung at exit after their last session.)"""
+    pipeline does not set: on the H200, torch 2.11, three of the five pipeline processes that
+    set it in run 7 hung at exit after their last session.)"""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     cuda = device.startswith("cuda")

@@ -419,6 +419,28 @@ def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     assert rb["reason"].startswith("the set with it against the set without it 0.800x")
 
 
+def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp_path,
+                                                                    monkeypatch):
+    """The patch check's re-profile is a profiler session, which on a GPU leaves CUPTI
+    attached and every later launch slower; the whole-model timing must come first."""
+    from models.loader import resolve
+    from pipeline import integrate as ig
+    from pipeline.optimize import integrate_stage
+
+    order = []
+    real_measure, real_effect = ig.measure, ig.patch_took_effect
+    monkeypatch.setattr(ig, "measure", lambda *a, **k: order.append("measure") or
+                        real_measure(*a, **k))
+    monkeypatch.setattr(ig, "patch_took_effect", lambda *a, **k: order.append("reprofile") or
+                        real_effect(*a, **k))
+    workloads = workloads_of(run_data)
+    out = integrate_stage(tmp_path, resolve("tiny-llama"), workloads, run_data["summary"],
+                          FAMILIES, say, PAIRS,
+                          built={(workloads[0].dtype, "cpu"): build_tiny_llama()})
+    assert order == ["measure"] * len(workloads) + ["reprofile"]
+    assert all(w["patch_effect"]["passed"] for w in out["workloads"].values())
+
+
 def test_patch_effect_counts_kernel_calls_of_one_pass(run_data, monkeypatch):
     """On a GPU the patched pass runs once more under the profiler to name the new kernels;
     the kernel calls reported per pass must still be those of one pass."""
