@@ -255,7 +255,9 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
     return {"measured": measured, "shipped": shipped, "projection_error": error,
             "compared_projection": basis if basis is not projected and not projected.get("note")
             else None,
-            "per_family": [{"family": f, **_ratio(d, [f], "alone")} for f, d in per.items()],
+            "per_family": [{"family": f, **_ratio(d, [f], "alone"),
+                            "in_set": _ratio(d["in_set"], [f], "in the set, with / without")
+                            if d.get("in_set") else None} for f, d in per.items()],
             "rollbacks": rollbacks, "kept": kept,
             "check": {**{k: (check.get("set") or {}).get(k) for k in ("families", "passed")},
                       "trials": (check.get("set") or {}).get("trials") or [],
@@ -442,6 +444,12 @@ def acceptance_record(fam: str, data: dict, load) -> str:
                 f"end to end {w['key']} ({fam} alone, {per['pairs']} pairs): " +
                 (f"{rp.speed(per['speedup'])} {rp.ci(per['ci'])}, {per['verdict']}"
                  if per["meaningful"] else NOT_MEANINGFUL))
+            inset = per.get("in_set")
+            if inset and inset["meaningful"]:
+                f["Measurements"].append(
+                    f"end to end {w['key']} (the set with {fam} against the set without it, "
+                    f"{inset['pairs']} pairs): {rp.speed(inset['speedup'])} "
+                    f"{rp.ci(inset['ci'])}, {inset['verdict']}")
         rb = [r for r in w["rollbacks"] if fam in r["family"].split(", ")]
         if rb:
             decision.append(f"rolled back on {w['key']}: " + "; ".join(r["reason"] for r in rb))

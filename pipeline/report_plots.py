@@ -228,6 +228,14 @@ def _measured_cell(m: dict | None) -> str:
     return speed(m["speedup"]) if m["meaningful"] else "not meaningful (CPU timing)"
 
 
+def _in_set_cell(m: dict | None) -> str:
+    """The set with the family against the set without it (integrate.prune_set); "-" where
+    it was not timed that way (rolled back alone, the only family, or a CPU run)."""
+    if m is None or not m["meaningful"]:
+        return "-"
+    return f"{speed(m['speedup'])} {ci(m['ci'])}, {m['verdict']}"
+
+
 def _shipped_cell(s: dict | None) -> str:
     if s is None:
         return "-"
@@ -355,9 +363,11 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                 b.append(("note", note))
     if w["per_family"] or w["check"]:
         b += [("h", 3, "Kernels on this workload"), ("table", [
-            "family", "whole-model speedup alone", "95% CI", "verdict", "decision"], [
+            "family", "whole-model speedup alone", "95% CI", "verdict",
+            "in the set, with / without it", "decision"], [
             [f["family"], _measured_cell(f), ci(f["ci"]) or "-",
-             f["verdict"] if f["meaningful"] else "-", f["decision"]]
+             f["verdict"] if f["meaningful"] else "-", _in_set_cell(f.get("in_set")),
+             f["decision"]]
             for f in w["per_family"]])]
         chk, eff = w["check"], w["patch_effect"]
         if chk:

@@ -417,6 +417,12 @@ def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     [rb] = report["rollbacks"]
     assert rb["family"] == "rope" and rb["stage"] == "timing in the set"
     assert rb["reason"].startswith("the set with it against the set without it 0.800x")
+    # the report's kernel table shows each family's ratio in the set beside its ratio alone
+    from pipeline.report_plots import _in_set_cell
+
+    cells = {f["family"]: _in_set_cell(f["in_set"]) for f in report["per_family"]}
+    assert cells["rope"].startswith("0.800x") and cells["rope"].endswith("slower")
+    assert cells["rmsnorm"].startswith("1.250x") and cells["rmsnorm"].endswith("faster")
 
 
 def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp_path,
