@@ -154,9 +154,7 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
     if target is not None and not Path(target).is_dir():
         # a GPU that cannot build CUDA C++ fails before the profile, not after it
         resolve_backend(backend, _defaults(dtype, device)[1])
-        ctx = click.get_current_context()
-        ctx.invoke(profile, model_id=target, batch=batch, seq=seq, dtype=dtype, device=device,
-                   mode=mode, pretrained=False, run_dir=run_dir, top=5)
+        _profile_first(target, batch, seq, dtype, device, mode, run_dir)
         from pipeline.rundir import latest_run
 
         target = str(run_dir or latest_run())
@@ -178,6 +176,27 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
     print_optimize(run)
     console.print(f"report: {out['markdown']}")
+
+
+def _profile_first(model_id, batch, seq, dtype, device, mode, run_dir) -> None:
+    """`pipeline profile` for `optimize MODEL_ID`. On a GPU in a child process: a profiler
+    session leaves CUPTI attached to its process (profiling.capture), and this process goes
+    on to time the model. The child prints its own progress and errors."""
+    if not _defaults(dtype, device)[1].startswith("cuda"):
+        click.get_current_context().invoke(
+            profile, model_id=model_id, batch=batch, seq=seq, dtype=dtype, device=device,
+            mode=mode, pretrained=False, run_dir=run_dir, top=5)
+        return
+    import subprocess
+
+    args = [sys.executable, "-m", "pipeline", "profile", model_id, "--batch", batch, "--seq",
+            seq, "--mode", mode, "--top", "5"]
+    for flag, value in (("--dtype", dtype), ("--device", device), ("--run-dir", run_dir)):
+        if value is not None:
+            args += [flag, str(value)]
+    code = subprocess.run(args).returncode
+    if code:
+        raise SystemExit(code)
 
 
 def _family_list(text: str | None) -> list[str] | None:

@@ -15,14 +15,14 @@ pre-hook synchronises the device, so each window times host work only (a full la
 would otherwise block the host and charge it device time). Windows nested in another window
 count once. The unpatched model and a patched twin run interleaved; per pair, the difference
 of the summed windows, divided by the kernel calls the patched pass made, gives the delta per
-call; the median over pairs is kept. The same pairs then run again without hooks, and the
-time each pass takes to return gives a second reading (`pass_us_per_call`), recorded beside
-the first; on run 5's workloads it was not closer to the measured speedups, so the projection
+call; the median over pairs is kept. Each pair then runs again without hooks, and the time
+each pass takes to return gives a second reading (`pass_us_per_call`), recorded beside the
+first; on run 5's workloads it was not closer to the measured speedups, so the projection
 uses the windows (`HOST_BASIS`). Only host time is read here: no whole-model wall time.
 
-Each pair also yields its delta as a share of that pair's own unpatched pass host time (its
-time to return, less the hooks' waits for the device): `share_per_call`, `pass_share_per_call`.
-The projection multiplies the share by the profile's host time. The H200 host's speed moved
+Each pair also yields its deltas as shares of that pair's own unpatched pass host time (its
+time to return, unhooked): `share_per_call`, `pass_share_per_call`. The projection
+multiplies the share by the profile's host time. The H200 host's speed moved
 from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within two minutes of one call
 (2026-11-30, run 7), so a host speed read before the pairs (`base_enqueue_ms`) can belong to
 another moment than the deltas.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 
@@ -61,17 +61,14 @@ def counting_chooser(inner, calls: dict, name: str):
 
 @contextmanager
 def _windows(modules, device: str):
-    """Sum of host seconds spent inside `modules` (outermost calls only) -> box[0]; seconds
-    spent waiting for the device before them -> box[1]."""
-    box, depth, start = [0.0, 0.0], [0], [0.0]
+    """Sum of host seconds spent inside `modules` (outermost calls only) -> box[0]."""
+    box, depth, start = [0.0], [0], [0.0]
     cuda = device.startswith("cuda")
 
     def pre(_module, _args):
         if depth[0] == 0:
             if cuda:
-                t = time.perf_counter()
                 torch.cuda.synchronize()
-                box[1] += time.perf_counter() - t
             start[0] = time.perf_counter()
         depth[0] += 1
 
@@ -135,49 +132,44 @@ def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict 
         enqueue = wall_time(base_runner, workload.device, warmup=1, reps=5)["enqueue_ms"]
         runners = {"base": base_runner, "patched": make_runner(variant, workload)}
         mods = {"base": [b for b, _ in pairs_of], "patched": [v for _, v in pairs_of]}
-        with ExitStack() as hooks:
-            boxes = {k: hooks.enter_context(_windows(mods[k], workload.device)) for k in mods}
-            diffs, per_pass = _paired(runners, boxes, calls, name, pairs, workload.device)
-        # the same pairs again with the hooks gone: each pass's own host time (to return)
-        pass_diffs, _ = _paired(runners, None, calls, name, pairs, workload.device)
-    if not diffs:
+        rows, per_pass = _paired(runners, mods, calls, name, pairs, workload.device)
+    if not rows:
         return None
-    return {"us_per_call": statistics.median(d for d, _ in diffs),
-            "share_per_call": statistics.median(s for _, s in diffs),
-            "pass_us_per_call": statistics.median(d for d, _ in pass_diffs)
-            if pass_diffs else None,
-            "pass_share_per_call": statistics.median(s for _, s in pass_diffs)
-            if pass_diffs else None,
-            "calls_per_pass": per_pass, "pairs": len(diffs), "modules": len(pairs_of),
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return {**med, "calls_per_pass": per_pass, "pairs": len(rows), "modules": len(pairs_of),
             "base_enqueue_ms": enqueue}
 
 
-def _paired(runners: dict, boxes: dict | None, calls: dict, name: str, pairs: int,
-            device: str) -> tuple[list, int]:
-    """Interleaved (base, patched) passes; per pair, (host us saved per kernel call, that as a
-    share of the unpatched pass's host time): from the hooked windows (`boxes`) or, without,
-    from the time each pass takes to return."""
+def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
+            device: str) -> tuple[list[dict], int]:
+    """Per pair: base and patched with the windows hooked, then both again without hooks
+    (alternating which goes first). Rows of host time saved per kernel call, from the windows
+    (`us_per_call`) and from each pass's time to return (`pass_us_per_call`), each also as a
+    share of the pair's unhooked unpatched pass (`share_per_call`, `pass_share_per_call`):
+    the hooks' own cost stays out of the denominator, which the projection sets against the
+    profile's unhooked host time."""
     from profiling.capture import sync
 
-    diffs, per_pass, order = [], 0, list(runners.items())
+    rows, per_pass, order = [], 0, list(runners.items())
     with torch.no_grad():
         for i in range(pairs + 1):  # the first pair warms both up and is dropped
             got = {}
-            for label, runner in order if i % 2 else order[::-1]:
-                before = calls[name]
-                box = boxes[label] if boxes else None
-                if box is not None:
-                    box[0] = box[1] = 0.0
-                sync(device)
-                t = time.perf_counter()
-                runner.call()
-                took = time.perf_counter() - t
-                sync(device)
-                runner.reset()
-                host = took - box[1] if box is not None else took
-                got[label] = (box[0] if box is not None else took, calls[name] - before, host)
-            per_pass = got["patched"][1]
+            for hooked in (True, False):
+                for label, runner in order if i % 2 else order[::-1]:
+                    before = calls[name]
+                    with _windows(mods[label], device) if hooked else nullcontext() as box:
+                        sync(device)
+                        t = time.perf_counter()
+                        runner.call()
+                        took = time.perf_counter() - t
+                        sync(device)
+                    runner.reset()
+                    got[label, hooked] = (box[0] if hooked else took, calls[name] - before)
+            per_pass = got["patched", True][1]
             if i and per_pass:
-                saved = (got["base"][0] - got["patched"][0]) / per_pass
-                diffs.append((saved * 1e6, saved / got["base"][2]))
-    return diffs, per_pass
+                host = got["base", False][0]
+                win = (got["base", True][0] - got["patched", True][0]) / per_pass
+                ret = (got["base", False][0] - got["patched", False][0]) / per_pass
+                rows.append({"us_per_call": win * 1e6, "share_per_call": win / host,
+                             "pass_us_per_call": ret * 1e6, "pass_share_per_call": ret / host})
+    return rows, per_pass

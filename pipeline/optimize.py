@@ -441,8 +441,9 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             measured[w.key] = (cases, ig.measure(model, w, accepted, kept, {
                 f: set(v) for f, v in cases.items()}, pairs, paired_ratio))
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
-        # attached and every later launch of this process slower (profiling.capture). Run 6
-        # timed after it: Llama-3.2-1B b1 prefill measured 1.501x, and 1.358x timed first.
+        # attached, and later launches of this process may cost more (profiling.capture).
+        # Run 6 timed after it and measured Llama-3.2-1B b1 prefill at 1.501x; run 7 timed
+        # first, 1.270x and 1.358x (other hosts, so not a controlled comparison).
         effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
         for w in ws:
             cases, m = measured[w.key]

@@ -230,7 +230,8 @@ def _measured_cell(m: dict | None) -> str:
 
 def _in_set_cell(m: dict | None) -> str:
     """The set with the family against the set without it (integrate.prune_set); "-" where
-    it was not timed that way (rolled back alone, the only family, or a CPU run)."""
+    it was not timed that way: rolled back alone, the only family or the last one left, a
+    combined set that regressed, or a CPU run."""
     if m is None or not m["meaningful"]:
         return "-"
     return f"{speed(m['speedup'])} {ci(m['ci'])}, {m['verdict']}"

@@ -135,7 +135,7 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
 def capture(runner: Runner, device: str, trace_path: Path) -> float:
     """Profile WAIT+WARMUP+ACTIVE steps; write a gzipped Chrome trace; return profiled ms/step.
 
-    On a GPU this leaves CUPTI attached to the process, so every later launch costs more:
+    On a GPU this leaves CUPTI attached to the process, and later launches may cost more:
     time before capturing, never after. (Kineto detaches it with TEARDOWN_CUPTI=1, which the
     pipeline does not set: on the H200, torch 2.11, three of the five pipeline processes that
     set it in run 7 hung at exit after their last session.)"""

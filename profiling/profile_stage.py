@@ -39,9 +39,11 @@ def check_device(device: str) -> None:
 def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict:
     """Everything a workload's profile times without the profiler: the wall time, and on a GPU
     the host-bound probe's. Done for every workload before any profiler session, since Kineto
-    leaves CUPTI attached after one (pytorch/pytorch#144455) and every later launch of the
-    process pays for it: on the H200 a one-element add took 10.3 us per launch before a
-    session and 14.6 us after (benchmarks/results/cupti_probe, run 7)."""
+    leaves CUPTI attached after one (pytorch/pytorch#144455) and later launches of the process
+    may pay for it: on the H200 a one-element add took 10.3 us per launch before a session
+    and 14.6 us after one, though 9.2 us after a second; the host drifts that much on its own
+    (benchmarks/results/cupti_probe, run 7). With workloads of several dtypes each model is
+    built twice, once per phase."""
     runner = make_runner(model, workload)
     say("timing without the profiler")
     timed = {"wall": wall_time(runner, workload.device)}
@@ -122,7 +124,8 @@ def host_factor(model, workload: Workload, wall_ms: float) -> float:
     `time_workload`) over the profiled step of a tiny, host-bound pass of the same model
     (batch 1, 8 tokens), where the GPU never holds the host back. The profiler's cost is per
     op and per Python call, the same at any batch size, so the factor carries over to the
-    real workload; the replay scales host time by it."""
+    real workload; the replay scales host time by it. The wall was timed before any session
+    and the capture comes later, so host drift in between goes into the factor too."""
     import tempfile
 
     probe = _probe(workload)
@@ -176,8 +179,8 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
             say(f"[{w.key}]")
             results.append(profile_workload(model_for(w), w, run_dir, say, timed[w.key]))
     except torch.OutOfMemoryError:
-        raise UserError(f"out of memory profiling {spec.model_id} at {w.key}; "
-                        f"try a smaller --batch or --seq") from None
+        raise UserError(f"out of memory building or profiling {spec.model_id} at {w.key}; "
+                        f"try a smaller --batch or --seq, or a GPU with more memory") from None
     profile = {
         "stage": "profile",
         "model": spec.describe(),

@@ -108,3 +108,26 @@ def test_every_workload_is_timed_before_any_profiler_session(tmp_path, monkeypat
     assert order == ["wall", "wall", "capture", "capture"]
     assert [w["key"] for w in profile["workloads"]] == [w.key for w in workloads]
     assert all(w["wall"]["median_ms"] > 0 for w in profile["workloads"])
+
+
+def test_optimize_on_a_gpu_profiles_in_a_child_process(monkeypatch):
+    """`optimize MODEL_ID` on a GPU runs `pipeline profile` in its own process (its profiler
+    sessions would leave CUPTI attached to this one, which then times the model); the child's
+    failure ends the command with the child's exit status."""
+    import subprocess
+
+    from click.testing import CliRunner
+
+    import pipeline.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_defaults", lambda dtype, device: ("bf16", "cuda"))
+    monkeypatch.setattr(subprocess, "run", lambda args, **_: seen.append(args) or
+                        subprocess.CompletedProcess(args, 3))
+    got = CliRunner().invoke(cli.cli, ["optimize", "tiny-llama", "--batch", "2", "--seq", "16",
+                                       "--mode", "prefill,decode"])
+    assert got.exit_code == 3
+    [args] = seen
+    assert args[1:4] == ["-m", "pipeline", "profile"]
+    assert args[4:] == ["tiny-llama", "--batch", "2", "--seq", "16", "--mode", "prefill,decode",
+                        "--top", "5"]

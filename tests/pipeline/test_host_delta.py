@@ -127,3 +127,42 @@ def test_the_report_shows_measured_and_rescaled_deltas():
     assert _host_cell("rmsnorm", d, 10.0) == "rmsnorm +10.0 us (4 calls/pass)"
     failed = _host_cell("rope", {"error": "RuntimeError: boom"}, None)
     assert failed == "rope not measured (RuntimeError: boom)"
+
+
+def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
+    """Unpatched pass 10 ms, 6 of them in the hooked module; patched pass 5 ms, 1 in it, one
+    kernel call: both readings save 5 ms per call, half of the unpatched pass."""
+    import time as _time
+
+    from pipeline.host_delta import _paired
+
+    class Sleep(torch.nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            self.s = s
+
+        def forward(self):
+            _time.sleep(self.s)
+
+    calls = {"fam": 0}
+
+    class Runner:
+        def __init__(self, inside, outside, counts):
+            self.inside, self.outside, self.counts = Sleep(inside), outside, counts
+
+        def call(self):
+            _time.sleep(self.outside)
+            self.inside()
+            calls["fam"] += self.counts
+
+        def reset(self):
+            pass
+
+    base, patched = Runner(0.006, 0.004, 0), Runner(0.001, 0.004, 1)
+    rows, per_pass = _paired({"base": base, "patched": patched},
+                             {"base": [base.inside], "patched": [patched.inside]},
+                             calls, "fam", pairs=3, device="cpu")
+    assert per_pass == 1 and len(rows) == 3
+    for r in rows:
+        assert 4000 < r["us_per_call"] < 6500 and 4000 < r["pass_us_per_call"] < 6500
+        assert 0.38 < r["share_per_call"] < 0.62 and 0.38 < r["pass_share_per_call"] < 0.62

@@ -302,32 +302,32 @@ def test_failed_candidate_never_reaches_integration(optimized, run_data, tmp_pat
 
 @pytest.fixture
 def fake_timing(monkeypatch):
-    """A paired_ratio whose verdict is chosen per set of patched families (read off
-    integrate.patched, whatever order measure() runs them in): verdict_of(families of the
-    variant patched last, families of the one patched before it or None)."""
+    """A paired_ratio whose verdict is chosen by what the two timed calls run:
+    verdict_of(families patched into fn_b's model, families patched into fn_a's model), read
+    off integrate.patched per model (the unpatched model has none)."""
     from pipeline import integrate as ig
     from verify.timing import PairedRatio
 
-    active: list[frozenset] = []
+    patched_into: dict[int, frozenset] = {}
     calls: list[tuple] = []
     real_patched = ig.patched
 
     @contextmanager
     def recording(model, accepted, families, workload_cases=None):
         with real_patched(model, accepted, families, workload_cases) as m:
-            active.append(frozenset(families))
+            patched_into[id(model)] = frozenset(families)
             try:
                 yield m
             finally:
-                active.pop()
+                del patched_into[id(model)]
 
     monkeypatch.setattr(ig, "patched", recording)
 
     def make(verdict_of):
         def paired_ratio(fn_a, fn_b, n=30, *, device=None, **_):
             assert fn_a is not fn_b
-            fams = active[-1]
-            base = active[-2] if len(active) > 1 else None
+            fams = patched_into.get(id(fn_b.model), frozenset())
+            base = patched_into.get(id(fn_a.model), frozenset())
             verdict = verdict_of(fams, base)
             est, lo, hi = {"faster": (0.8, 0.75, 0.85), "slower": (1.25, 1.2, 1.3),
                            "same": (1.0, 0.95, 1.05)}[verdict]
@@ -362,11 +362,11 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
     assert m["per_family"]["gated_act"]["decision"] == "kept"
     assert m["combined"]["decision"] == "kept"
     kept = frozenset({"rmsnorm", "gated_act"})
-    against_base = [c for c in calls if c[3] is None]
+    against_base = [c for c in calls if not c[3]]
     assert [c[0] for c in against_base] == [frozenset({f}) for f in families] + [kept]
     assert all(c[1:3] == (PAIRS, "cpu") for c in calls)
     # then each kept family in the set against the set without it; both stay
-    in_set = [(c[0], c[3]) for c in calls if c[3] is not None]
+    in_set = [(c[0], c[3]) for c in calls if c[3]]
     assert len(in_set) == 2 and set(in_set) == {(kept, kept - {f}) for f in kept}
 
     # each alone is faster, the combined set is slower: everything is rolled back
@@ -402,7 +402,7 @@ def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     families = ["rmsnorm", "rope", "gated_act"]
 
     def verdict(fams, base):
-        return "slower" if base is not None and "rope" in fams - base else "faster"
+        return "slower" if base and "rope" in fams - base else "faster"
 
     m = ig.measure(build_tiny_llama(), workload, accepted, families, cases, PAIRS,
                    make(verdict))
@@ -411,7 +411,7 @@ def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     assert m["per_family"]["rope"]["in_set"]["verdict"] == "slower"
     assert m["per_family"]["rmsnorm"]["decision"] == "kept"
     # the shipped number is the shipped set's, against the baseline
-    assert calls[-1][0] == frozenset({"rmsnorm", "gated_act"}) and calls[-1][3] is None
+    assert calls[-1][0] == frozenset({"rmsnorm", "gated_act"}) and not calls[-1][3]
     assert m["combined"]["decision"] == "kept"
     report = _integration({**m, "check": {}}, None)
     [rb] = report["rollbacks"]
@@ -423,6 +423,48 @@ def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     cells = {f["family"]: _in_set_cell(f["in_set"]) for f in report["per_family"]}
     assert cells["rope"].startswith("0.800x") and cells["rope"].endswith("slower")
     assert cells["rmsnorm"].startswith("1.250x") and cells["rmsnorm"].endswith("faster")
+
+
+def test_the_set_is_pruned_least_useful_first_and_the_pruned_set_rechecked(run_data,
+                                                                           fake_timing):
+    """rmsnorm and rope each slow the set only while the other is in it. rmsnorm, which does
+    nothing alone, is tested first and goes; rope then no longer slows the set and stays.
+    Then the same with the pruned set slower than the baseline: everything is rolled back."""
+    from pipeline import integrate as ig
+
+    make, calls = fake_timing
+    accepted = run_data["summary"]["accepted"]
+    [(wkey, iw)] = run_data["integration"]["workloads"].items()
+    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
+    cases = {f: set(v) for f, v in iw["cases"].items()}
+    families = ["rope", "gated_act", "rmsnorm"]
+    pair = {"rmsnorm": "rope", "rope": "rmsnorm"}
+
+    def verdict(fams, base):
+        if not base:  # against the unpatched model
+            return "same" if fams == {"rmsnorm"} else "faster"
+        [added] = fams - base
+        return "slower" if pair.get(added) in base else "faster"
+
+    m = ig.measure(build_tiny_llama(), workload, accepted, families, cases, PAIRS,
+                   make(verdict))
+    assert sorted(m["kept"]) == ["gated_act", "rope"]
+    assert m["per_family"]["rmsnorm"]["decision"] == "rolled back: the set is slower with it"
+    assert m["per_family"]["rope"]["in_set"]["verdict"] == "faster"
+    assert m["combined"]["before_pruning"]["verdict"] == "faster"
+    tested = [next(iter(c[0] - c[3])) for c in calls if c[3]]
+    assert tested[0] == "rmsnorm"
+
+    def pruned_set_regresses(fams, base):
+        if not base:
+            return "slower" if fams == {"rope", "gated_act"} else verdict(fams, base)
+        return verdict(fams, base)
+
+    m = ig.measure(build_tiny_llama(), workload, accepted, families, cases, PAIRS,
+                   make(pruned_set_regresses))
+    assert m["kept"] == []
+    assert m["combined"]["decision"] == "rolled back: the combined set regresses"
+    assert "before_pruning" in m["combined"]
 
 
 def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp_path,
