@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 6 evidence on the H200: `pipeline optimize` end to end on one model and workload, then
-# torch.compile and Liger-Kernel against eager, each in its own process, in the same call.
+# eager, ours and torch.compile in one process (head_to_head.py) and Liger-Kernel against eager
+# in its own, in the same call.
 # Env: M (model), B, S (workload), MODE (prefill, decode or prefill,decode), TOP, FAMILIES
 # (instead of TOP: exactly these), MAXC (configs per case; "all": the default exhaustive
 # search a user gets), PAIRS, BACKEND, SKIP_CONTENDERS.
@@ -36,6 +37,9 @@ wait $opt
 echo "optimize $tag rc=$? $(( $(date +%s) - t1 ))s"; tail -n 30 $OUT/optimize-$tag.log
 tar -czf $OUT/run-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag
 tar -czf $OUT/trace-$tag.tgz -C /tmp/runs $tag/trace $tag/profile.json  # for offline replay work
-[ -n "${SKIP_CONTENDERS:-}" ] || for c in liger compile; do
-  timeout 150 python3 benchmarks/contenders.py $c $M $B $S $OUT/$c-$tag.json 2>&1 | tail -n 2
-done
+# compile against eager and ours in one process (head_to_head.py); Liger in its own, since it
+# patches module-level code
+[ -n "${SKIP_CONTENDERS:-}" ] || {
+  timeout 200 python3 benchmarks/head_to_head.py $run $OUT/h2h-$tag.json 2>&1 | tail -n 25
+  timeout 150 python3 benchmarks/contenders.py liger $M $B $S $OUT/liger-$tag.json 2>&1 | tail -n 2
+}

@@ -1,0 +1,107 @@
+"""Ours against eager and torch.compile in one process, interleaved, no profiler (GPU).
+
+    python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
+
+`pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
+measures compile against eager in another, minutes later. On the lent H200 the host's speed
+moves within a call, and a patched set that waits on the host moves with it (Qwen2.5-0.5B b8,
+run 7: 21.5 ms in one call, 16.7 ms in another, against compile's 21.0 ms), so the two ratios
+can disagree by more than either CI. Here one process holds the model as built (eager), a twin
+patched with the run's kept kernels for the workload (`pipeline.api.apply_kernels`) and
+`torch.compile` of another twin (default mode). Each round times the three, synchronised, in
+an order that rotates; the per-round ratios get bootstrap CIs (`verify.stats`). Liger-Kernel
+patches module-level code, so it cannot share the process (contenders.py times it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from models.loader import build, resolve
+from pipeline.api import apply_kernels
+from pipeline.artifacts import read_json
+from pipeline.integrate import twin
+from pipeline.workload import Workload
+from profiling.capture import make_runner, sync
+from verify.stats import bootstrap_ci
+
+VARIANTS = ("eager", "ours", "compile")
+
+
+def timed(call, device: str) -> float:
+    sync(device)
+    t = time.perf_counter()
+    call()
+    sync(device)
+    return (time.perf_counter() - t) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--workload", help="workload key [default: the run's first]")
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    profile = read_json(args.run_dir / "profile.json", "profile")
+    entry = next(w for w in profile["workloads"]
+                 if args.workload in (None, w["key"]))
+    workload = Workload.from_dict(entry["workload"])
+    model = build(resolve(profile["model"]["id"]), workload.torch_dtype(), workload.device)
+    ours = twin(model)
+    handle = apply_kernels(ours, args.run_dir, workload=workload.key)
+    compiled = torch.compile(twin(model))
+    runners = {"eager": make_runner(model, workload), "ours": make_runner(ours, workload),
+               "compile": make_runner(compiled, workload)}
+
+    def call(name):
+        def run():
+            with torch.no_grad():
+                runners[name].call()
+            runners[name].reset()
+        return run
+
+    calls = {name: call(name) for name in VARIANTS}
+    t = time.perf_counter()
+    for _ in range(3):  # compiles, autotunes, warms the caching allocator
+        for name in VARIANTS:
+            calls[name]()
+    warm_s = time.perf_counter() - t
+    times = {name: [] for name in VARIANTS}
+    for i in range(args.rounds):
+        order = VARIANTS[i % 3:] + VARIANTS[:i % 3]
+        for name in order:
+            times[name].append(timed(calls[name], workload.device))
+    handle.undo()
+
+    def ratio(a, b):  # speedup of b over a, per round
+        est, lo, hi = bootstrap_ci([x / y for x, y in zip(times[a], times[b])])
+        return {"speedup": est, "ci": [lo, hi]}
+
+    result = {
+        "run_dir": str(args.run_dir), "workload": workload.key, "kept": handle.families,
+        "torch": torch.__version__, "device": torch.cuda.get_device_name(0)
+        if workload.device.startswith("cuda") else "cpu",
+        "rounds": args.rounds, "warmup_s": warm_s,
+        "note": None if workload.device.startswith("cuda") else
+        "CPU: our kernels ran in the Triton interpreter; not a GPU timing",
+        "median_ms": {k: statistics.median(v) for k, v in times.items()},
+        "ours_over_eager": ratio("eager", "ours"),
+        "compile_over_eager": ratio("eager", "compile"),
+        "ours_over_compile": ratio("compile", "ours"),
+        "method": "one process, rounds of eager / ours / compile in rotating order, each call "
+                  "synchronised; per-round ratios, median and percentile bootstrap 95 % CI",
+        "times_ms": times,
+    }
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "times_ms"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
