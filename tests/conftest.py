@@ -20,3 +20,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def call_order(monkeypatch):
+    """watch(module, attr="label", ...) wraps those module attributes so each call appends its
+    label to the list watch returns (one list per test), then runs the real function."""
+    order: list[str] = []
+
+    def watch(module, **labels) -> list[str]:
+        for attr, label in labels.items():
+            real = getattr(module, attr)
+
+            def wrapped(*args, _real=real, _label=label, **kwargs):
+                order.append(_label)
+                return _real(*args, **kwargs)
+            monkeypatch.setattr(module, attr, wrapped)
+        return order
+    return watch

@@ -89,19 +89,14 @@ def test_decode_step_keeps_the_cache_length(tmp_path):
         assert cache.get_seq_length() == 16
 
 
-def test_every_workload_is_timed_before_any_profiler_session(tmp_path, monkeypatch):
+def test_every_workload_is_timed_before_any_profiler_session(tmp_path, call_order):
     """A profiler session leaves CUPTI attached on a GPU and every later launch slower: the
     unprofiled wall times of all workloads come before the first capture."""
     import profiling.profile_stage as ps
     from models.loader import resolve
     from pipeline.workload import Workload
 
-    order = []
-    real_wall, real_capture = ps.wall_time, ps.capture
-    monkeypatch.setattr(ps, "wall_time", lambda *a, **k: order.append("wall") or
-                        real_wall(*a, **k))
-    monkeypatch.setattr(ps, "capture", lambda *a, **k: order.append("capture") or
-                        real_capture(*a, **k))
+    order = call_order(ps, wall_time="wall", capture="capture")
     workloads = [Workload(1, 8, "float32", "cpu", "prefill"),
                  Workload(1, 8, "float32", "cpu", "decode")]
     profile = ps.run_profile(resolve("tiny-llama"), workloads, tmp_path)

@@ -300,6 +300,14 @@ def test_failed_candidate_never_reaches_integration(optimized, run_data, tmp_pat
 
 # 4. rollback -----------------------------------------------------------------------------------
 
+def measure_inputs(run_data):
+    """(accepted kernels, the run's workload, its cases per family) for integrate.measure."""
+    [(wkey, iw)] = run_data["integration"]["workloads"].items()
+    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
+    return (run_data["summary"]["accepted"], workload,
+            {f: set(v) for f, v in iw["cases"].items()})
+
+
 @pytest.fixture
 def fake_timing(monkeypatch):
     """A paired_ratio whose verdict is chosen by what the two timed calls run:
@@ -344,10 +352,7 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
     from pipeline import integrate as ig
 
     make, calls = fake_timing
-    accepted = run_data["summary"]["accepted"]
-    [(wkey, iw)] = run_data["integration"]["workloads"].items()
-    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
-    cases = {f: set(v) for f, v in iw["cases"].items()}
+    accepted, workload, cases = measure_inputs(run_data)
     families = ["rmsnorm", "rope", "gated_act"]
     assert set(families) <= {a["family"] for a in accepted.values()}
     model = build_tiny_llama()
@@ -395,10 +400,7 @@ def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     from pipeline.report import _integration
 
     make, calls = fake_timing
-    accepted = run_data["summary"]["accepted"]
-    [(wkey, iw)] = run_data["integration"]["workloads"].items()
-    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
-    cases = {f: set(v) for f, v in iw["cases"].items()}
+    accepted, workload, cases = measure_inputs(run_data)
     families = ["rmsnorm", "rope", "gated_act"]
 
     def verdict(fams, base):
@@ -433,10 +435,7 @@ def test_the_set_is_pruned_least_useful_first_and_the_pruned_set_rechecked(run_d
     from pipeline import integrate as ig
 
     make, calls = fake_timing
-    accepted = run_data["summary"]["accepted"]
-    [(wkey, iw)] = run_data["integration"]["workloads"].items()
-    workload = next(w for w in workloads_of(run_data) if w.key == wkey)
-    cases = {f: set(v) for f, v in iw["cases"].items()}
+    accepted, workload, cases = measure_inputs(run_data)
     families = ["rope", "gated_act", "rmsnorm"]
     pair = {"rmsnorm": "rope", "rope": "rmsnorm"}
 
@@ -468,19 +467,14 @@ def test_the_set_is_pruned_least_useful_first_and_the_pruned_set_rechecked(run_d
 
 
 def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp_path,
-                                                                    monkeypatch):
+                                                                    call_order):
     """The patch check's re-profile is a profiler session, which on a GPU leaves CUPTI
     attached and every later launch slower; the whole-model timing must come first."""
     from models.loader import resolve
     from pipeline import integrate as ig
     from pipeline.optimize import integrate_stage
 
-    order = []
-    real_measure, real_effect = ig.measure, ig.patch_took_effect
-    monkeypatch.setattr(ig, "measure", lambda *a, **k: order.append("measure") or
-                        real_measure(*a, **k))
-    monkeypatch.setattr(ig, "patch_took_effect", lambda *a, **k: order.append("reprofile") or
-                        real_effect(*a, **k))
+    order = call_order(ig, measure="measure", patch_took_effect="reprofile")
     workloads = workloads_of(run_data)
     out = integrate_stage(tmp_path, resolve("tiny-llama"), workloads, run_data["summary"],
                           FAMILIES, say, PAIRS,
