@@ -1,7 +1,7 @@
 """Does a finished torch.profiler session leave the host slower? (GPU only.)
 
-Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1 (pytorch/pytorch#144455):
-every later CUDA API call pays CUPTI's callback. `pipeline optimize` profiles the patched
+Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1 (pytorch/pytorch#144455),
+and the issue reports later CUDA calls paying for it. `pipeline optimize` profiles the patched
 model (patch_took_effect) in the process that then times baseline against patched, and at
 batch 1 the pass is host-bound, so that would tilt the measurement. This times one process's
 launch cost and whole pass before and after one profiler session.

@@ -23,9 +23,10 @@ maxc="--max-configs $MAXC"; [ "$MAXC" != all ] || maxc=""
 python3 -X faulthandler -m pipeline optimize $run $choice $maxc --pairs $PAIRS \
   --backend $BACKEND > $OUT/optimize-$tag.log 2>&1 &
 opt=$!
-# Run 7's first call: the report was written, then the process did not exit for 46 s. A run
-# still alive 15 s after its report gets its process tree logged and a Python traceback
-# (SIGABRT, faulthandler) instead of eating the call's time.
+# Run 7's first call: the report was written, then the process had not exited about 45 s later,
+# when the call's timeout killed it (TEARDOWN_CUPTI=1 was set then). A run still alive 15 s
+# after its report gets its process tree logged and a Python traceback (SIGABRT,
+# faulthandler) instead of eating the call's time.
 ( while kill -0 $opt 2>/dev/null; do
     if grep -q '^report:' $OUT/optimize-$tag.log; then
       sleep 15; kill -0 $opt 2>/dev/null || exit 0

@@ -23,9 +23,10 @@ uses the windows (`HOST_BASIS`). Only host time is read here: no whole-model wal
 Each pair also yields its deltas as shares of that pair's own unpatched pass host time (its
 time to return, unhooked): `share_per_call`, `pass_share_per_call`. The projection
 multiplies the share by the profile's host time. The H200 host's speed moved
-from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within two minutes of one call
-(2026-11-30, run 7), so a host speed read before the pairs (`base_enqueue_ms`) can belong to
-another moment than the deltas.
+from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within 15 s of one call (2026-11-30,
+run 7, the host-delta stage's own readings), so a host speed read apart from the pairs can
+belong to another moment than the deltas. `base_enqueue_ms`, the median unhooked unpatched
+pass of the pairs, is recorded for the report and for the older rescaling (`host_drift`).
 """
 
 from __future__ import annotations
@@ -94,11 +95,11 @@ def patched_modules(model, variant) -> list[tuple]:
 
 def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
                          workload_cases: dict | None = None, pairs: int = 10) -> dict:
-    """family -> {"us_per_call", "pass_us_per_call", "calls_per_pass", "pairs", "modules",
-    "base_enqueue_ms"}: host time saved per kernel call (negative: the patch costs the host
-    more) from the hooked windows and from whole passes, each family patched alone, and the
-    unpatched pass's enqueue time measured just before it; or {"error"} where measuring failed
-    (the projection keeps the search's number for it)."""
+    """family -> {"us_per_call", "share_per_call", "pass_us_per_call", "pass_share_per_call",
+    "base_enqueue_ms", "calls_per_pass", "pairs", "modules"} (medians over pairs, see
+    `_paired`): host time saved per kernel call (negative: the patch costs the host more) from
+    the hooked windows and from whole passes, each family patched alone; or {"error"} where
+    measuring failed (the projection keeps the search's number for it)."""
     out = {}
     for name in families:
         try:
@@ -115,7 +116,7 @@ def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
 
 def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict | None:
     from pipeline.integrate import make_chooser, twin
-    from profiling.capture import make_runner, wall_time
+    from profiling.capture import make_runner
 
     allowed = None if workload_cases is None else workload_cases.get(name, set())
     calls = {name: 0}
@@ -126,18 +127,13 @@ def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict 
         pairs_of = patched_modules(model, variant)
         if not pairs_of:
             return None
-        base_runner = make_runner(model, workload)
-        # the host's speed now, in the units the profile timed it: the replay rescales
-        # these deltas by the ratio (the H200 host's pass time drifted 2x within a call)
-        enqueue = wall_time(base_runner, workload.device, warmup=1, reps=5)["enqueue_ms"]
-        runners = {"base": base_runner, "patched": make_runner(variant, workload)}
+        runners = {"base": make_runner(model, workload), "patched": make_runner(variant, workload)}
         mods = {"base": [b for b, _ in pairs_of], "patched": [v for _, v in pairs_of]}
         rows, per_pass = _paired(runners, mods, calls, name, pairs, workload.device)
     if not rows:
         return None
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return {**med, "calls_per_pass": per_pass, "pairs": len(rows), "modules": len(pairs_of),
-            "base_enqueue_ms": enqueue}
+    return {**med, "calls_per_pass": per_pass, "pairs": len(rows), "modules": len(pairs_of)}
 
 
 def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
@@ -147,7 +143,7 @@ def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
     (`us_per_call`) and from each pass's time to return (`pass_us_per_call`), each also as a
     share of the pair's unhooked unpatched pass (`share_per_call`, `pass_share_per_call`):
     the hooks' own cost stays out of the denominator, which the projection sets against the
-    profile's unhooked host time."""
+    profile's unhooked host time. That pass's own time is `base_enqueue_ms`."""
     from profiling.capture import sync
 
     rows, per_pass, order = [], 0, list(runners.items())
@@ -171,5 +167,6 @@ def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
                 win = (got["base", True][0] - got["patched", True][0]) / per_pass
                 ret = (got["base", False][0] - got["patched", False][0]) / per_pass
                 rows.append({"us_per_call": win * 1e6, "share_per_call": win / host,
-                             "pass_us_per_call": ret * 1e6, "pass_share_per_call": ret / host})
+                             "pass_us_per_call": ret * 1e6, "pass_share_per_call": ret / host,
+                             "base_enqueue_ms": host * 1e3})
     return rows, per_pass

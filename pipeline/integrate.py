@@ -214,8 +214,7 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
                                with_against_without, per_family)
             if pruned != kept:
                 # the shipped set is timed again against the baseline, under the same rule
-                before = {k: v for k, v in combined.items()
-                          if k not in ("times_a_ms", "times_b_ms")}
+                before = _without_times(combined)
                 combined, kept = combine(pruned)
                 combined["before_pruning"] = before
     return {"per_family": per_family, "combined": combined, "kept": kept}
@@ -240,12 +239,16 @@ def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
             break
         rest = [k for k in kept if k != f]
         r = compare(rest, kept)
-        per_family[f]["in_set"] = {k: v for k, v in r.to_dict().items()
-                                   if k not in ("times_a_ms", "times_b_ms")}
+        per_family[f]["in_set"] = _without_times(r.to_dict())
         if r.meaningful and r.verdict == "slower":
             per_family[f]["decision"] = "rolled back: the set is slower with it"
             kept = rest
     return kept
+
+
+def _without_times(ratio: dict) -> dict:
+    """A paired ratio's record without its per-call times (the ratios stay)."""
+    return {k: v for k, v in ratio.items() if k not in ("times_a_ms", "times_b_ms")}
 
 
 def _decision(r) -> str:

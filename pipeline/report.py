@@ -236,7 +236,7 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
     rollbacks += [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
                   for f, res in (check.get("rejected") or {}).items()]
     for f, d in per.items():
-        if _rolled_back(d) and d.get("in_set") and d["decision"].endswith("slower with it"):
+        if _rolled_back(d) and d.get("in_set"):  # in_set: timed in the set, kept alone
             r = _ratio(d["in_set"], [f], "in the set")
             rollbacks.append({"family": f, "stage": "timing in the set", "reason": (
                 f"the set with it against the set without it {rp.speed(r['speedup'])} "

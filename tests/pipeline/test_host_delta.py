@@ -46,7 +46,7 @@ def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
     # the same cost read from each whole pass's time to return, without hooks
     assert -EXTRA_S * 1e6 * 1.5 < got["pass_us_per_call"] < -EXTRA_S * 1e6 * 0.8
     # as shares of each pair's unpatched pass (on the CPU the host runs at one speed, so the
-    # unpatched pass timed before the pairs gives the share back in microseconds)
+    # median unpatched pass gives the share back in microseconds)
     for key in ("share_per_call", "pass_share_per_call"):
         us = got[key] * got["base_enqueue_ms"] * 1e3
         assert -EXTRA_S * 1e6 * 2 < us < -EXTRA_S * 1e6 * 0.5
