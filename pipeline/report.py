@@ -106,6 +106,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["projected"] = _projected(key, proj, fam_of)
     w.update(_integration(iw, w["projected"]))
     w["conditions"] = _conditions(w["wall_ms"], iw)
+    w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
     return w
 
@@ -132,6 +133,18 @@ def _conditions(profile_ms: float | None, iw: dict | None) -> str | None:
             f"{len(times)}) against {profile_ms:.1f} ms when profiled ({now / profile_ms - 1:+.0%})"
             f". The projection assumes the profiled machine (host and device speed), so part of "
             f"its error is the machine's, not the model's.")
+
+
+def _host_bound_note(bound: dict | None) -> str | None:
+    """Said plainly when the measured set leaves the pass waiting on the host."""
+    if not bound or not bound["patched"]["host_bound"]:
+        return None
+    p, u = bound["patched"], bound["unpatched"]
+    return (f"Host-bound after patching: the patched forward returns to Python after "
+            f"{p['host_ms']:.1f} ms of its {p['wall_ms']:.1f} ms (unpatched: {u['host_ms']:.1f} "
+            f"of {u['wall_ms']:.1f} ms; medians). The GPU waits on the host, so faster kernels "
+            f"cannot shorten this pass further; less Python and fewer launches per pass can "
+            f"(torch.compile, CUDA graphs).")
 
 
 def _regime(basis, busy) -> str:
@@ -253,6 +266,7 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
             f"{comb['decision']} ({rp.speed(r['speedup'])} {rp.ci(r['ci'])}); every kernel "
             f"rolled back here")})
     return {"measured": measured, "shipped": shipped, "projection_error": error,
+            "bound": (comb or {}).get("bound"),
             "compared_projection": basis if basis is not projected and not projected.get("note")
             else None,
             "per_family": [{"family": f, **_ratio(d, [f], "alone"),

@@ -354,12 +354,19 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (
                 f" {ci(m['ci'])}, {m['pairs']} pairs, {m['verdict']}" if m["meaningful"] else
                 f" ({m['reason']})"))]
+        bound = w.get("bound")
+        if bound:
+            rows.append(("host time of the pass (until the forward returns) / wall time", (
+                "unpatched {:.1f} / {:.1f} ms, patched {:.1f} / {:.1f} ms".format(
+                    *(bound[k][x] for k in ("unpatched", "patched")
+                      for x in ("host_ms", "wall_ms"))))))
         rows += [("projection error (Amdahl)", pct(err.get("amdahl"))),
                  ("projection error (replay)", pct(err.get("replay"))),
                  ("shipped", _shipped_cell(w["shipped"]) + (
                      f" ({w['shipped']['note']})" if (w["shipped"] or {}).get("note") else ""))]
         b.append(("table", ["", "value"], rows))
-        for note in ((p or {}).get("note"), (m or {}).get("note"), w.get("conditions")):
+        for note in ((p or {}).get("note"), (m or {}).get("note"), w.get("conditions"),
+                     w.get("host_bound_note")):
             if note:
                 b.append(("note", note))
     if w["per_family"] or w["check"]:

@@ -85,6 +85,8 @@ def print_optimize(run_dir) -> None:
             measured = f"{1 / comb['estimate']:.3f}x"
             ci = f"{1 / comb['ci_high']:.3f}-{1 / comb['ci_low']:.3f}"
             note = comb.get("decision", "")
+            if ((comb.get("bound") or {}).get("patched") or {}).get("host_bound"):
+                note += "; host-bound after patching"
         else:
             measured, ci = "-", "-"
             note = (comb or {}).get("reason") or "nothing kept"

@@ -145,6 +145,10 @@ class PairedRatio:
     reason: str | None
     times_a_ms: list[float] = field(default_factory=list)
     times_b_ms: list[float] = field(default_factory=list)
+    # per call, the time until it returned, before the synchronise: its host time, unless it
+    # synchronises inside (then the two times match)
+    host_a_ms: list[float] = field(default_factory=list)
+    host_b_ms: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,29 +178,34 @@ def paired_ratio(fn_a: Callable[[], object], fn_b: Callable[[], object], n: int 
     sync = (lambda: torch.cuda.synchronize(dev)) if dev is not None and dev.type == "cuda" \
         else (lambda: None)
 
-    def timed(fn) -> float:
+    def timed(fn) -> tuple[float, float]:
+        """(wall ms, ms until fn returned)."""
         sync()
         t0 = clock()
         fn()
+        t1 = clock()
         sync()
-        return (clock() - t0) * 1e3
+        return (clock() - t0) * 1e3, (t1 - t0) * 1e3
 
     for _ in range(warmup):
         fn_a()
         fn_b()
-    times_a, times_b = [], []
+    times_a, times_b, host_a, host_b = [], [], [], []
     for i in range(n):
         # Alternate which runs first so order effects (cache, clocks) do not favour one side.
         if i % 2 == 0:
-            ta, tb = timed(fn_a), timed(fn_b)
+            (ta, ha), (tb, hb) = timed(fn_a), timed(fn_b)
         else:
-            tb, ta = timed(fn_b), timed(fn_a)
+            (tb, hb), (ta, ha) = timed(fn_b), timed(fn_a)
         times_a.append(ta)
         times_b.append(tb)
+        host_a.append(ha)
+        host_b.append(hb)
     ratios = [b / a if a > 0 else float("inf") for a, b in zip(times_a, times_b)]
     estimate, low, high = bootstrap_ci(ratios, statistic, confidence, n_boot, seed)
     meaningful = dev is not None and dev.type == "cuda"
     return PairedRatio(ratios=ratios, statistic=statistic, estimate=estimate, ci_low=low,
                        ci_high=high, confidence=confidence, verdict=ratio_verdict(low, high),
                        meaningful=meaningful, reason=None if meaningful else NOT_GPU_REASON,
-                       times_a_ms=times_a, times_b_ms=times_b)
+                       times_a_ms=times_a, times_b_ms=times_b, host_a_ms=host_a,
+                       host_b_ms=host_b)

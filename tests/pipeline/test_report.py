@@ -311,3 +311,35 @@ def test_a_machine_running_at_another_speed_is_said_next_to_the_error(tmp_path):
     assert "the machine's, not the model's" in md
     note, md = said[41.0]
     assert note is None and "the machine's, not the model's" not in md
+
+
+def test_a_set_that_leaves_the_pass_waiting_on_the_host_is_called_host_bound(tmp_path):
+    """The shipped set's forward returned after 24 of its 25 ms (Qwen2.5-0.5B b8 on a slow
+    H200 host, run 8): the report and the terminal summary say it is host-bound after
+    patching and that faster kernels cannot help; returning after 12 of 20 ms, they do not."""
+    from pipeline.integrate import pass_bound
+    from pipeline.summary import console, print_optimize
+
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    said = {}
+    for patched_host, patched_wall in ((24.0, 25.0), (12.0, 20.0)):
+        comb = integ["workloads"][PRE]["combined"]
+        comb.update(times_a_ms=[31.0, 30.0, 32.0], host_a_ms=[29.0, 28.0, 30.0],
+                    times_b_ms=[patched_wall] * 3, host_b_ms=[patched_host] * 3)
+        comb["bound"] = pass_bound(comb)
+        write_json(tmp_path / "integration.json", integ)
+        out = write_report(tmp_path)
+        with console.capture() as cap:
+            print_optimize(tmp_path)
+        said[patched_host] = (section(out["markdown"].read_text(), PRE), cap.get())
+    md, terminal = said[24.0]
+    assert ("Host-bound after patching: the patched forward returns to Python after 24.0 ms "
+            "of its 25.0 ms (unpatched: 29.0 of 31.0 ms" in md)
+    assert "faster kernels cannot shorten this pass" in md
+    assert "unpatched 29.0 / 31.0 ms, patched 24.0 / 25.0 ms" in md
+    assert "host-bound after" in terminal
+    md, terminal = said[12.0]
+    assert "Host-bound after patching" not in md and "host-bound" not in terminal
+    assert "patched 12.0 / 20.0 ms" in md

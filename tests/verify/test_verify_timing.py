@@ -76,3 +76,27 @@ def test_gpu_bench_and_paired_ratio_are_meaningful():
     assert 100 < timing.gbps < 6000  # a memory-bound op on an H200-class GPU
     result = paired_ratio(lambda: x * 2, lambda: x * 2, n=20, device="cuda")
     assert result.meaningful and result.verdict in ("same", "faster", "slower")
+
+
+def test_paired_ratio_records_each_calls_host_time_apart_from_its_wall_time(monkeypatch):
+    """Host time = until the call returned; wall time also waits for the synchronise (here a
+    fake device that finishes 5 ms after the host returns for the candidate, 1 ms for the
+    baseline)."""
+    clock = FakeClock()
+    pending = [0.0]
+
+    def call(host_s, device_s):
+        def fn():
+            clock.now += host_s
+            pending[0] = device_s
+        return fn
+
+    def synchronize(device=None):
+        clock.now += pending[0]
+        pending[0] = 0.0
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    r = paired_ratio(call(0.004, 0.001), call(0.002, 0.005), n=6, device="cuda", clock=clock)
+    assert r.host_a_ms == pytest.approx([4.0] * 6) and r.times_a_ms == pytest.approx([5.0] * 6)
+    assert r.host_b_ms == pytest.approx([2.0] * 6) and r.times_b_ms == pytest.approx([7.0] * 6)
+    assert r.verdict == "slower" and r.meaningful
