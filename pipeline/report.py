@@ -140,11 +140,16 @@ def _host_bound_note(bound: dict | None) -> str | None:
     if not bound or not bound["patched"]["host_bound"]:
         return None
     p, u = bound["patched"], bound["unpatched"]
-    return (f"Host-bound after patching: the patched forward returns to Python after "
-            f"{p['host_ms']:.1f} ms of its {p['wall_ms']:.1f} ms (unpatched: {u['host_ms']:.1f} "
-            f"of {u['wall_ms']:.1f} ms; medians). The GPU waits on the host, so faster kernels "
-            f"cannot shorten this pass further; less Python and fewer launches per pass can "
-            f"(torch.compile, CUDA graphs).")
+    times = (f"the forward returns to Python after {u['host_ms']:.1f} of its "
+             f"{u['wall_ms']:.1f} ms unpatched, {p['host_ms']:.1f} of {p['wall_ms']:.1f} ms "
+             f"patched (medians)")
+    if u["host_bound"]:
+        return (f"Host-bound before and after patching: {times}. The speedup here comes from "
+                f"fewer launches and less Python per pass, not from faster kernels; beyond it, "
+                f"only less host work per pass helps (CUDA graphs, torch.compile).")
+    return (f"Host-bound after patching: {times}. The kernels moved the limit from the GPU to "
+            f"the host, so faster kernels cannot shorten this pass further; less Python and "
+            f"fewer launches per pass can (torch.compile, CUDA graphs).")
 
 
 def _regime(basis, busy) -> str:
