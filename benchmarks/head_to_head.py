@@ -107,7 +107,8 @@ def main() -> None:
         "times_ms": times, "host_ms": host,
     }
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "times_ms"}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("times_ms", "host_ms")},
+                     indent=1))
 
 
 if __name__ == "__main__":

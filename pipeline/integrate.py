@@ -202,10 +202,9 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
 
     def combine(families):
         r = against_base(families)
-        record = {**r.to_dict(), "bound": pass_bound(r.to_dict())}
         if r.meaningful and r.verdict == "slower":
-            return {**record, "decision": "rolled back: the combined set regresses"}, []
-        return {**record, "decision": "kept"}, families
+            return {**r.to_dict(), "decision": "rolled back: the combined set regresses"}, []
+        return {**r.to_dict(), "bound": pass_bound(r.to_dict()), "decision": "kept"}, families
 
     combined = None
     if kept:
@@ -254,9 +253,12 @@ HOST_BOUND = 0.9
 
 def pass_bound(ratio: dict) -> dict | None:
     """What bounds each side of a paired measurement: median host time (until the forward
-    returned) against median wall time. The shipped set can turn a device-bound pass
-    host-bound: Qwen2.5-0.5B b8 on the H200 (run 8) measured 1.39x with our kernels, then lost
-    to torch.compile (0.85x) on a host that needed about 25 ms of Python per patched pass.
+    returned) against median wall time. A forward that synchronises inside, or blocks on a
+    full launch queue, also returns late, so this reads host-bound then too. Kept sets only
+    (a rolled-back set ships nothing to describe). The shipped set can leave a device-bound
+    pass waiting on the host: Qwen2.5-0.5B b8 on the H200 (run 8, call 3), unpatched 17.3 ms
+    host of 27.2 ms wall, patched 13.7 of 17.0 ms; in call 2, on a slower host, the patched
+    pass took 25.1 ms and lost to torch.compile's 21.5 ms (host times not yet recorded there).
     None off the GPU (no synchronise: host and wall time are one) and where the record has no
     host times (recorded before they were)."""
     import statistics

@@ -142,7 +142,8 @@ def _host_bound_note(bound: dict | None) -> str | None:
     p, u = bound["patched"], bound["unpatched"]
     times = (f"the forward returns to Python after {u['host_ms']:.1f} of its "
              f"{u['wall_ms']:.1f} ms unpatched, {p['host_ms']:.1f} of {p['wall_ms']:.1f} ms "
-             f"patched (medians)")
+             f"with all kept kernels (medians; a forward that synchronises inside would read "
+             f"the same)")
     if u["host_bound"]:
         return (f"Host-bound before and after patching: {times}. The speedup here comes from "
                 f"fewer launches and less Python per pass, not from faster kernels; beyond it, "

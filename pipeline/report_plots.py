@@ -356,7 +356,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                 f" ({m['reason']})"))]
         bound = w.get("bound")
         if bound:
-            rows.append(("host time of the pass (until the forward returns) / wall time", (
+            rows.append(("host time of the pass (until the forward returns) / wall time, "
+                         "all kept kernels together", (
                 "unpatched {:.1f} / {:.1f} ms, patched {:.1f} / {:.1f} ms".format(
                     *(bound[k][x] for k in ("unpatched", "patched")
                       for x in ("host_ms", "wall_ms"))))))

@@ -37,7 +37,8 @@ def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
     path = tmp_path / "slow.py"
     path.write_text(SLOW)
     accepted = _accepted(model, workload, path)
-    got = in_model_host_deltas(model, workload, accepted, ["rmsnorm"], pairs=2)["rmsnorm"]
+    # five pairs: a median of two fell to one stalled pass when the CPU was shared (CI, 2 cores)
+    got = in_model_host_deltas(model, workload, accepted, ["rmsnorm"], pairs=5)["rmsnorm"]
     norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
     assert got["calls_per_pass"] == norms  # every norm of the pass ran the candidate
     assert got["modules"] == norms and got["base_enqueue_ms"] > 0

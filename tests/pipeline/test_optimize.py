@@ -340,9 +340,12 @@ def fake_timing(monkeypatch):
             est, lo, hi = {"faster": (0.8, 0.75, 0.85), "slower": (1.25, 1.2, 1.3),
                            "same": (1.0, 0.95, 1.05)}[verdict]
             calls.append((fams, n, device, base))
+            # a 10 ms baseline that returns after 4 ms; the variant returns after 95 % of its
+            # wall time (host-bound)
             return PairedRatio(ratios=[est] * n, statistic="median", estimate=est, ci_low=lo,
                                ci_high=hi, confidence=0.95, verdict=verdict, meaningful=True,
-                               reason=None)
+                               reason=None, times_a_ms=[10.0] * n, times_b_ms=[10 * est] * n,
+                               host_a_ms=[4.0] * n, host_b_ms=[9.5 * est] * n)
         return paired_ratio
 
     return make, calls
@@ -366,6 +369,10 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
     assert m["per_family"]["rmsnorm"]["decision"] == "kept"
     assert m["per_family"]["gated_act"]["decision"] == "kept"
     assert m["combined"]["decision"] == "kept"
+    # what bounds each side of the shipped set's measurement is stored with it
+    bound = m["combined"]["bound"]
+    assert bound["unpatched"] == {"host_ms": 4.0, "wall_ms": 10.0, "host_bound": False}
+    assert bound["patched"]["host_bound"] and bound["patched"]["wall_ms"] == pytest.approx(8.0)
     kept = frozenset({"rmsnorm", "gated_act"})
     against_base = [c for c in calls if not c[3]]
     assert [c[0] for c in against_base] == [frozenset({f}) for f in families] + [kept]
@@ -380,7 +387,7 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
                    make(lambda fams, base: "faster" if len(fams) == 1 else "slower"))
     assert all(m["per_family"][f]["decision"] == "kept" for f in families)
     assert m["combined"]["decision"].startswith("rolled back")
-    assert m["kept"] == []
+    assert m["kept"] == [] and "bound" not in m["combined"]  # nothing shipped to describe
     assert calls[-1][0] == frozenset(families)
 
     # no significant difference: kept, and said so
