@@ -315,9 +315,9 @@ def test_a_machine_running_at_another_speed_is_said_next_to_the_error(tmp_path):
 
 def test_a_set_that_leaves_the_pass_waiting_on_the_host_is_called_host_bound(tmp_path):
     """The shipped set's forward returns after 24 of its 25 ms, the unpatched one after 21 of
-    31 ms: the report and the terminal summary say it is host-bound after patching and that faster kernels cannot help; returning after 12 of 20 ms, they do not;
-    where the unpatched pass waited on the host too, the gain is said to come from fewer
-    launches."""
+    31 ms: the report and the terminal summary say it is host-bound after patching and that
+    faster kernels cannot help; returning after 12 of 20 ms, they do not; where the unpatched
+    pass waited on the host too, the gain is said to come from fewer launches."""
     from pipeline.integrate import pass_bound
     from pipeline.summary import console, print_optimize
 
