@@ -12,8 +12,9 @@ specialises on (`spec_key`): each tensor's dtype and 16-byte alignment, each int
 == 1 / 16-divisible / width class, other scalars by value. So a call Triton would compile
 differently never reuses a kernel built for another, and a decode step's growing cache
 length does not send every call back through the JIT. On Triton 3.6 the launch skips its
-Python wrapper too (`_c_launch`); under the CPU interpreter, or with a Triton this does not
-know, every call goes through the JIT.
+Python wrapper too (`_c_launch`), kernels with global scratch included (20.6 against 23.8 us
+per call for the TMA gated GEMM, H200, benchmarks/results/scratch_launch/); under the CPU
+interpreter, or with a Triton this does not know, every call goes through the JIT.
 """
 
 from __future__ import annotations
@@ -80,9 +81,31 @@ def spec_key(args: tuple) -> tuple[list, list]:
     return key, values
 
 
+# Scratch alignment a cached buffer meets: the caching allocator's blocks start on 512 bytes.
+_SCRATCH_ALIGN = 512
+
+
+def _scratch_buffer(nbytes: int):
+    """Global scratch for a launch: TMA descriptors the kernel writes on the device."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
 def _c_launch(k):
-    """Triton 3.6's C launch function of compiled kernel `k` when calling it directly is the
-    same as calling `k.run` (no scratch buffers to allocate), else None."""
+    """Triton 3.6's C launch function of compiled kernel `k`, called as `k.run` would call it,
+    or None where this cannot be the same (an unknown launcher, profiling scratch).
+    A kernel that needs global scratch (the TMA GEMM's device-made descriptors) gets one
+    buffer per stream, kept and grown, where `k.run` asks the allocator for a fresh one per
+    launch and goes through Triton's Python wrapper. Launches on one stream run in order, so
+    they can share it. While a CUDA graph is being captured, `k.run` launches instead: a
+    graph replayed on another stream must not share the eager launches' buffer."""
     run = k.run
     fn = getattr(run, "launch", None)
     try:
@@ -90,14 +113,32 @@ def _c_launch(k):
     except (TypeError, ValueError):
         return None
     if (fn is None or params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
-            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)):
+            or getattr(run, "profile_scratch_size", 1)):
         return None
     coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    scratch = getattr(run, "global_scratch_size", 1)
+    if not scratch:
+        def launch(gx, gy, gz, stream, function, packed, meta, enter, leave, *args):
+            fn(gx, gy, gz, stream, function, coop, pdl, None, None, packed, meta, enter, leave,
+               *args)
+        return launch
+    per_program = scratch * getattr(run, "num_ctas", 0)
+    if not per_program or getattr(run, "global_scratch_align", _SCRATCH_ALIGN + 1) > \
+            _SCRATCH_ALIGN:
+        return None
+    buffers: dict = {}
 
-    def launch(gx, gy, gz, stream, function, packed, meta, enter, leave, *args):
-        fn(gx, gy, gz, stream, function, coop, pdl, None, None, packed, meta, enter, leave,
+    def launch_with_scratch(gx, gy, gz, stream, function, packed, meta, enter, leave, *args):
+        if _capturing():
+            return run(gx, gy, gz, stream, function, packed, meta, enter, leave, *args)
+        need = gx * gy * gz * per_program
+        buf = buffers.get(stream)
+        if buf is None or buf.numel() < need:
+            buf = buffers[stream] = _scratch_buffer(need)
+        fn(gx, gy, gz, stream, function, coop, pdl, buf, None, packed, meta, enter, leave,
            *args)
-    return launch
+    launch_with_scratch.buffers = buffers  # what tests can inspect
+    return launch_with_scratch
 
 
 def _allocator_state():

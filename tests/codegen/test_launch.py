@@ -108,8 +108,8 @@ def test_empty_hook_chains_are_not_passed_to_the_launcher():
 
 
 def test_the_c_launch_shortcut_only_takes_a_launcher_it_knows():
-    """Triton 3.6's launcher object: (grid, stream, function, *args) and no scratch buffers.
-    Any other shape (a newer Triton's signature, scratch space to allocate) keeps `k.run`."""
+    """Triton 3.6's launcher object: (grid, stream, function, *args). Any other shape (a newer
+    Triton's signature, profiling scratch, scratch of unknown size) keeps `k.run`."""
     from codegen.launch import _c_launch
 
     calls = []
@@ -132,18 +132,71 @@ def test_the_c_launch_shortcut_only_takes_a_launcher_it_knows():
     assert calls == [(4, 1, 1, "stream", "fn", False, True, None, None, "packed", None, None,
                       None, 11, 22)]
 
-    class WithScratch(Launcher36):
-        global_scratch_size = 128
+    class ProfileScratch(Launcher36):
+        profile_scratch_size = 64
+
+    class ScratchOfUnknownSize(Launcher36):  # no num_ctas: the buffer size is not known
+        global_scratch_size, global_scratch_align = 128, 128
 
     class Launcher39(Launcher36):
         def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata,
                      launch_metadata, launch_enter_hook, launch_exit_hook, *args):
             raise AssertionError
 
-    for launcher_cls in (WithScratch, Launcher39):
+    for launcher_cls in (ProfileScratch, ScratchOfUnknownSize, Launcher39):
         class K:
             run = launcher_cls()
         assert _c_launch(K()) is None
+
+
+def test_global_scratch_is_one_buffer_per_stream_kept_and_grown(monkeypatch):
+    """The TMA GEMM's descriptors live in global scratch: Triton's `k.run` allocates it per
+    launch (programs x CTAs x bytes per program); the shortcut keeps one buffer per stream,
+    grows it when a launch needs more, and hands a graph capture to `k.run`."""
+    import torch
+
+    from codegen import launch as ln
+
+    made, calls, via_run = [], [], []
+    monkeypatch.setattr(ln, "_scratch_buffer",
+                        lambda n: made.append(n) or torch.empty(n, dtype=torch.uint8))
+    capturing = [False]
+    monkeypatch.setattr(ln, "_capturing", lambda: capturing[0])
+
+    class Launcher36:
+        launch_cooperative_grid, launch_pdl = False, False
+        global_scratch_size, global_scratch_align, profile_scratch_size = 128, 128, 0
+        num_ctas = 2
+
+        def __init__(self):
+            self.launch = lambda *a: calls.append(a)
+
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            via_run.append((gridX, stream))
+
+    class Kernel:
+        run = Launcher36()
+
+    go = ln._c_launch(Kernel())
+    go(4, 1, 1, "s0", "fn", "packed", None, None, None, 11)
+    go(3, 1, 1, "s0", "fn", "packed", None, None, None, 11)  # fits: reused
+    go(4, 1, 1, "s1", "fn", "packed", None, None, None, 11)  # another stream: its own
+    go(8, 1, 1, "s0", "fn", "packed", None, None, None, 11)  # more programs: grown
+    assert made == [4 * 2 * 128, 4 * 2 * 128, 8 * 2 * 128]
+    scratch = [c[7] for c in calls]
+    assert scratch[0] is scratch[1] and scratch[2] is not scratch[0]
+    assert scratch[3].numel() == 8 * 2 * 128 and go.buffers["s0"] is scratch[3]
+    assert all(c[8] is None and c[9] == "packed" and c[-1] == 11 for c in calls)
+    capturing[0] = True
+    go(4, 1, 1, "s0", "fn", "packed", None, None, None, 11)
+    assert via_run == [(4, "s0")] and len(calls) == 4
+
+    class AlignedWider(Launcher36):
+        global_scratch_align = 1024  # more than the caching allocator promises
+
+    class K:
+        run = AlignedWider()
+    assert ln._c_launch(K()) is None
 
 
 def test_ensure_allocator_sets_one_per_thread_and_keeps_a_users():
