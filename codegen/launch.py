@@ -126,7 +126,7 @@ def _c_launch(k):
     if not per_program or getattr(run, "global_scratch_align", _SCRATCH_ALIGN + 1) > \
             _SCRATCH_ALIGN:
         return None
-    buffers: dict = {}
+    buffers: dict = {}  # by stream; `launcher` makes one closure per device
 
     def launch_with_scratch(gx, gy, gz, stream, function, packed, meta, enter, leave, *args):
         if _capturing():
