@@ -12,7 +12,7 @@ specialises on (`spec_key`): each tensor's dtype and 16-byte alignment, each int
 == 1 / 16-divisible / width class, other scalars by value. So a call Triton would compile
 differently never reuses a kernel built for another, and a decode step's growing cache
 length does not send every call back through the JIT. On Triton 3.6 the launch skips its
-Python wrapper too (`_c_launch`), kernels with global scratch included (20.6 against 23.8 us
+Python wrapper too (`_c_launch`), kernels with global scratch included (20.7 against 23.8 us
 per call for the TMA gated GEMM, H200, benchmarks/results/scratch_launch/); under the CPU
 interpreter, or with a Triton this does not know, every call goes through the JIT.
 """
@@ -85,13 +85,6 @@ def spec_key(args: tuple) -> tuple[list, list]:
 _SCRATCH_ALIGN = 512
 
 
-def _scratch_buffer(nbytes: int):
-    """Global scratch for a launch: TMA descriptors the kernel writes on the device."""
-    import torch
-
-    return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-
-
 def _capturing() -> bool:
     import torch
 
@@ -134,7 +127,7 @@ def _c_launch(k):
         need = gx * gy * gz * per_program
         buf = buffers.get(stream)
         if buf is None or buf.numel() < need:
-            buf = buffers[stream] = _scratch_buffer(need)
+            buf = buffers[stream] = _torch_alloc(need, _SCRATCH_ALIGN, stream)
         fn(gx, gy, gz, stream, function, coop, pdl, buf, None, packed, meta, enter, leave,
            *args)
     launch_with_scratch.buffers = buffers  # what tests can inspect
@@ -155,6 +148,8 @@ _ALLOCATOR_STATE = _allocator_state()
 
 
 def _torch_alloc(size: int, alignment: int, stream) -> object:
+    """Global scratch from torch's caching allocator (blocks start on 512 bytes): Triton's
+    allocator here, and the kept buffers of `_c_launch`."""
     import torch
 
     return torch.empty(size, dtype=torch.int8, device="cuda")

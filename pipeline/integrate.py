@@ -181,18 +181,18 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
 
     base = runner_for(model)
     device = workload.device
-    per_family, kept = {}, []
-    for name in families:
-        variant = twin(model)
-        with patched(variant, accepted, [name], workload_cases):
-            r = paired_ratio(base, runner_for(variant), n=pairs, device=device)
-        per_family[name] = {**r.to_dict(), "decision": _decision(r)}
-        if per_family[name]["decision"] != "rolled back":
-            kept.append(name)
+
     def against_base(families):
         variant = twin(model)
         with patched(variant, accepted, families, workload_cases):
             return paired_ratio(base, runner_for(variant), n=pairs, device=device)
+
+    per_family, kept = {}, []
+    for name in families:
+        r = against_base([name])
+        per_family[name] = {**r.to_dict(), "decision": _decision(r)}
+        if per_family[name]["decision"] != "rolled back":
+            kept.append(name)
 
     def with_against_without(rest, families):
         without, with_ = twin(model), twin(model)
@@ -201,10 +201,10 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
             return paired_ratio(runner_for(without), runner_for(with_), n=pairs, device=device)
 
     def combine(families):
-        r = against_base(families)
-        if r.meaningful and r.verdict == "slower":
-            return {**r.to_dict(), "decision": "rolled back: the combined set regresses"}, []
-        return {**r.to_dict(), "bound": pass_bound(r.to_dict()), "decision": "kept"}, families
+        r = against_base(families).to_dict()
+        if r["meaningful"] and r["verdict"] == "slower":
+            return {**r, "decision": "rolled back: the combined set regresses"}, []
+        return {**r, "bound": pass_bound(r), "decision": "kept"}, families
 
     combined = None
     if kept:

@@ -158,8 +158,8 @@ def test_global_scratch_is_one_buffer_per_stream_kept_and_grown(monkeypatch):
     from codegen import launch as ln
 
     made, calls, via_run = [], [], []
-    monkeypatch.setattr(ln, "_scratch_buffer",
-                        lambda n: made.append(n) or torch.empty(n, dtype=torch.uint8))
+    monkeypatch.setattr(ln, "_torch_alloc",
+                        lambda n, align, stream: made.append(n) or torch.empty(n, dtype=torch.int8))
     capturing = [False]
     monkeypatch.setattr(ln, "_capturing", lambda: capturing[0])
 
