@@ -131,8 +131,9 @@ def test_the_report_shows_measured_and_rescaled_deltas():
 
 
 def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
-    """Unpatched pass 10 ms, 6 of them in the hooked module; patched pass 5 ms, 1 in it, one
-    kernel call: both readings save 5 ms per call, half of the unpatched pass."""
+    """Unpatched pass 40 ms, 24 of them in the hooked module; patched pass 20 ms, 4 in it, one
+    kernel call: both readings save 20 ms per call, half of the unpatched pass. (At a quarter
+    of these times one sleep's jitter on CI's shared 2 cores threw a pair out of the bounds.)"""
     import time as _time
 
     from pipeline.host_delta import _paired
@@ -159,11 +160,11 @@ def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
         def reset(self):
             pass
 
-    base, patched = Runner(0.006, 0.004, 0), Runner(0.001, 0.004, 1)
+    base, patched = Runner(0.024, 0.016, 0), Runner(0.004, 0.016, 1)
     rows, per_pass = _paired({"base": base, "patched": patched},
                              {"base": [base.inside], "patched": [patched.inside]},
                              calls, "fam", pairs=3, device="cpu")
     assert per_pass == 1 and len(rows) == 3
     for r in rows:
-        assert 4000 < r["us_per_call"] < 6500 and 4000 < r["pass_us_per_call"] < 6500
+        assert 16000 < r["us_per_call"] < 26000 and 16000 < r["pass_us_per_call"] < 26000
         assert 0.38 < r["share_per_call"] < 0.62 and 0.38 < r["pass_share_per_call"] < 0.62
