@@ -109,8 +109,9 @@ def families(model_id: str = "llama-3.2-1b", batch: int = 1, seq: int = 128) -> 
     import tempfile
     from pathlib import Path
 
+    from host_profile import middle_config_choosers  # benchmarks/, this script's folder
+
     from codegen.registry import get_family
-    from codegen.source import load_forward
     from models.loader import build, resolve
     from pipeline.workload import Workload
 
@@ -124,17 +125,8 @@ def families(model_id: str = "llama-3.2-1b", batch: int = 1, seq: int = 128) -> 
         with torch.no_grad():
             return host_us(lambda: model(ids), reps=60)
 
-    choosers = {}
-    for name in ("rmsnorm", "rope", "gated_act", "add_rmsnorm"):
-        fam = get_family(name)
-        forwards = {}
-        for case in fam.cases_from_model(model, w):
-            space = fam.search_space(case)
-            path = tmp / name / f"{len(forwards)}.py"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(fam.render(space[len(space) // 2], case))
-            forwards[json.dumps(case, sort_keys=True)] = load_forward(path)
-        choosers[name] = lambda c, f=forwards: f.get(json.dumps(c, sort_keys=True))
+    choosers = middle_config_choosers(model, w, ["rmsnorm", "rope", "gated_act", "add_rmsnorm"],
+                                      tmp)
     res["pass_eager"] = pass_us()
     for names in [[n] for n in choosers] + [["rmsnorm", "rope", "gated_act"]]:
         undos = [get_family(n).patch(model, choosers[n]) for n in names]

@@ -11,7 +11,10 @@ keeps the compiled kernel; later calls launch it directly. The cache key holds w
 specialises on (`spec_key`): each tensor's dtype and 16-byte alignment, each integer's
 == 1 / 16-divisible / width class, other scalars by value. So a call Triton would compile
 differently never reuses a kernel built for another, and a decode step's growing cache
-length does not send every call back through the JIT. On Triton 3.6 the launch skips its
+length does not send every call back through the JIT. A call site's repeat launches find
+their kernel by an exact key instead (the scalars, each tensor's dtype, device kind and address
+modulo 16), which costs the host 4.7 against 13.1 us for the KV-cache append's 33 arguments
+(H200, benchmarks/results/host_profile/). On Triton 3.6 the launch skips its
 Python wrapper too (`_c_launch`), kernels with global scratch included (20.7 against 23.8 us
 per call for the TMA gated GEMM, H200, benchmarks/results/scratch_launch/); under the CPU
 interpreter, or with a Triton this does not know, every call goes through the JIT.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from operator import itemgetter
 
 
 def cdiv(a: int, b: int) -> int:
@@ -169,6 +173,19 @@ def ensure_allocator() -> None:
     triton.set_allocator(_torch_alloc)
 
 
+# Distinct exact launch keys kept per launcher; past it (a decode's every cache length,
+# say), calls still find their kernel through spec_key.
+_EXACT_KEYS = 1024
+
+
+def _picker(positions: tuple) -> Callable[[tuple], tuple]:
+    """args -> the arguments at `positions`, as a tuple (itemgetter, in C; one position too)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return itemgetter(*positions) if positions else (lambda args: ())
+
+
 def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     """`launch(grid, *runtime_args)` for `kernel` with its trailing constexpr parameters and
     launch options (num_warps, num_stages) bound once."""
@@ -187,9 +204,32 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
         return via_jit
     get_device, get_stream = parts
     compiled: dict[tuple, tuple] = {}
+    # Per call, `spec_key` walks every argument in Python: 33 for the KV-cache append, about
+    # 40 us of the H200 host's time per call under cProfile (benchmarks/host_profile.py).
+    # `exact` keys a launch on what varies between calls of one call site instead: the
+    # scalars as they are (picked out in C), each tensor's dtype, device kind and address
+    # modulo 16. That is finer than Triton's classes, so a miss only means the spec_key path,
+    # which files the kernel it finds here too. Scalar types are not keyed: an equal value of
+    # another type (7.0 for 7) reaches the kernel as the same number or is refused by the C
+    # launcher with a TypeError; it cannot launch a wrong computation.
+    exact: dict[tuple, tuple] = {}
+    layout: list = []  # [tensor positions, scalars' getter], from the first launch
 
     def launch(grid, *args):
         device = get_device()
+        if layout:
+            tensor_pos, scalars_of = layout
+            values, sig = list(args), [device, scalars_of(args)]
+            try:
+                for i in tensor_pos:
+                    t = args[i]
+                    p = values[i] = t.data_ptr()
+                    sig.append((t.dtype, t.is_cuda, p & 15))
+                hit = exact.get(tuple(sig))
+            except (AttributeError, TypeError, IndexError):  # another argument layout
+                hit = None
+            if hit is not None:
+                return _run(hit, grid, args, values, device)
         key, values = spec_key(args)
         hit = compiled.get((device, *key))
         if hit is None:
@@ -198,6 +238,16 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
                     t.is_cuda for t in args if hasattr(t, "data_ptr")):
                 compiled[(device, *key)] = (k, _c_launch(k) or k.run)
             return
+        tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
+        if not layout:
+            layout.extend([tensor_pos, _picker(tuple(i for i in range(len(args))
+                                                     if i not in tensor_pos))])
+        if len(exact) < _EXACT_KEYS and tensor_pos == layout[0]:
+            exact[(device, layout[1](args), *[(args[i].dtype, args[i].is_cuda,
+                                               args[i].data_ptr() & 15) for i in tensor_pos])] = hit
+        _run(hit, grid, args, values, device)
+
+    def _run(hit, grid, args, values, device):
         k, run = hit
         stream = get_stream(device)
         values.extend(trailing)
@@ -207,4 +257,5 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
             stream, k.function, k.packed_metadata, meta, enter, leave, *values)
 
     launch.compiled = compiled  # what tests (and a curious user) can inspect
+    launch.exact = exact
     return launch

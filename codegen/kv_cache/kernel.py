@@ -109,8 +109,7 @@ def _cached_length(cache, batch):
     (0,), which cat skips), else its seq axis."""
     if cache.dim() == 1 and cache.numel() == 0:
         return 0
-    if cache.dim() != 4 or tuple(cache.shape[:2]) != (batch, KV_HEADS) \\
-            or cache.shape[3] != HEAD_DIM:
+    if cache.dim() != 4 or cache.shape[:2] != (batch, KV_HEADS) or cache.shape[3] != HEAD_DIM:
         raise ValueError(f"cache {tuple(cache.shape)} does not fit batch={batch}, "
                          f"kv_heads={KV_HEADS}, head_dim={HEAD_DIM}")
     return cache.shape[2]
@@ -120,21 +119,24 @@ def forward(keys, values, key_states, value_states, *, out, **params) -> None:
     """keys, values: the cache, (batch, KV_HEADS, past, HEAD_DIM) or HF's empty (0,);
     key_states, value_states (batch, KV_HEADS, new, HEAD_DIM); any strides, one dtype.
     out = (new_keys, new_values), (batch, KV_HEADS, past + new, HEAD_DIM)."""
-    _check_params(params)
+    if params:
+        _check_params(params)
     new_keys, new_values = out
-    batch, new = key_states.shape[0], key_states.shape[2]
+    shape = key_states.shape  # a torch.Size: compared with tuples as it is, no copies
+    batch, new = shape[0], shape[2]
     past = _cached_length(keys, batch)
     want = (batch, KV_HEADS, past + new, HEAD_DIM)
-    if (tuple(key_states.shape) != (batch, KV_HEADS, new, HEAD_DIM)
-            or value_states.shape != key_states.shape or _cached_length(values, batch) != past
-            or tuple(new_keys.shape) != want or tuple(new_values.shape) != want):
+    if (shape != (batch, KV_HEADS, new, HEAD_DIM) or value_states.shape != shape
+            or _cached_length(values, batch) != past or new_keys.shape != want
+            or new_values.shape != want):
         raise ValueError(f"shapes cache {tuple(keys.shape)}/{tuple(values.shape)}, states "
                          f"{tuple(key_states.shape)}/{tuple(value_states.shape)}, out "
                          f"{tuple(new_keys.shape)} do not fit kv_heads={KV_HEADS}, "
                          f"head_dim={HEAD_DIM}")
     # the kernel copies bits; cat promotes mixed dtypes, even with an empty cache
-    if len({t.dtype for t in (keys, values, key_states, value_states, new_keys,
-                              new_values)}) != 1:
+    dtype = key_states.dtype
+    if not (keys.dtype is dtype and values.dtype is dtype and value_states.dtype is dtype
+            and new_keys.dtype is dtype and new_values.dtype is dtype):
         raise ValueError("cache, states and outputs must share one dtype")
     n_rows = batch * KV_HEADS * (past + new)
     if n_rows == 0:

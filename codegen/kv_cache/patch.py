@@ -39,7 +39,12 @@ from torch import nn
 
 from codegen.dtypes import dtype_name
 from codegen.family import Case, kernel_by_signature
-from codegen.kv_cache.reference import dynamic_layer_update, make_case, params
+from codegen.kv_cache.reference import (
+    INITIALISED_FROM_KEYS,
+    dynamic_layer_update,
+    make_case,
+    params,
+)
 from models.patching import code_shape, wrap_instance_forwards
 
 CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced
@@ -61,6 +66,33 @@ def dynamic_layer() -> type | None:
     except (ImportError, OSError, TypeError, ValueError):  # no such class, or no source
         return None
     return DynamicLayer if same else None
+
+
+@cache
+def initialised_attributes() -> tuple[str, ...] | None:
+    """The attributes DynamicLayer.lazy_initialization copies from the key states, where its
+    code is one the dispatcher knows (`INITIALISED_FROM_KEYS`), else None."""
+    layer_type = dynamic_layer()
+    if layer_type is None:
+        return None
+    try:
+        shape = code_shape(layer_type.lazy_initialization)
+    except (OSError, TypeError, ValueError):
+        return None
+    return next((attrs for known, attrs in INITIALISED_FROM_KEYS
+                 if code_shape(known) == shape), None)
+
+
+_EMPTY: dict[tuple, torch.Tensor] = {}
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One kept `torch.tensor([])` per dtype and device: what lazy_initialization would make,
+    for the kernel's argument checks only (with nothing cached it reads no row of it)."""
+    key = (dtype, device)
+    if key not in _EMPTY:
+        _EMPTY[key] = torch.empty(0, dtype=dtype, device=device)
+    return _EMPTY[key]
 
 
 def _cache_index(cls: type) -> int | None:
@@ -164,48 +196,70 @@ def kernel_resolver(forward_by_case: Callable) -> Callable:
 
 
 def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable:
-    """DynamicLayer.update of `layer`, the two cats sent to the kernel where one is given."""
+    """DynamicLayer.update of `layer`, the two cats sent to the kernel where one is given.
+
+    A layer's first update (a prefill) runs lazy_initialization, whose two `torch.tensor([])`
+    on the device cost host time (about 20 us each on the H200's host under cProfile) only to
+    be replaced by the cats' results. Where its code is a known one, the dispatcher sets what
+    it would leave instead, once the kernel is certain to run; otherwise, or without a kernel,
+    HF's own code runs as before."""
+    initialised = initialised_attributes()
 
     def update(key_states, value_states, *args, **kwargs):
-        if not layer.is_initialized:
-            layer.lazy_initialization(key_states, value_states)
-        past = _fits(layer.keys, layer.values, key_states, value_states)
+        fresh = not layer.is_initialized
+        if fresh and initialised is not None and "lazy_initialization" not in layer.__dict__:
+            keys = values = _empty(key_states.dtype, key_states.device)
+        else:
+            if fresh:
+                layer.lazy_initialization(key_states, value_states)
+                fresh = False
+            keys, values = layer.keys, layer.values
+        past = _fits(keys, values, key_states, value_states)
         kernel = None
         if past is not None:
             kernel, kw = resolve(key_states.shape, key_states.dtype, past)
-        if kernel is None:  # initialised already: the original goes straight to its cats
+        if kernel is None:  # the original initialises (if still needed) and cats
             return original(key_states, value_states, *args, **kwargs)
+        if fresh:
+            for name in initialised:
+                setattr(layer, name, getattr(key_states, name))
+            layer.is_initialized = True
         batch, kv_heads, new, head_dim = key_states.shape
         shape = (batch, kv_heads, past + new, head_dim)
-        out = (torch.empty(shape, dtype=key_states.dtype, device=key_states.device),
-               torch.empty(shape, dtype=key_states.dtype, device=key_states.device))
-        kernel(layer.keys, layer.values, key_states, value_states, out=out, **kw)
+        out = (key_states.new_empty(shape), key_states.new_empty(shape))
+        kernel(keys, values, key_states, value_states, out=out, **kw)
         layer.keys, layer.values = out
         return out
 
     return update
 
 
-def _plain_layer(cache_obj, layer_idx: int):
-    layers = getattr(cache_obj, "layers", None)
-    if not isinstance(layers, list) or not 0 <= layer_idx < len(layers):
-        return None
-    layer = layers[layer_idx]
-    return layer if type(layer) is dynamic_layer() else None
+_MISSING = object()
 
 
 def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callable:
+    """The attention's forward with its layer's `update` shadowed for the call. Every
+    attention call of a host-bound pass pays this, so it stays a few lookups: the cache
+    argument by name, then by position, and the layer checked by exact type."""
     layer_idx = module.layer_idx
     resolve = kernel_resolver(forward_by_case)
+    layer_type = dynamic_layer()
+    first, second = CACHE_ARGS
 
     def wrap(below: Callable) -> Callable:
         def forward(*args, **kwargs):
-            cache_obj = next((kwargs[n] for n in CACHE_ARGS if n in kwargs),
-                             args[index] if index < len(args) else None)
-            layer = _plain_layer(cache_obj, layer_idx)
-            if layer is None:
+            cache_obj = kwargs.get(first, _MISSING)
+            if cache_obj is _MISSING:
+                cache_obj = kwargs.get(second, _MISSING)
+                if cache_obj is _MISSING:
+                    cache_obj = args[index] if index < len(args) else None
+            layers = getattr(cache_obj, "layers", None)
+            if type(layers) is not list or not 0 <= layer_idx < len(layers) \
+                    or type(layers[layer_idx]) is not layer_type:
                 return below(*args, **kwargs)
-            had, previous = "update" in layer.__dict__, layer.__dict__.get("update")
+            layer = layers[layer_idx]
+            own = layer.__dict__
+            had, previous = "update" in own, own.get("update")
             layer.update = dispatching_update(layer, layer.update, resolve)
             try:
                 return below(*args, **kwargs)

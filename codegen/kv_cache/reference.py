@@ -10,7 +10,8 @@ empty tensor, so the "append" is a copy of the strided states into contiguous on
 
 `kv_append` is those two cats, so it is bitwise the HF result (tests check it against the
 real class); `dynamic_layer_update` is the body of `DynamicLayer.update` verbatim, which the
-patch compares the installed code with before touching anything.
+patch compares the installed code with before touching anything; likewise the two known
+bodies of `lazy_initialization`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,28 @@ def dynamic_layer_update(self, key_states, value_states, *args, **kwargs):
     self.keys = torch.cat([self.keys, key_states], dim=-2)
     self.values = torch.cat([self.values, value_states], dim=-2)
     return self.keys, self.values
+
+
+def lazy_initialization_5_17(self, key_states, value_states) -> None:
+    """DynamicLayer.lazy_initialization of transformers 5.17, statement for statement."""
+    self.dtype, self.device = key_states.dtype, key_states.device
+    self.keys = torch.tensor([], dtype=self.dtype, device=self.device)
+    self.values = torch.tensor([], dtype=self.dtype, device=self.device)
+    self.is_initialized = True
+
+
+def lazy_initialization_5_24(self, key_states, value_states) -> None:
+    """The same in transformers 5.24: no dtype attribute; the values' own dtype."""
+    self.device = key_states.device
+    self.keys = torch.tensor([], dtype=key_states.dtype, device=self.device)
+    self.values = torch.tensor([], dtype=value_states.dtype, device=self.device)
+    self.is_initialized = True
+
+
+# What each known lazy_initialization leaves on the layer besides the two empty tensors and
+# is_initialized: these attributes of the new key states.
+INITIALISED_FROM_KEYS = ((lazy_initialization_5_17, ("dtype", "device")),
+                         (lazy_initialization_5_24, ("device",)))
 
 
 def make_case(batch: int, kv_heads: int, head_dim: int, past: int, new: int,

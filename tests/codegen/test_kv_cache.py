@@ -285,3 +285,61 @@ def test_a_changed_dynamic_layer_update_keeps_its_own_code(monkeypatch, tmp_path
         monkeypatch.undo()
         dynamic_layer.cache_clear()
     assert dynamic_layer() is DynamicLayer
+
+
+def test_a_known_lazy_initialization_is_set_without_its_empty_tensors(tmp_path):
+    """The installed transformers' lazy_initialization is one the dispatcher knows, so a
+    patched prefill makes none of its two `torch.tensor([])` per layer (aten::lift_fresh),
+    yet leaves every layer attribute as HF's code does (the prefill test above compares
+    them all)."""
+    from codegen.kv_cache.patch import initialised_attributes
+
+    assert initialised_attributes() is not None
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+
+    def lift_fresh() -> int:
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            _step(model, IDS.to(DEVICE))
+        return sum(e.name == "aten::lift_fresh" for e in prof.events())
+
+    before = lift_fresh()
+    undo = FAMILY.patch(model, CountingChooser(FAMILY, tmp_path))
+    try:
+        after = lift_fresh()
+    finally:
+        undo()
+    assert before - after == 2 * model.config.num_hidden_layers
+
+
+def _noted_initialization(self, key_states, value_states):
+    """A lazy_initialization the dispatcher does not know: one more side effect."""
+    self.device = key_states.device
+    self.keys = torch.tensor([], dtype=key_states.dtype, device=self.device)
+    self.values = torch.tensor([], dtype=value_states.dtype, device=self.device)
+    self.noted = key_states.shape[-2]
+    self.is_initialized = True
+
+
+def test_an_unknown_lazy_initialization_runs_as_it_is(monkeypatch, tmp_path):
+    from codegen.kv_cache.patch import initialised_attributes
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    monkeypatch.setattr(DynamicLayer, "lazy_initialization", _noted_initialization)
+    initialised_attributes.cache_clear()
+    try:
+        with torch.no_grad():
+            logits, cache = _step(model, IDS.to(DEVICE))
+            want = _contents(cache)
+            chooser = CountingChooser(FAMILY, tmp_path)
+            undo = FAMILY.patch(model, chooser)
+            patched, patched_cache = _step(model, IDS.to(DEVICE))
+            undo()
+        assert initialised_attributes() is None
+        assert chooser.calls == model.config.num_hidden_layers  # the kernel still ran
+        assert torch.equal(patched, logits)
+        _assert_same_cache(_contents(patched_cache), want)
+        assert all(layer.noted == IDS.shape[1] for layer in patched_cache.layers)
+    finally:
+        monkeypatch.undo()
+        initialised_attributes.cache_clear()
+    assert initialised_attributes() is not None

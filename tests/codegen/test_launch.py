@@ -228,3 +228,59 @@ def test_ensure_allocator_sets_one_per_thread_and_keeps_a_users():
     assert isinstance(seen["before"], _allocation.NullAllocator)
     assert not isinstance(seen["after"], _allocation.NullAllocator)
     assert seen["kept"]
+
+
+def test_repeat_calls_launch_by_exact_key_and_anything_else_goes_through_spec_key(monkeypatch):
+    """After a kernel is compiled, calls with the same scalars, dtypes, device kind and address
+    alignment launch it without `spec_key`; another alignment or scalar value, a CPU tensor or
+    a non-tensor where a tensor was each miss that key and are decided as before."""
+    from codegen import launch as ln
+
+    jit, launched, keyed = [], [], []
+
+    class Compiled:
+        packed_metadata, function = "packed", "fn"
+
+        def __init__(self, n):
+            self.n = n
+            self.run = lambda *a: launched.append((self.n, a[9:]))
+
+    class Kernel:
+        device_caches = {}
+
+        @staticmethod
+        def fn(x_ptr, n, BLOCK):
+            pass
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: jit.append(args) or Compiled(len(jit))
+
+    class Tensor:
+        dtype = "bf16"
+
+        def __init__(self, ptr, is_cuda=True):
+            self.ptr, self.is_cuda = ptr, is_cuda
+
+        def data_ptr(self):
+            return self.ptr
+
+    real_spec_key = ln.spec_key
+    monkeypatch.setattr(ln, "spec_key", lambda args: keyed.append(1) or real_spec_key(args))
+    monkeypatch.setattr(ln, "_direct_parts", lambda: (lambda: 0, lambda device: "stream"))
+    monkeypatch.setattr(ln, "_c_launch", lambda k: None)
+    monkeypatch.setattr(ln, "launch_hooks", lambda: (None, None))
+    go = ln.launcher(Kernel(), BLOCK=4)
+    go((2,), Tensor(256), 5)  # compiles
+    go((2,), Tensor(512), 7)  # the same specialisation: found through spec_key, filed exactly
+    go((2,), Tensor(512), 7)  # exact
+    go((2,), Tensor(1024), 7)  # exact
+    assert len(jit) == 1 and len(keyed) == 2
+    assert launched == [(1, (512, 7, 4)), (1, (512, 7, 4)), (1, (1024, 7, 4))]
+    go((2,), Tensor(520), 7)  # 8 bytes in: Triton compiles another kernel
+    go((2,), Tensor(512), 9)  # same class as 7, another value: found through spec_key
+    go((2,), Tensor(512), 9)  # and filed: exact
+    go((2,), Tensor(512, is_cuda=False), 7)
+    assert len(jit) == 3 and len(keyed) == 5
+    assert launched[-2:] == [(1, (512, 9, 4)), (1, (512, 9, 4))]
+    go((2,), 3, 7)  # not a tensor where one was: the JIT decides (here: compiles)
+    assert len(jit) == 4 and len(launched) == 5
