@@ -6,7 +6,7 @@ on the CPU, each family patched with a kernel that does nothing, so what is time
 code the adapter keeps (linears, attention) plus the adapter's own Python, against the
 unpatched model. Denormals are flushed so the unwritten output buffers cannot slow the math.
 
-    python benchmarks/adapter_overhead.py [--out FILE.json] [--rounds N]
+    python benchmarks/adapter_overhead.py [--out FILE.json] [--rounds N] [--families a,b]
 
 Prints per family: the forward's median time unpatched and patched, and the median paired
 difference per patched call (negative: the adapter plus a free kernel costs less than the HF
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-FAMILIES = ("rmsnorm", "add_rmsnorm", "rope", "gated_act", "kv_cache")
+FAMILIES = "rmsnorm,add_rmsnorm,rope,gated_act,kv_cache,matmul_epilogue"
 
 
 def _block_us(model, ids, n: int) -> float:
@@ -58,13 +58,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--families", default=FAMILIES)
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
     ids = torch.randint(3, 500, (1, 8), generator=torch.Generator().manual_seed(0))
     rows = {}
-    for name in FAMILIES:
+    for name in args.families.split(","):
         calls = [0]
 
         def chooser(case, calls=calls):

@@ -54,8 +54,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _profile(run, passes: int) -> dict[str, tuple[float, float]]:
-    """label -> (own us per pass, calls per pass)."""
+def _project_code(key: tuple) -> bool:
+    """A function of this checkout or a rendered kernel file: not a builtin, not stdlib or an
+    installed package."""
+    return key[0] != "~" and "/lib/python3" not in key[0]
+
+
+def _profile(run, passes: int) -> dict[str, tuple[float, float, bool]]:
+    """label -> (own us per pass, calls per pass, project code)."""
     prof = cProfile.Profile()
     for _ in range(passes):
         _sync()
@@ -63,7 +69,8 @@ def _profile(run, passes: int) -> dict[str, tuple[float, float]]:
         run()
         prof.disable()
     stats = pstats.Stats(prof).stats
-    return {_label(k): (v[2] * 1e6 / passes, v[1] / passes) for k, v in stats.items()}
+    return {_label(k): (v[2] * 1e6 / passes, v[1] / passes, _project_code(k))
+            for k, v in stats.items()}
 
 
 def middle_config_choosers(model, workload, names: list[str], tmp: Path) -> dict:
@@ -127,11 +134,16 @@ def compare(model, workload, choosers: dict, names: list[str], pairs: int, passe
             u()
     diff = []
     for label in set(prof_base) | set(prof_patched):
-        b, p = prof_base.get(label, (0.0, 0.0)), prof_patched.get(label, (0.0, 0.0))
+        b = prof_base.get(label, (0.0, 0.0, False))
+        p = prof_patched.get(label, (0.0, 0.0, False))
         diff.append({"function": label, "own_us_base": round(b[0], 1),
                      "own_us_patched": round(p[0], 1), "calls_base": b[1],
-                     "calls_patched": p[1], "delta_us": round(p[0] - b[0], 1)})
+                     "calls_patched": p[1], "delta_us": round(p[0] - b[0], 1),
+                     "project_code": b[2] or p[2]})
     diff.sort(key=lambda d: -abs(d["delta_us"]))
+    # what the patch brought in of this project's code, and what it took out of the pass
+    added = [d for d in diff if d["project_code"] and not d["calls_base"] and d["calls_patched"]]
+    removed = [d for d in diff if d["calls_base"] and not d["calls_patched"]]
     top_patched = sorted(prof_patched.items(), key=lambda kv: -kv[1][0])[:25]
     return {"calls_per_pass": per_pass,
             "saved_us_per_pass_median": statistics.median(deltas),
@@ -140,6 +152,8 @@ def compare(model, workload, choosers: dict, names: list[str], pairs: int, passe
             "profile_base_us_per_pass": round(sum(v[0] for v in prof_base.values()), 1),
             "profile_patched_us_per_pass": round(sum(v[0] for v in prof_patched.values()), 1),
             "largest_differences": diff[:30],
+            "added": sorted(added, key=lambda d: -d["own_us_patched"])[:15],
+            "removed": sorted(removed, key=lambda d: -d["own_us_base"])[:15],
             "patched_top_own_time": [{"function": k, "own_us": round(v[0], 1), "calls": v[1]}
                                      for k, v in top_patched]}
 

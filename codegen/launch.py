@@ -215,8 +215,9 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     exact: dict[tuple, tuple] = {}
     layout: list = []  # [tensor positions, scalars' getter], from the first launch
 
-    def launch(grid, *args):
+    def launch(grid, *args):  # one Python frame per launch: each costs the host time
         device = get_device()
+        hit = None
         if layout:
             tensor_pos, scalars_of = layout
             values, sig = list(args), [device, scalars_of(args)]
@@ -227,27 +228,24 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
                     sig.append((t.dtype, t.is_cuda, p & 15))
                 hit = exact.get(tuple(sig))
             except (AttributeError, TypeError, IndexError):  # another argument layout
-                hit = None
-            if hit is not None:
-                return _run(hit, grid, args, values, device)
-        key, values = spec_key(args)
-        hit = compiled.get((device, *key))
+                pass
         if hit is None:
-            k = via_jit(grid, *args)
-            if k is not None and hasattr(k, "packed_metadata") and all(
-                    t.is_cuda for t in args if hasattr(t, "data_ptr")):
-                compiled[(device, *key)] = (k, _c_launch(k) or k.run)
-            return
-        tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
-        if not layout:
-            layout.extend([tensor_pos, _picker(tuple(i for i in range(len(args))
-                                                     if i not in tensor_pos))])
-        if len(exact) < _EXACT_KEYS and tensor_pos == layout[0]:
-            exact[(device, layout[1](args), *[(args[i].dtype, args[i].is_cuda,
-                                               args[i].data_ptr() & 15) for i in tensor_pos])] = hit
-        _run(hit, grid, args, values, device)
-
-    def _run(hit, grid, args, values, device):
+            key, values = spec_key(args)
+            hit = compiled.get((device, *key))
+            if hit is None:
+                k = via_jit(grid, *args)
+                if k is not None and hasattr(k, "packed_metadata") and all(
+                        t.is_cuda for t in args if hasattr(t, "data_ptr")):
+                    compiled[(device, *key)] = (k, _c_launch(k) or k.run)
+                return
+            tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
+            if not layout:
+                layout.extend([tensor_pos, _picker(tuple(i for i in range(len(args))
+                                                         if i not in tensor_pos))])
+            if len(exact) < _EXACT_KEYS and tensor_pos == layout[0]:
+                exact[(device, layout[1](args),
+                       *[(args[i].dtype, args[i].is_cuda, args[i].data_ptr() & 15)
+                         for i in tensor_pos])] = hit
         k, run = hit
         stream = get_stream(device)
         values.extend(trailing)

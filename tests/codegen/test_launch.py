@@ -236,14 +236,14 @@ def test_repeat_calls_launch_by_exact_key_and_anything_else_goes_through_spec_ke
     a non-tensor where a tensor was each miss that key and are decided as before."""
     from codegen import launch as ln
 
-    jit, launched, keyed = [], [], []
+    jit, launched, keyed, full = [], [], [], []
 
     class Compiled:
         packed_metadata, function = "packed", "fn"
 
         def __init__(self, n):
             self.n = n
-            self.run = lambda *a: launched.append((self.n, a[9:]))
+            self.run = lambda *a: full.append(a) or launched.append((self.n, a[9:]))
 
     class Kernel:
         device_caches = {}
@@ -276,6 +276,8 @@ def test_repeat_calls_launch_by_exact_key_and_anything_else_goes_through_spec_ke
     go((2,), Tensor(1024), 7)  # exact
     assert len(jit) == 1 and len(keyed) == 2
     assert launched == [(1, (512, 7, 4)), (1, (512, 7, 4)), (1, (1024, 7, 4))]
+    # grid, stream, function, metadata, no hooks, then the values: as Triton's k.run takes them
+    assert full[0] == full[1] == (2, 1, 1, "stream", "fn", "packed", None, None, None, 512, 7, 4)
     go((2,), Tensor(520), 7)  # 8 bytes in: Triton compiles another kernel
     go((2,), Tensor(512), 9)  # same class as 7, another value: found through spec_key
     go((2,), Tensor(512), 9)  # and filed: exact
