@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pipeline.artifacts import read_json, write_json
@@ -413,6 +414,10 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
     from pipeline.env import environment
     from verify.timing import paired_ratio
 
+    # on a GPU, up to twice the pairs while an interval is wide (a host slowing down for a
+    # stretch); CPU interpreter timings mean nothing, so more of them would only cost time
+    timer = partial(paired_ratio, max_n=2 * pairs) if workloads[0].device.startswith("cuda") \
+        else paired_ratio
     accepted = summary["accepted"]
     fams, skipped = integrable(accepted, families, workloads[0].device)
     for fam, why in skipped.items():
@@ -439,7 +444,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             say(f"measure {w.key}")
             cases = workload_cases(model, w, fams)
             measured[w.key] = (cases, ig.measure(model, w, accepted, kept, {
-                f: set(v) for f, v in cases.items()}, pairs, paired_ratio))
+                f: set(v) for f, v in cases.items()}, pairs, timer))
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
         # attached, and later launches of this process may cost more (profiling.capture).
         # Run 6 timed after it and measured Llama-3.2-1B b1 prefill at 1.501x; run 7 timed

@@ -165,12 +165,18 @@ def ratio_verdict(low: float, high: float) -> str:
 def paired_ratio(fn_a: Callable[[], object], fn_b: Callable[[], object], n: int = 30, *,
                  device: str | torch.device | None = None, warmup: int = 2,
                  statistic: str = "median", confidence: float = 0.95, seed: int = 0,
-                 n_boot: int = 10_000,
+                 n_boot: int = 10_000, max_n: int | None = None, max_width: float = 0.05,
                  clock: Callable[[], float] = time.perf_counter) -> PairedRatio:
     """Run a (baseline) and b (candidate) interleaved n times; bootstrap the ratio b / a.
 
     Wall time per call, synchronised on a GPU, as the whole-model timing is defined. `clock` is
     injectable so the statistics can be tested on synthetic timings.
+
+    `max_n`: while the confidence interval is wider than `max_width` of the estimate, run up
+    to n more pairs at a time, until max_n pairs in all. The lent H200 host's speed can drop
+    by a third for a stretch of a measurement (run 9: one Qwen2.5-0.5B measurement's baseline
+    went from 27 to 42 ms and back, and its 20 pairs gave a 1.167-1.311x interval); more pairs
+    then narrow the interval instead of leaving a verdict to one stretch.
     """
     if n < 2:
         raise ValueError("paired_ratio needs n >= 2 pairs")
@@ -191,18 +197,27 @@ def paired_ratio(fn_a: Callable[[], object], fn_b: Callable[[], object], n: int 
         fn_a()
         fn_b()
     times_a, times_b, host_a, host_b = [], [], [], []
-    for i in range(n):
-        # Alternate which runs first so order effects (cache, clocks) do not favour one side.
-        if i % 2 == 0:
-            (ta, ha), (tb, hb) = timed(fn_a), timed(fn_b)
-        else:
-            (tb, hb), (ta, ha) = timed(fn_b), timed(fn_a)
-        times_a.append(ta)
-        times_b.append(tb)
-        host_a.append(ha)
-        host_b.append(hb)
-    ratios = [b / a if a > 0 else float("inf") for a, b in zip(times_a, times_b)]
-    estimate, low, high = bootstrap_ci(ratios, statistic, confidence, n_boot, seed)
+
+    def run_pairs(count: int) -> None:
+        for _ in range(count):
+            # Alternate which runs first so order effects (cache, clocks) favour neither side.
+            if len(times_a) % 2 == 0:
+                (ta, ha), (tb, hb) = timed(fn_a), timed(fn_b)
+            else:
+                (tb, hb), (ta, ha) = timed(fn_b), timed(fn_a)
+            times_a.append(ta)
+            times_b.append(tb)
+            host_a.append(ha)
+            host_b.append(hb)
+
+    run_pairs(n)
+    while True:
+        ratios = [b / a if a > 0 else float("inf") for a, b in zip(times_a, times_b)]
+        estimate, low, high = bootstrap_ci(ratios, statistic, confidence, n_boot, seed)
+        left = (max_n or 0) - len(ratios)
+        if left <= 0 or not (high - low > max_width * abs(estimate)):
+            break
+        run_pairs(min(n, left))
     meaningful = dev is not None and dev.type == "cuda"
     return PairedRatio(ratios=ratios, statistic=statistic, estimate=estimate, ci_low=low,
                        ci_high=high, confidence=confidence, verdict=ratio_verdict(low, high),

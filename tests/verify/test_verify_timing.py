@@ -100,3 +100,45 @@ def test_paired_ratio_records_each_calls_host_time_apart_from_its_wall_time(monk
     assert r.host_a_ms == pytest.approx([4.0] * 6) and r.times_a_ms == pytest.approx([5.0] * 6)
     assert r.host_b_ms == pytest.approx([2.0] * 6) and r.times_b_ms == pytest.approx([7.0] * 6)
     assert r.verdict == "slower" and r.meaningful
+
+
+def _scripted(clock, durations, order=None, name=None):
+    """A call that advances the fake clock by the next scripted duration."""
+    it = iter(durations)
+
+    def fn():
+        clock.now += next(it)
+        if order is not None:
+            order.append(name)
+    return fn
+
+
+def test_more_pairs_only_while_the_interval_is_wide_and_never_past_max_n():
+    """A noisy stretch (the host slowing down for a while) widens the interval: more pairs
+    are run, in batches of n, until it is narrow or max_n is reached; a quiet measurement stays
+    at n, and so does one without max_n."""
+    rng = np.random.default_rng(4)
+
+    def noisy(k):
+        return [0.010 * (1 + 0.4 * abs(x)) for x in rng.standard_normal(k)]
+
+    def measure(a_times, b_times, max_n):
+        clock, order = FakeClock(), []
+        r = paired_ratio(_scripted(clock, a_times, order, "a"),
+                         _scripted(clock, b_times, order, "b"), n=10, warmup=0,
+                         max_n=max_n, clock=clock)
+        return r, order
+
+    stretch_a, stretch_b = noisy(10) + [0.010] * 190, noisy(10) + [0.008] * 190
+    wide, _ = measure(stretch_a, stretch_b, None)
+    assert len(wide.ratios) == 10 and wide.ci_high - wide.ci_low > 0.05 * wide.estimate
+    grown, order = measure(stretch_a, stretch_b, 40)
+    assert 10 < len(grown.ratios) <= 40 and len(grown.ratios) % 10 == 0
+    assert grown.ci_high - grown.ci_low <= 0.05 * grown.estimate
+    assert grown.estimate == pytest.approx(0.8)
+    # pairs keep alternating which side runs first across the batches
+    assert order[:4] == ["a", "b", "b", "a"] and order[20:24] == ["a", "b", "b", "a"]
+    quiet, _ = measure([0.010] * 200, [0.008] * 200, 40)
+    assert len(quiet.ratios) == 10 and quiet.estimate == pytest.approx(0.8)
+    capped, _ = measure(noisy(200), noisy(200), 25)
+    assert len(capped.ratios) == 25
