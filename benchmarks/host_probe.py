@@ -195,13 +195,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
 
     def runner(m):
-        r = make_runner(m, w)
-
-        def run():
-            with torch.no_grad():
-                r.call()
-            r.reset()
-        return run
+        return make_runner(m, w).once
 
     base = runner(model)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else None

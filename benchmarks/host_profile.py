@@ -49,22 +49,19 @@ def _label(key: tuple) -> str:
     return f"{path}:{line}({name})" if line else name
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _project_code(key: tuple) -> bool:
     """A function of this checkout or a rendered kernel file: not a builtin, not stdlib or an
     installed package."""
     return key[0] != "~" and "/lib/python3" not in key[0]
 
 
-def _profile(run, passes: int) -> dict[str, tuple[float, float, bool]]:
+def _profile(run, passes: int, device: str) -> dict[str, tuple[float, float, bool]]:
     """label -> (own us per pass, calls per pass, project code)."""
+    from profiling.capture import sync
+
     prof = cProfile.Profile()
     for _ in range(passes):
-        _sync()
+        sync(device)
         prof.enable()
         run()
         prof.disable()
@@ -96,39 +93,30 @@ def compare(model, workload, choosers: dict, names: list[str], pairs: int, passe
     from codegen.registry import get_family
     from pipeline.host_delta import counting_chooser
     from pipeline.integrate import twin
-    from profiling.capture import make_runner
-
-    def runner(m):
-        r = make_runner(m, workload)
-
-        def run():
-            with torch.no_grad():
-                r.call()
-            r.reset()
-        return run
+    from profiling.capture import make_runner, sync
 
     variant = twin(model)
     calls = {n: 0 for n in names}
     undos = [get_family(n).patch(variant, counting_chooser(choosers[n], calls, n))
              for n in names]
     try:
-        base, patched = runner(model), runner(variant)
+        base, patched = (make_runner(m, workload).once for m in (model, variant))
         for run in (base, patched, base, patched):
             run()
-        _sync()
+        sync(workload.device)
         per_pass = sum(calls.values()) / 2
         deltas = []
         for _ in range(pairs):
             times = []
             for run in (base, patched):
-                _sync()
+                sync(workload.device)
                 t = time.perf_counter()
                 run()
                 times.append(time.perf_counter() - t)
             deltas.append((times[0] - times[1]) * 1e6)
-        _sync()
-        prof_base = _profile(base, passes)
-        prof_patched = _profile(patched, passes)
+        sync(workload.device)
+        prof_base = _profile(base, passes, workload.device)
+        prof_patched = _profile(patched, passes, workload.device)
     finally:
         for u in reversed(undos):
             u()

@@ -213,22 +213,23 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     # another type (7.0 for 7) reaches the kernel as the same number or is refused by the C
     # launcher with a TypeError; it cannot launch a wrong computation.
     exact: dict[tuple, tuple] = {}
-    layout: list = []  # [tensor positions, scalars' getter], from the first launch
+    layout: list = []  # [tensor positions, scalars' getter], from the first compiled launch
 
     def launch(grid, *args):  # one Python frame per launch: each costs the host time
         device = get_device()
-        hit = None
+        hit = sig = None
         if layout:
             tensor_pos, scalars_of = layout
-            values, sig = list(args), [device, scalars_of(args)]
+            values, parts = list(args), [device, scalars_of(args)]
             try:
                 for i in tensor_pos:
                     t = args[i]
                     p = values[i] = t.data_ptr()
-                    sig.append((t.dtype, t.is_cuda, p & 15))
-                hit = exact.get(tuple(sig))
+                    parts.append((t.dtype, t.is_cuda, p & 15))
+                sig = tuple(parts)
+                hit = exact.get(sig)
             except (AttributeError, TypeError, IndexError):  # another argument layout
-                pass
+                sig = None
         if hit is None:
             key, values = spec_key(args)
             hit = compiled.get((device, *key))
@@ -237,15 +238,16 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
                 if k is not None and hasattr(k, "packed_metadata") and all(
                         t.is_cuda for t in args if hasattr(t, "data_ptr")):
                     compiled[(device, *key)] = (k, _c_launch(k) or k.run)
+                    if not layout:
+                        tensor_pos = tuple(i for i, a in enumerate(args)
+                                           if hasattr(a, "data_ptr"))
+                        layout.extend([tensor_pos, _picker(tuple(
+                            i for i in range(len(args)) if i not in tensor_pos))])
                 return
-            tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
-            if not layout:
-                layout.extend([tensor_pos, _picker(tuple(i for i in range(len(args))
-                                                         if i not in tensor_pos))])
-            if len(exact) < _EXACT_KEYS and tensor_pos == layout[0]:
-                exact[(device, layout[1](args),
-                       *[(args[i].dtype, args[i].is_cuda, args[i].data_ptr() & 15)
-                         for i in tensor_pos])] = hit
+            # file it under the exact key, unless a tensor sits where the layout has a scalar
+            if sig is not None and len(exact) < _EXACT_KEYS and \
+                    not any(hasattr(a, "data_ptr") for a in sig[1]):
+                exact[sig] = hit
         k, run = hit
         stream = get_stream(device)
         values.extend(trailing)

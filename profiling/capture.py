@@ -34,6 +34,12 @@ class Runner:
     reset: Callable[[], None]  # undoes side effects between calls (decode: crop the KV cache)
     input_ids: torch.Tensor
 
+    def once(self) -> None:
+        """One pass as the whole-model timing runs it: no autograd, side effects undone."""
+        with torch.no_grad():
+            self.call()
+        self.reset()
+
 
 def make_runner(model, workload: Workload, seed: int = 0) -> Runner:
     device = workload.device

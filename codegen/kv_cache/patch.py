@@ -83,16 +83,11 @@ def initialised_attributes() -> tuple[str, ...] | None:
                  if code_shape(known) == shape), None)
 
 
-_EMPTY: dict[tuple, torch.Tensor] = {}
-
-
+@cache
 def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One kept `torch.tensor([])` per dtype and device: what lazy_initialization would make,
     for the kernel's argument checks only (with nothing cached it reads no row of it)."""
-    key = (dtype, device)
-    if key not in _EMPTY:
-        _EMPTY[key] = torch.empty(0, dtype=dtype, device=device)
-    return _EMPTY[key]
+    return torch.empty(0, dtype=dtype, device=device)
 
 
 def _cache_index(cls: type) -> int | None:
