@@ -7,9 +7,11 @@ versions of one file, never share a module object or a Triton JIT cache entry ke
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import itertools
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -51,3 +53,22 @@ def load_forward(path: str | Path) -> Callable[..., None]:
 def kernel_source(kernel) -> str:
     """A `@triton.jit` function's own text, so a rendered file runs exactly this kernel."""
     return textwrap.dedent(inspect.getsource(kernel.fn))
+
+
+_CUDA_KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+
+
+def kernel_names(text: str) -> set[str]:
+    """The GPU kernel names a candidate's source can launch, as a profiler trace names them:
+    its `@triton.jit` functions (helpers too, which never show) and its CUDA `__global__`
+    functions (a template's trace name holds the name as a word)."""
+    names = set(_CUDA_KERNEL.findall(text))
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(
+                "jit" in ast.unparse(d) for d in node.decorator_list):
+            names.add(node.name)
+    return names

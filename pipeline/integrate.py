@@ -23,7 +23,7 @@ import torch
 
 from codegen.registry import get_family
 from codegen.search import case_key
-from codegen.source import load_forward
+from codegen.source import kernel_names, load_forward
 from pipeline.rundir import relocate
 
 ERROR_RATIO = 1.5
@@ -145,15 +145,49 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
             "passed": ok}
 
 
-def _gpu_kernel_names(runner) -> list[str]:
+def gpu_kernel_times(runner) -> dict[str, float]:
+    """Kernel name -> its GPU time in us, summed over one profiled pass (CUDA only)."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         runner.call()
         torch.cuda.synchronize()
     runner.reset()
-    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-    return sorted(n for n in names if not n.startswith(("void at::", "at::", "Memset", "Memcpy")))
+    times: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us()
+    return times
+
+
+def _gpu_kernel_names(runner) -> list[str]:
+    return sorted(n for n in gpu_kernel_times(runner)
+                  if not n.startswith(("void at::", "at::", "Memset", "Memcpy")))
+
+
+def family_kernels(accepted: dict, families: list[str]) -> dict[str, list[str]]:
+    """family -> the kernel names its accepted sources can launch (`kernel_names`)."""
+    names: dict[str, set[str]] = {f: set() for f in families}
+    for acc in accepted.values():
+        if acc["family"] in names:
+            names[acc["family"]] |= kernel_names(Path(acc["source"]).read_text())
+    return {f: sorted(n) for f, n in names.items()}
+
+
+def reprofile(model, accepted: dict, families: list[str], workload,
+              workload_cases: dict) -> dict:
+    """GPU time per kernel of one unpatched and one patched pass, each after a warm-up pass:
+    what the report sets against the projection, family by family (`projection_gap`)."""
+    from profiling.capture import make_runner
+
+    runner = make_runner(model, workload)
+    runner.once()
+    base = gpu_kernel_times(runner)
+    with patched(model, accepted, families, workload_cases):
+        runner.once()
+        after = gpu_kernel_times(runner)
+    return {"families": families, "unpatched_us": base, "patched_us": after,
+            "family_kernels": family_kernels(accepted, families)}
 
 
 def twin(model):

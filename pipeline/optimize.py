@@ -452,6 +452,10 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
         for w in ws:
             cases, m = measured[w.key]
+            if device.startswith("cuda") and m["kept"]:
+                say(f"re-profile {w.key}")
+                m["reprofile"] = ig.reprofile(model, accepted, m["kept"], w, {
+                    f: set(v) for f, v in cases.items()})
             result["workloads"][w.key] = {"workload": w.to_dict(), "check": check,
                                           "patch_effect": effect, "cases": cases,
                                           "skipped": skipped, **m}

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline import report_plots as rp
 from pipeline.artifacts import read_json, write_json, write_text
 from pipeline.errors import UserError
+from pipeline.projection_gap import gap
 from pipeline.rank_stage import LAUNCH_BOUND_BUSY
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
@@ -105,6 +106,10 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         "ceiling_replay": r.get("ceiling_replay")}
     w["projected"] = _projected(key, proj, fam_of)
     w.update(_integration(iw, w["projected"]))
+    basis = w["compared_projection"] or w["projected"] or {}
+    w["gap"] = gap(r.get("rows") or [], (proj or {}).get("kernel_speedups") or {},
+                   (iw or {}).get("reprofile"), {"wall_ms": w["wall_ms"], "busy_share": busy},
+                   basis.get("replay"), (iw or {}).get("combined"))
     w["conditions"] = _conditions(w["wall_ms"], iw)
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)

@@ -395,6 +395,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                       f" (kernel calls per pass: {eff.get('kernel_calls')}; aten ops before->"
                       f"after: {ops or '-'}; GPU kernels seen: "
                       f"{', '.join(eff.get('new_kernels') or []) or 'none (CPU)'})."))
+        b += _gap_blocks(w.get("gap"))
         b.append(("p", "Rollbacks: none." if not w["rollbacks"] else "Rollbacks:"))
         if w["rollbacks"]:
             b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"
@@ -403,6 +404,30 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
               ("ul", w["suggestions"])]
     return b
+
+
+def _gap_blocks(g: dict | None) -> list[tuple]:
+    if not g:
+        return []
+
+    def over(p):
+        a, b = p["patched_ms"], p["projected_ms"]
+        return "-" if a is None or b is None else f"{a - b:+.3f} ms"
+    rows = [[p["part"] + (f" ({', '.join(p['kernels'])})" if p["kernels"] else ""),
+             ms(p["profiled_ms"]), ms(p["projected_ms"]), ms(p["patched_ms"]), over(p)]
+            for p in g["parts"]]
+    now = ms(g["unpatched_busy_now_ms"])
+    return [("p", "Where the shipped set's time goes: GPU time per part of one profiled pass "
+                  "after integration, against the profile and the projection. The unpatched "
+                  f"pass, profiled again beside it, kept the GPU busy {now}. The projected "
+                  "wall is the unpatched pass timed beside the patched one, over the "
+                  "projected speedup."),
+            ("table", ["part", "profiled (unpatched)", "projected", "patched, re-profiled",
+                       "patched - projected"], rows)] + ([("p", (
+                "Kernels both passes ran that took longer patched: " + "; ".join(
+                    f"{_short(k['kernel'], 60)} {ms(k['unpatched_ms'])} -> "
+                    f"{ms(k['patched_ms'])}" for k in g["slower_in_both"]) + "."))]
+        if g.get("slower_in_both") else [])
 
 
 def _kernel_blocks(data: dict) -> list[tuple]:

@@ -522,6 +522,32 @@ def test_patch_effect_counts_kernel_calls_of_one_pass(run_data, monkeypatch):
     assert on_gpu["kernel_calls"] == on_cpu["kernel_calls"]
 
 
+def test_reprofile_profiles_unpatched_then_patched_and_names_each_familys_kernels(
+        run_data, monkeypatch):
+    """The re-profile behind the report's per-part table: one unpatched pass, one patched pass
+    (the patch undone after it), and the kernel names read from the accepted sources."""
+    from pipeline import integrate as ig
+
+    seen = []
+    model = build_tiny_llama()
+    norm = next(m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm")
+
+    def fake_times(runner):  # the profiler on a GPU; here: which code the pass ran
+        seen.append("forward" in vars(norm))  # an instance-level forward: patched
+        runner.once()
+        return {"_rms_norm_forward_kernel": 7.0} if seen[-1] else {"aten_mean": 9.0}
+
+    monkeypatch.setattr(ig, "gpu_kernel_times", fake_times)
+    accepted = run_data["summary"]["accepted"]
+    workload = workloads_of(run_data)[0]
+    r = ig.reprofile(model, accepted, ["rmsnorm"], workload, None)
+    assert seen == [False, True]
+    assert r["unpatched_us"] == {"aten_mean": 9.0}
+    assert r["patched_us"] == {"_rms_norm_forward_kernel": 7.0}
+    assert "_rms_norm_forward_kernel" in r["family_kernels"]["rmsnorm"]
+    assert "forward" not in vars(norm)  # undone
+
+
 # 5. the proposer contract ----------------------------------------------------------------------
 
 def test_proposals_go_through_screen_and_verification(run_data, tmp_path):

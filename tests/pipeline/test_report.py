@@ -347,3 +347,23 @@ def test_a_set_that_leaves_the_pass_waiting_on_the_host_is_called_host_bound(tmp
     assert "patched 12.0 / 20.0 ms" in md
     md, terminal = said[11.0]  # batch 1: the unpatched pass waited on the host already
     assert "Host-bound before and after patching" in md and "not from faster kernels" in md
+
+
+def test_the_report_shows_the_re_profiled_parts(tmp_path):
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    integ["workloads"][PRE]["combined"].update(times_a_ms=[40.0] * 3, times_b_ms=[37.0] * 3)
+    integ["workloads"][PRE]["reprofile"] = {
+        "families": ["rmsnorm"], "family_kernels": {"rmsnorm": ["_rmsnorm_fwd"]},
+        "patched_us": {"_rmsnorm_fwd": 3500.0, "gemm": 30000.0},
+        "unpatched_us": {"gemm": 29000.0, "x": 6000.0}}
+    write_json(tmp_path / "integration.json", integ)
+    md = write_report(tmp_path)["markdown"].read_text()
+    pre = section(md, PRE)
+    # rmsnorm's row: 0.15 x 40 ms profiled, projected at the frozen 2.000x, 3.5 ms re-profiled
+    line = next(x for x in pre.splitlines() if x.startswith("| rmsnorm (_rmsnorm_fwd)"))
+    assert "6.000 ms" in line and "3.000 ms" in line and "3.500 ms" in line
+    assert "+0.500 ms" in line
+    assert "kept the GPU busy 35.000 ms" in pre
+    assert "took longer patched: gemm 29.000 ms -> 30.000 ms." in pre
