@@ -10,7 +10,8 @@ unpatched model. Denormals are flushed so the unwritten output buffers cannot sl
 
 Prints per family: the forward's median time unpatched and patched, and the median paired
 difference per patched call (negative: the adapter plus a free kernel costs less than the HF
-ops it replaces).
+ops it replaces). `--rendered` instead times each family's rendered candidate `forward` (its
+checks and argument handling) with the kernel launch replaced by a no-op, on one small case.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import argparse
 import json
 import platform
 import statistics
+import tempfile
 import time
+import timeit
+from pathlib import Path
 
 import torch
 
@@ -51,6 +55,34 @@ def _paired_us(model, ids, patch, rounds: int, n: int = 50) -> tuple[float, floa
     return statistics.median(base), statistics.median(patched), statistics.median(diffs)
 
 
+RENDERED_CASES = {
+    "rmsnorm": {"rows": 16, "hidden": 64, "dtype": "float32", "eps": 1e-6, "offset": 0.0,
+                "cast_first": True},
+    "add_rmsnorm": {"rows": 16, "hidden": 64, "dtype": "float32", "eps": 1e-6, "offset": 0.0,
+                    "cast_first": True},
+}
+
+
+def rendered_us(name: str, tmp: Path) -> float:
+    """us per call of the family's first config's rendered forward on the CPU, its `_launch`
+    a no-op: the best of 5 repeats of 20000 calls."""
+    from codegen.registry import get_family
+    from codegen.rope.reference import make_case as rope_case
+    from codegen.source import load_module
+
+    family = get_family(name)
+    case = RENDERED_CASES.get(name) or rope_case(8, 16, 4, 2, 16, 16, "float32")
+    path = tmp / f"{name}.py"
+    path.write_text(family.render(family.search_space(case)[0], case))
+    module = load_module(path)
+    module._launch = lambda *a, **k: None
+    inputs = family.make_inputs(case, "cpu", torch.Generator().manual_seed(0))
+    out = family.make_out(case, inputs)
+    n = 20000
+    return min(timeit.repeat(lambda: module.forward(*inputs, out=out), number=n,
+                             repeat=5)) / n * 1e6
+
+
 def main() -> None:
     from codegen.registry import get_family
     from models.loader import build, resolve
@@ -59,8 +91,16 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--families", default=FAMILIES)
+    ap.add_argument("--rendered", action="store_true",
+                    help="time the rendered forwards of rmsnorm, add_rmsnorm and rope instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.rendered:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("rmsnorm", "add_rmsnorm", "rope"):
+                print(f"{name:12s} rendered forward, no-op launch: "
+                      f"{rendered_us(name, Path(tmp)):6.2f} us/call")
+        return
     torch.set_flush_denormal(True)
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
     ids = torch.randint(3, 500, (1, 8), generator=torch.Generator().manual_seed(0))

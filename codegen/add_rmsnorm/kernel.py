@@ -70,10 +70,11 @@ def forward(x, residual, weight, *, out, **params):
     sum = residual + x and normed = RMSNorm(sum), both written by one kernel."""
     _check_params(params)
     total, normed = out
-    tensors = (x, residual, total, normed)
-    if any(t.dim() != 2 or t.shape[1] != HIDDEN or t.shape[0] != x.shape[0] for t in tensors):
+    shape = x.shape  # one Size compared by value: cheaper per call than a check per tensor
+    if len(shape) != 2 or shape[1] != HIDDEN or not (
+            residual.shape == total.shape == normed.shape == shape):
         raise ValueError(f"expected (rows, {HIDDEN}) tensors, got "
-                         f"{[tuple(t.shape) for t in tensors]}")
+                         f"{[tuple(t.shape) for t in (x, residual, total, normed)]}")
     if total.stride(1) != 1 or normed.stride(1) != 1:
         raise ValueError("outputs must have unit column stride")
     x = x if x.stride(1) == 1 else x.contiguous()

@@ -147,7 +147,7 @@ def render(config: dict, case: Case) -> str:
         def forward(x, weight, *, out, **params):
             """x, out: (rows, HIDDEN); weight: (HIDDEN,). Writes RMSNorm(x) into out."""
             _check_params(params)
-            if x.dim() != 2 or x.shape[1] != HIDDEN or tuple(out.shape) != tuple(x.shape):
+            if x.dim() != 2 or x.shape[1] != HIDDEN or out.shape != x.shape:
                 raise ValueError(f"expected x and out of shape (rows, {HIDDEN}), "
                                  f"got {tuple(x.shape)} and {tuple(out.shape)}")
             if out.stride(1) != 1:

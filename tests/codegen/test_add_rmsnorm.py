@@ -228,3 +228,22 @@ def test_fast_binding_equals_signature_bind():
         assert got.keys() == want.keys()
         assert all(got[k] is v or got[k] == v for k, v in want.items())
     assert _arguments(template, None, (), {}) is None  # hidden_states missing: bind refuses
+
+
+@pytest.mark.parametrize("bad", ["residual_rows", "out_width", "three_dims"])
+def test_rendered_forward_rejects_tensors_of_another_shape(bad, tmp_path):
+    case = case_of(6, 64, "float32", "llama")
+    path = tmp_path / "cand.py"
+    path.write_text(FAMILY.render(FAMILY.search_space(case)[0], case))
+    forward = load_forward(path)
+    x, residual, weight = FAMILY.make_inputs(case)
+    total, normed = torch.empty_like(x), torch.empty_like(x)
+    if bad == "residual_rows":
+        residual = residual[:5]
+    elif bad == "out_width":
+        normed = torch.empty(6, 65)
+    else:
+        x, residual = x.view(2, 3, 64), residual.view(2, 3, 64)
+        total, normed = total.view(2, 3, 64), normed.view(2, 3, 64)
+    with pytest.raises(ValueError, match="expected \\(rows, 64\\) tensors"):
+        forward(x, residual, weight, out=(total, normed))
