@@ -75,9 +75,11 @@ def forward(x, *, out, **params) -> None:
     # reshape copies only when the leading dims cannot be merged; a row-strided x stays a view.
     x = x.reshape(-1, COLS)
     out = out.view(-1, COLS)
-    grid = (x.shape[0], triton.cdiv(COLS, BLOCK))
-    _gelu_forward_kernel[grid](x, out, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                               COLS=COLS, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    _launch((x.shape[0], N_COL_BLOCKS), x, out, x.stride(0), x.stride(1), out.stride(0),
+            out.stride(1))
+
+
+_launch = launcher(_gelu_forward_kernel, COLS=COLS, BLOCK=BLOCK, num_warps=NUM_WARPS)
 '''
 
 
@@ -96,8 +98,11 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
+        from codegen.launch import launcher
+
         COLS = {cols}
         BLOCK = {block}
+        N_COL_BLOCKS = {-(-cols // block)}
         NUM_WARPS = {warps}
         BAKED_PARAMS = {{}}
         ''')

@@ -98,7 +98,7 @@ def forward(x, weight, bias, *, out, **params):
     _check_params(params)
     _check_shapes((x,), (out,))
     x = x if x.stride(1) == 1 else x.contiguous()
-    _launch(x, x, weight, bias, out, out, has_residual=False)
+    _launch(x, x, weight, bias, out, out)
 '''
 
 _FORWARD_RESIDUAL = '''\
@@ -110,7 +110,7 @@ def forward(x, residual, weight, bias, *, out, **params):
     _check_shapes((x, residual), (total, normed))
     x = x if x.stride(1) == 1 else x.contiguous()
     residual = residual if residual.stride(1) == 1 else residual.contiguous()
-    _launch(x, residual, weight, bias, total, normed, has_residual=True)
+    _launch(x, residual, weight, bias, total, normed)
 '''
 
 _HELPERS = '''\
@@ -124,14 +124,15 @@ def _check_shapes(inputs, outputs):
         raise ValueError("outputs must have unit column stride")
 
 
-def _launch(x, residual, weight, bias, total, normed, has_residual):
+def _launch(x, residual, weight, bias, total, normed):
     n_rows = x.shape[0]
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
-    _layer_norm_forward_kernel[grid](
-        x, residual, weight.contiguous(), bias.contiguous(), total, normed, n_rows,
-        x.stride(0), residual.stride(0), total.stride(0), normed.stride(0), EPS,
-        HIDDEN=HIDDEN, BLOCK=BLOCK, ROWS=ROWS_PER_PROGRAM, HAS_RESIDUAL=has_residual,
-        num_warps=NUM_WARPS)
+    _kernel((cdiv(n_rows, ROWS_PER_PROGRAM),), x, residual, weight.contiguous(),
+            bias.contiguous(), total, normed, n_rows, x.stride(0), residual.stride(0),
+            total.stride(0), normed.stride(0), EPS)
+
+
+_kernel = launcher(_layer_norm_forward_kernel, HIDDEN=HIDDEN, BLOCK=BLOCK,
+                   ROWS=ROWS_PER_PROGRAM, HAS_RESIDUAL=HAS_RESIDUAL, num_warps=NUM_WARPS)
 '''
 
 
@@ -150,11 +151,14 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
+        from codegen.launch import cdiv, launcher
+
         HIDDEN = {hidden}
         BLOCK = {block_for(hidden)}
         ROWS_PER_PROGRAM = {config["rows_per_program"]}
         NUM_WARPS = {config["num_warps"]}
         EPS = {eps!r}
+        HAS_RESIDUAL = {fused}
         ''')
     return "\n".join([header, params_check_source(baked), "",
                       kernel_source(_layer_norm_forward_kernel), "", _HELPERS, "",

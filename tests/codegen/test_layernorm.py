@@ -105,8 +105,12 @@ def test_extreme_rows_stay_finite_like_torch(residual, tmp_path):
 def test_rendered_source_is_specialised(tmp_path):
     source = FAMILY.render({"rows_per_program": 1, "num_warps": 8}, case_of(3, 768, "float16"))
     for line in ("HIDDEN = 768", "BLOCK = 1024", "NUM_WARPS = 8", "EPS = 1e-05",
+                 "HAS_RESIDUAL = False", "_kernel = launcher(_layer_norm_forward_kernel",
                  "def _layer_norm_forward_kernel", "def forward(x, weight, bias, *, out"):
         assert line in source
+    fused = FAMILY.render({"rows_per_program": 1, "num_warps": 8},
+                          {**case_of(3, 768, "float16"), "residual": True})
+    assert "HAS_RESIDUAL = True" in fused and "def forward(x, residual, weight" in fused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
