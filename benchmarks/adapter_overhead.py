@@ -10,7 +10,7 @@ unpatched model. Denormals are flushed so the unwritten output buffers cannot sl
 
 Prints per family: the forward's median time unpatched and patched, and the median paired
 difference per patched call (negative: the adapter plus a free kernel costs less than the HF
-ops it replaces). `--rendered` instead times each family's rendered candidate `forward` (its
+ops it replaces). `--rendered` instead times four families' rendered candidate `forward` (its
 checks and argument handling) with the kernel launch replaced by a no-op, on one small case.
 """
 
@@ -55,27 +55,33 @@ def _paired_us(model, ids, patch, rounds: int, n: int = 50) -> tuple[float, floa
     return statistics.median(base), statistics.median(patched), statistics.median(diffs)
 
 
-RENDERED_CASES = {
-    "rmsnorm": {"rows": 16, "hidden": 64, "dtype": "float32", "eps": 1e-6, "offset": 0.0,
-                "cast_first": True},
-    "add_rmsnorm": {"rows": 16, "hidden": 64, "dtype": "float32", "eps": 1e-6, "offset": 0.0,
-                    "cast_first": True},
-}
-
-
-def rendered_us(name: str, tmp: Path) -> float:
-    """us per call of the family's first config's rendered forward on the CPU, its `_launch`
-    a no-op: the best of 5 repeats of 20000 calls."""
-    from codegen.registry import get_family
+def _rendered_cases() -> dict[str, tuple[dict, int]]:
+    """family -> (case, which config of its search space) for `--rendered`: small shapes, and
+    for matmul_epilogue the TMA kernel (the space's last config from 256 rows), which prefill
+    runs."""
+    from codegen.matmul_epilogue.reference import make_case as gemm_case
     from codegen.rope.reference import make_case as rope_case
+
+    norm = {"rows": 16, "hidden": 64, "dtype": "float32", "eps": 1e-6, "offset": 0.0,
+            "cast_first": True}
+    return {"rmsnorm": (norm, 0), "add_rmsnorm": (norm, 0),
+            "rope": (rope_case(8, 16, 4, 2, 16, 16, "float32"), 0),
+            "matmul_epilogue": (gemm_case(256, 64, 128, "float32", "silu"), -1)}
+
+
+def rendered_us(name: str, case: dict, index: int, tmp: Path) -> float:
+    """us per call of one rendered forward on the CPU, its kernel launch a no-op: the best of
+    5 repeats of 20000 calls."""
+    from codegen.registry import get_family
     from codegen.source import load_module
 
     family = get_family(name)
-    case = RENDERED_CASES.get(name) or rope_case(8, 16, 4, 2, 16, 16, "float32")
     path = tmp / f"{name}.py"
-    path.write_text(family.render(family.search_space(case)[0], case))
+    path.write_text(family.render(family.search_space(case)[index], case))
     module = load_module(path)
-    module._launch = lambda *a, **k: None
+    for launch in ("_launch", "_kernel"):  # the launcher's name in the rendered file
+        if hasattr(module, launch):
+            setattr(module, launch, lambda *a, **k: None)
     inputs = family.make_inputs(case, "cpu", torch.Generator().manual_seed(0))
     out = family.make_out(case, inputs)
     n = 20000
@@ -92,14 +98,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--families", default=FAMILIES)
     ap.add_argument("--rendered", action="store_true",
-                    help="time the rendered forwards of rmsnorm, add_rmsnorm and rope instead")
+                    help="time the rendered forwards of rmsnorm, add_rmsnorm, rope and "
+                         "matmul_epilogue instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.rendered:
         with tempfile.TemporaryDirectory() as tmp:
-            for name in ("rmsnorm", "add_rmsnorm", "rope"):
-                print(f"{name:12s} rendered forward, no-op launch: "
-                      f"{rendered_us(name, Path(tmp)):6.2f} us/call")
+            for name, (case, index) in _rendered_cases().items():
+                print(f"{name:15s} rendered forward, no-op launch: "
+                      f"{rendered_us(name, case, index, Path(tmp)):6.2f} us/call")
         return
     torch.set_flush_denormal(True)
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
