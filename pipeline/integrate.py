@@ -180,12 +180,15 @@ def reprofile(model, accepted: dict, families: list[str], workload,
     what the report sets against the projection, family by family (`projection_gap`)."""
     from profiling.capture import make_runner
 
-    runner = make_runner(model, workload)
-    runner.once()
-    base = gpu_kernel_times(runner)
-    with patched(model, accepted, families, workload_cases):
+    try:
+        runner = make_runner(model, workload)
         runner.once()
-        after = gpu_kernel_times(runner)
+        base = gpu_kernel_times(runner)
+        with patched(model, accepted, families, workload_cases):
+            runner.once()
+            after = gpu_kernel_times(runner)
+    except Exception as e:  # noqa: BLE001 - a diagnostic after the decisions must not end the run
+        return {"families": families, "error": f"{type(e).__name__}: {e}"}
     return {"families": families, "unpatched_us": base, "patched_us": after,
             "family_kernels": family_kernels(accepted, families)}
 

@@ -27,6 +27,8 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
     `profile`: {"wall_ms", "busy_share"} of the profiled unpatched pass; `replay`: the replay
     projection of the set that ran; `combined`: its paired timing (times_a_ms unpatched,
     times_b_ms patched). Times in ms."""
+    if reprofile and reprofile.get("error"):
+        return {"error": reprofile["error"]}
     if not reprofile or not reprofile.get("patched_us"):
         return None
     after = reprofile["patched_us"]

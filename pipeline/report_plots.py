@@ -409,6 +409,9 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
 def _gap_blocks(g: dict | None) -> list[tuple]:
     if not g:
         return []
+    if g.get("error"):
+        return [("p", f"The re-profile after the timing failed ({g['error']}); the decisions "
+                      "above do not depend on it.")]
 
     def over(p):
         a, b = p["patched_ms"], p["projected_ms"]

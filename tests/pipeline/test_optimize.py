@@ -548,6 +548,27 @@ def test_reprofile_profiles_unpatched_then_patched_and_names_each_familys_kernel
     assert "forward" not in vars(norm)  # undone
 
 
+def test_a_reprofile_that_fails_returns_the_error_and_leaves_the_model_unpatched(
+        run_data, monkeypatch):
+    from pipeline import integrate as ig
+
+    calls = []
+
+    def failing(runner):
+        calls.append(True)
+        if len(calls) == 2:  # the patched pass
+            raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+        return {"k": 1.0}
+
+    monkeypatch.setattr(ig, "gpu_kernel_times", failing)
+    model = build_tiny_llama()
+    r = ig.reprofile(model, run_data["summary"]["accepted"], ["rmsnorm"],
+                     workloads_of(run_data)[0], None)
+    assert r == {"families": ["rmsnorm"],
+                 "error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
 # 5. the proposer contract ----------------------------------------------------------------------
 
 def test_proposals_go_through_screen_and_verification(run_data, tmp_path):

@@ -123,3 +123,9 @@ def test_slower_in_both_names_the_untouched_kernels_that_grew():
     # (tiny: +0.5 us; big: +1.1 %)
     assert [k["kernel"] for k in got] == ["gemm_a", "gemm_b"]
     assert (got[0]["unpatched_ms"], got[0]["patched_ms"]) == pytest.approx((1.0, 1.1))
+
+
+def test_a_failed_reprofile_is_reported_not_raised():
+    g = gap(ROWS, {}, {"families": ["rmsnorm"], "error": "RuntimeError: CUPTI"},
+            {"wall_ms": 1.0, "busy_share": 1.0}, None, None)
+    assert g == {"error": "RuntimeError: CUPTI"}
