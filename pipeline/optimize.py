@@ -443,19 +443,19 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         for w in ws:
             say(f"measure {w.key}")
             cases = workload_cases(model, w, fams)
-            measured[w.key] = (cases, ig.measure(model, w, accepted, kept, {
-                f: set(v) for f, v in cases.items()}, pairs, timer))
+            allowed = {f: set(v) for f, v in cases.items()}
+            measured[w.key] = (cases, allowed,
+                               ig.measure(model, w, accepted, kept, allowed, pairs, timer))
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
         # attached, and later launches of this process may cost more (profiling.capture).
         # Run 6 timed after it and measured Llama-3.2-1B b1 prefill at 1.501x; run 7 timed
         # first, 1.270x and 1.358x (other hosts, so not a controlled comparison).
         effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
         for w in ws:
-            cases, m = measured[w.key]
+            cases, allowed, m = measured[w.key]
             if device.startswith("cuda") and m["kept"]:
                 say(f"re-profile {w.key}")
-                m["reprofile"] = ig.reprofile(model, accepted, m["kept"], w, {
-                    f: set(v) for f, v in cases.items()})
+                m["reprofile"] = ig.reprofile(model, accepted, m["kept"], w, allowed)
             result["workloads"][w.key] = {"workload": w.to_dict(), "check": check,
                                           "patch_effect": effect, "cases": cases,
                                           "skipped": skipped, **m}

@@ -45,12 +45,12 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
                       "projected_ms": projected, "patched_ms": ours})
         claimed += base
     busy = profile["wall_ms"] * profile["busy_share"] if profile.get("busy_share") else None
-    rest = {"part": "rest of the GPU work", "kernels": [],
-            "profiled_ms": busy - claimed if busy is not None else None,
-            "projected_ms": busy - claimed if busy is not None else None,
+    unclaimed = busy - claimed if busy is not None else None  # projected as profiled
+    rest = {"part": "rest of the GPU work", "kernels": [], "profiled_ms": unclaimed,
+            "projected_ms": unclaimed,
             "patched_ms": sum(t for n, t in after.items() if n not in used) / 1e3}
     total = {"part": "GPU busy", "kernels": [], "profiled_ms": busy,
-             "projected_ms": (busy - claimed + sum(p["projected_ms"] or 0 for p in parts))
+             "projected_ms": (unclaimed + sum(p["projected_ms"] or 0 for p in parts))
              if busy is not None else None, "patched_ms": sum(after.values()) / 1e3}
     wall_patched = median(combined["times_b_ms"]) if (combined or {}).get("times_b_ms") else None
     wall_unpatched = median(combined["times_a_ms"]) if (combined or {}).get("times_a_ms") \
