@@ -208,7 +208,10 @@ def ours(job, args, tmp: Path) -> dict:
     # none right: report a wrong one (with its error) before one that crashed
     best = min(timed, key=lambda r: r["median_us"]) if timed else next(
         (r for r in results if r["status"] == "wrong"), results[0])
-    return {**best, "origin": origin, "configs_tried": len(results), "configs_ok": len(timed)}
+    every = [{k: r.get(k) for k in ("config", "status", "median_us", "p20_us", "p80_us")}
+             for r in results]  # the search's side by side, for probes of new config axes
+    return {**best, "origin": origin, "configs_tried": len(results), "configs_ok": len(timed),
+            "configs": every}
 
 
 def run_case(args, setup, fam: str, device: str, bench_kw: dict, tmp: Path) -> dict:

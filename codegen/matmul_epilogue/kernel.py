@@ -117,7 +117,8 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
                            wu_row_stride, out_row_stride, programs,
                            HIDDEN: tl.constexpr, COLS: tl.constexpr, GELU_TANH: tl.constexpr,
                            INPUT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                           BK: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+                           BK: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+                           SUBTILE: tl.constexpr = False):
     # Tiles arrive through TMA descriptors (Hopper's bulk copies into shared memory: no address
     # arithmetic in the loop, and the copy engine zero-fills past the edges, so no masks); the
     # store is clipped at the edges the same way. The descriptors are made here, on the device,
@@ -135,7 +136,8 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
     wu_desc = tl.make_tensor_descriptor(wu_ptr, shape=[COLS, HIDDEN],
                                         strides=[wu_row_stride, 1], block_shape=[BN, BK])
     out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, COLS],
-                                         strides=[out_row_stride, 1], block_shape=[BM, BN])
+                                         strides=[out_row_stride, 1],
+                                         block_shape=[BM, BN // 2 if SUBTILE else BN])
     tiles = tl.cdiv(n_rows, BM) * ((COLS + BN - 1) // BN)
     for tile in tl.range(tl.program_id(0), tiles, programs):
         row_block, col_block = _tile(tile, n_rows, COLS, BM, BN, GROUP_M)
@@ -148,7 +150,13 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
                               input_precision=INPUT_PRECISION)
             acc_up = tl.dot(x, wu_desc.load([off_n, k]).T, acc_up,
                             input_precision=INPUT_PRECISION)
-        out_desc.store([off_m, off_n], _gated(acc_gate, acc_up, GELU_TANH).to(out_desc.dtype))
+        y = _gated(acc_gate, acc_up, GELU_TANH).to(out_desc.dtype)
+        if SUBTILE:  # two half-width stores: half the shared memory staging the output tile
+            y0, y1 = tl.split(tl.permute(tl.reshape(y, (BM, 2, BN // 2)), (0, 2, 1)))
+            out_desc.store([off_m, off_n], y0)
+            out_desc.store([off_m, off_n + BN // 2], y1)
+        else:
+            out_desc.store([off_m, off_n], y)
 
 
 # (BM, BN, BK, num_warps, num_stages, GROUP_M), small tiles to large. Prefill rows: the probe's
@@ -204,10 +212,18 @@ def smem_bytes(config: dict, case: Case) -> int:
 
 # The TMA kernel's tiles, persistent (one program per SM): the probe's two best at both models'
 # prefill shapes; at 128 rows or fewer the pointer kernel was faster (30 against 54 us).
-# Measured and left out (run 10, Llama-3.2-1B b8, H200, Triton 3.6): the same two with the tile
-# loop flattened into the K loop (`tl.range(..., flatten=True)`, as Triton's persistent matmul
-# tutorial does on Hopper): 1.026 and 1.029 ms per call against 0.845 and 0.842 ms.
+# Each also with its output tile stored in two halves (SUBTILE): half the shared memory staging
+# it. On the H200 (run 11, benchmarks/kernels.py, every config side by side) that was 806 and
+# 803 us against 833 and 817 at Llama-3.2-1B b8, and even (236-237 us) at Qwen2.5-0.5B's.
+# Measured and left out, on the same shapes (Triton 3.6):
+# - the tile loop flattened into the K loop (`tl.range(..., flatten=True)`, as Triton's
+#   persistent matmul tutorial does on Hopper): 1.026 and 1.029 ms against 0.845 and 0.842 ms
+#   (run 10);
+# - the tile loop warp-specialized (`tl.range(..., warp_specialize=True)`, a loading and a
+#   computing partition): 830 and 823 us against 833 and 817 (Llama), 236 and 235 against 236
+#   and 235 (Qwen); with SUBTILE, 836 and 825 (run 11). Nothing gained, so not searched.
 TMA_TILES = ((128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8))
+TMA_VARIANTS = ({}, {"SUBTILE": True})
 TMA_MIN_ROWS = 256
 
 
@@ -225,7 +241,8 @@ def search_space(case: Case) -> list[dict]:
     tiles = FEW_ROWS_TILES + PREFILL_TILES[-1:] if case["rows"] <= FEW_ROWS else PREFILL_TILES
     configs = [_config(t, element_size(case)) for t in tiles]
     if case["rows"] >= TMA_MIN_ROWS and tma_ok(case):
-        configs += [{**_config(t, element_size(case)), "TMA": True} for t in TMA_TILES]
+        configs += [{**_config(t, element_size(case)), "TMA": True, **v} for t in TMA_TILES
+                    for v in TMA_VARIANTS]
     # stable: among tiles of one area the listed order stays (the probe's best comes last)
     return sorted(configs, key=lambda c: c["BM"] * c["BN"])
 
@@ -373,6 +390,8 @@ def render(config: dict, case: Case) -> str:
     # the TMA kernel pipelines its K loop itself (tl.range's num_stages), the other via the
     # launch option
     pipelining = "STAGES=NUM_STAGES" if tma else "num_stages=NUM_STAGES"
+    if tma:  # bound even at its default: codegen.launch's direct path binds trailing ones
+        pipelining += f", SUBTILE={bool(config.get('SUBTILE'))}"
     bind = (f"_kernel = launcher({kernel.fn.__name__}, HIDDEN=HIDDEN, COLS=COLS, "
             "GELU_TANH=GELU_TANH,\n                   INPUT_PRECISION=INPUT_PRECISION, BM=BM, "
             f"BN=BN, BK=BK, GROUP_M=GROUP_M,\n                   num_warps=NUM_WARPS, "

@@ -47,6 +47,10 @@ def test_every_family_of_both_models_is_checked_then_timed(dry_run):
             # ours rounds once where HF rounds twice: a few bf16 ulps at |x| ~ 8, no more
             assert ours["status"] == "ok" and ours["max_abs_err"] <= 0.25, (model, fam, ours)
             assert 1 <= ours["configs_ok"] <= ours["configs_tried"] <= 4 and ours["config"], ours
+            # every config tried is listed, and the one reported is the fastest of them
+            assert len(ours["configs"]) == ours["configs_tried"]
+            assert ours["median_us"] == min(c["median_us"] for c in ours["configs"]
+                                            if c["status"] == "ok")
             assert copy["status"] == "ok" and copy["median_us"] > 0
             assert row["min_bytes"] > 0 and row["best"] in ("eager", "ours")
             assert ours["pct_same_byte_copy"] == pytest.approx(

@@ -143,7 +143,7 @@ def test_search_space_orders_small_to_widest(rows, dtype):
     if rows <= 64:  # decode and short prompts get row blocks their size
         assert small_m == {16, 32}
     else:
-        assert not small_m and 8 <= len(configs) <= 12
+        assert not small_m and 8 <= len(configs) <= 14
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -201,19 +201,25 @@ def test_tma_candidates_are_searched_for_prefill_rows_and_match_on_the_edges(dty
 
     case = make_case(TMA_MIN_ROWS + 44, 96, 176, dtype, act)
     space = FAMILY.search_space(case)
-    assert space[-1].get("TMA") and sum(bool(c.get("TMA")) for c in space) == 2
+    tma = [c for c in space if c.get("TMA")]
+    assert space[-1].get("TMA") and len(tma) == 4
+    # the output tile stored whole and in two halves: both go through the checks below
+    plain, halves = tma[0], space[-1]
+    assert not plain.get("SUBTILE") and halves.get("SUBTILE")
     assert not any(c.get("TMA") for c in FAMILY.search_space({**case, "rows": 64}))
     assert not tma_ok({**case, "cols": 173})  # 173 x 2 bytes: not a 16-byte row
-    source = FAMILY.render(space[-1], case)
+    source = FAMILY.render(halves, case)
     assert "tl.make_tensor_descriptor" in source and "launcher(_gated_gemm_tma_kernel" in source
-    helpers = load_rendered(FAMILY, space[-1], case, tmp_path).__globals__
+    assert "SUBTILE=True" in source and "SUBTILE=False" in FAMILY.render(plain, case)
+    helpers = load_rendered(FAMILY, halves, case, tmp_path).__globals__
     buf = torch.zeros(case["rows"] * 96 + 1, dtype=getattr(torch, dtype))
     shifted = buf[1:].view(case["rows"], 96)  # contiguous, but 2 or 4 bytes off alignment
     assert shifted.is_contiguous() and not helpers["_aligned"](shifted)
     assert helpers["_aligned"](helpers["_fresh"](shifted))
-    for edge in [case] + FAMILY.edge_cases(case):
-        out, ref = run_candidate(FAMILY, space[-1], edge, tmp_path, rendered_for=case)
-        assert_close(out, ref, TOL[dtype])
+    for config in (plain, halves):
+        for edge in [case] + FAMILY.edge_cases(case):
+            out, ref = run_candidate(FAMILY, config, edge, tmp_path, rendered_for=case)
+            assert_close(out, ref, TOL[dtype])
     verify_on_cpu_or_gpu(FAMILY, case, tmp_path)
 
 
