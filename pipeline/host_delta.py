@@ -27,6 +27,14 @@ from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within 15 s of one call 
 run 7, the host-delta stage's own readings), so a host speed read apart from the pairs can
 belong to another moment than the deltas. `base_enqueue_ms`, the median unhooked unpatched
 pass of the pairs, is recorded for the report and for the older rescaling (`host_drift`).
+
+The share does not carry over whole between host speeds: Llama-3.2-1B b1 prefill (H200, run
+11) measured rmsnorm and rope while the unpatched pass took 20.6 and 21.1 ms, against the
+profile's 11.8 (the families measured after them: 11.5-12.5 ms). Their shares projected 2.8 ms
+saved per pass, their microseconds 4.9 ms; the timing, at 12.1 ms, saved 3.5 ms (projection
+error 7.6 %). So, given the profile's host time, a family measured more than DRIFT_TOLERANCE
+away from it is measured again, up to ATTEMPTS times, and the attempt nearest the profile's
+host speed is kept (every attempt's `base_enqueue_ms` is recorded under `attempts_ms`).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
+from functools import partial
 
 import torch
 
@@ -42,6 +51,8 @@ from codegen.registry import get_family
 # Which reading the projection uses: "us_per_call" (hooked windows around the patched modules)
 # or "pass_us_per_call" (each whole pass's time to return, no hooks). Both are recorded.
 HOST_BASIS = "us_per_call"
+DRIFT_TOLERANCE = 0.2
+ATTEMPTS = 3
 
 
 def counting_chooser(inner, calls: dict, name: str):
@@ -94,16 +105,20 @@ def patched_modules(model, variant) -> list[tuple]:
 
 
 def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
-                         workload_cases: dict | None = None, pairs: int = 10) -> dict:
+                         workload_cases: dict | None = None, pairs: int = 10,
+                         profile_ms: float | None = None) -> dict:
     """family -> {"us_per_call", "share_per_call", "pass_us_per_call", "pass_share_per_call",
-    "base_enqueue_ms", "calls_per_pass", "pairs", "modules"} (medians over pairs, see
-    `_paired`): host time saved per kernel call (negative: the patch costs the host more) from
-    the hooked windows and from whole passes, each family patched alone; or {"error"} where
-    measuring failed (the projection keeps the search's number for it)."""
+    "base_enqueue_ms", "calls_per_pass", "pairs", "modules", "attempts_ms"} (medians over
+    pairs, see `_paired`): host time saved per kernel call (negative: the patch costs the host
+    more) from the hooked windows and from whole passes, each family patched alone; or
+    {"error"} where measuring failed (the projection keeps the search's number for it).
+    `profile_ms`: the profile's unpatched host time; measurements at a host speed far from it
+    are taken again (see the module's docstring)."""
     out = {}
     for name in families:
         try:
-            got = _one_family(model, workload, accepted, name, workload_cases, pairs)
+            got = _nearest(partial(_one_family, model, workload, accepted, name,
+                                   workload_cases, pairs), profile_ms)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             # the projection falls back to the search's per-kernel number for this family
             got = {"error": f"{type(e).__name__}: {e}"[:200]}
@@ -112,6 +127,21 @@ def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
         if got is not None:
             out[name] = got
     return out
+
+
+def _nearest(measure, profile_ms: float | None) -> dict | None:
+    """`measure()` up to ATTEMPTS times while its unpatched pass ran more than DRIFT_TOLERANCE
+    off `profile_ms`; the attempt nearest it, with every attempt's host time."""
+    tries = []
+    for _ in range(ATTEMPTS if profile_ms else 1):
+        got = measure()
+        if got is None:
+            return None
+        tries.append(got)
+        if not profile_ms or abs(got["base_enqueue_ms"] / profile_ms - 1) <= DRIFT_TOLERANCE:
+            break
+    best = min(tries, key=lambda g: abs(g["base_enqueue_ms"] - (profile_ms or 0)))
+    return {**best, "attempts_ms": [g["base_enqueue_ms"] for g in tries]}
 
 
 def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict | None:

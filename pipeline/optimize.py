@@ -247,9 +247,11 @@ def host_of(proj: dict, key: str) -> dict:
 
 
 def host_stage(model, workloads, summary: dict, families: list[str],
-               say: Callable[[str], None]) -> dict:
+               say: Callable[[str], None], profile_ms: dict | None = None) -> dict:
     """Per workload of the model's dtype: each integrable family's host delta per call,
-    measured in the model (pipeline.host_delta), before any whole-model timing."""
+    measured in the model (pipeline.host_delta), before any whole-model timing.
+    `profile_ms`: workload key -> the profile's unpatched host time (the ranking's
+    enqueue_ms), which the measurements are taken near."""
     from pipeline.host_delta import in_model_host_deltas
 
     accepted = summary["accepted"]
@@ -260,7 +262,8 @@ def host_stage(model, workloads, summary: dict, families: list[str],
             continue
         say(f"host time per call in the model: {w.key}")
         cases = {f: set(v) for f, v in workload_cases(model, w, fams).items()}
-        out[w.key] = in_model_host_deltas(model, w, accepted, fams, cases)
+        out[w.key] = in_model_host_deltas(model, w, accepted, fams, cases,
+                                          profile_ms=(profile_ms or {}).get(w.key))
     return out
 
 
@@ -521,7 +524,9 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     unchanged = resume and verified_before == summary and integ_path.exists() \
         and read_json(integ_path, "integration").get("chosen") == families
     if not (unchanged and (run_dir / "projection.json").exists()):
-        in_model = host_stage(model, workloads, summary, families, say) if on_gpu else None
+        enqueue = {w["key"]: w.get("enqueue_ms") for w in ranking["workloads"]}
+        in_model = host_stage(model, workloads, summary, families, say,
+                              enqueue) if on_gpu else None
         freeze_projection(run_dir, summary, families, on_gpu, in_model)
     if not unchanged:
         integrate_stage(run_dir, spec, workloads, summary, families, say,

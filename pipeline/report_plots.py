@@ -207,7 +207,11 @@ def _host_cell(family: str, d: dict, used: float | None) -> str:
         return f"{family} not measured ({d.get('error')})"
     at = (f", {used:+.1f} us at the profile's host speed"
           if used is not None and abs(used - d["us_per_call"]) > 0.05 else "")
-    return f"{family} {d['us_per_call']:+.1f} us{at} ({d['calls_per_pass']} calls/pass)"
+    tries = d.get("attempts_ms") or []
+    again = (f"; measured {len(tries)} times, the unpatched pass at "
+             f"{', '.join(f'{t:.1f}' for t in tries)} ms, the nearest the profile's kept"
+             if len(tries) > 1 else "")
+    return f"{family} {d['us_per_call']:+.1f} us{at} ({d['calls_per_pass']} calls/pass{again})"
 
 
 def _proj_cells(w: dict) -> tuple[str, str]:

@@ -130,6 +130,28 @@ def test_the_report_shows_measured_and_rescaled_deltas():
     assert failed == "rope not measured (RuntimeError: boom)"
 
 
+def test_a_measurement_far_from_the_profiles_host_speed_is_taken_again():
+    """The profile's unpatched pass took 12 ms. Readings at 20.6 and 21.1 ms are more than
+    20 % off it, so the family is measured again; 12.5 ms is near enough and ends it. Without
+    a profile time, or when no attempt comes near, the nearest of what was measured is kept."""
+    from pipeline.host_delta import ATTEMPTS, _nearest
+    from pipeline.report_plots import _host_cell
+
+    def reader(*hosts):
+        it = iter(hosts)
+        return lambda: {"us_per_call": 1.0, "calls_per_pass": 4, "base_enqueue_ms": next(it)}
+
+    got = _nearest(reader(20.6, 21.1, 12.5, 12.0), 12.0)
+    assert got["base_enqueue_ms"] == 12.5 and got["attempts_ms"] == [20.6, 21.1, 12.5]
+    assert _nearest(reader(20.6, 21.1), None)["attempts_ms"] == [20.6]
+    far = _nearest(reader(30.0, 20.0, 25.0, 12.0), 12.0)
+    assert ATTEMPTS == 3 and far["base_enqueue_ms"] == 20.0 and len(far["attempts_ms"]) == 3
+    assert _nearest(lambda: None, 12.0) is None  # nothing patched: nothing to measure
+    cell = _host_cell("rope", got, None)
+    assert cell == ("rope +1.0 us (4 calls/pass; measured 3 times, the unpatched pass at 20.6, "
+                    "21.1, 12.5 ms, the nearest the profile's kept)")
+
+
 def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
     """Unpatched pass 40 ms, 24 of them in the hooked module; patched pass 20 ms, 4 in it, one
     kernel call: both readings save 20 ms per call, half of the unpatched pass. (At a quarter
