@@ -52,9 +52,9 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
     total = {"part": "GPU busy", "kernels": [], "profiled_ms": busy,
              "projected_ms": (unclaimed + sum(p["projected_ms"] or 0 for p in parts))
              if busy is not None else None, "patched_ms": sum(after.values()) / 1e3}
-    wall_patched = median(combined["times_b_ms"]) if (combined or {}).get("times_b_ms") else None
-    wall_unpatched = median(combined["times_a_ms"]) if (combined or {}).get("times_a_ms") \
-        else None
+    timed = combined or {}
+    wall_patched = median(timed["times_b_ms"]) if timed.get("times_b_ms") else None
+    wall_unpatched = median(timed["times_a_ms"]) if timed.get("times_a_ms") else None
     # the host's speed moves between the profile and the timing (up to 2x on the lent H200
     # host, benchmarks/results/README.md), so the projected wall is the unpatched pass timed
     # beside the patched one, over the projection
