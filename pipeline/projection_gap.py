@@ -49,9 +49,12 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
     rest = {"part": "rest of the GPU work", "kernels": [], "profiled_ms": unclaimed,
             "projected_ms": unclaimed,
             "patched_ms": sum(t for n, t in after.items() if n not in used) / 1e3}
+    # a family without a kernel speedup has no projected time: nor has the total then (a 0
+    # in its place would project the busy time short by that family's whole profiled time)
+    known = busy is not None and all(p["projected_ms"] is not None for p in parts)
     total = {"part": "GPU busy", "kernels": [], "profiled_ms": busy,
-             "projected_ms": (unclaimed + sum(p["projected_ms"] or 0 for p in parts))
-             if busy is not None else None, "patched_ms": sum(after.values()) / 1e3}
+             "projected_ms": unclaimed + sum(p["projected_ms"] for p in parts) if known
+             else None, "patched_ms": sum(after.values()) / 1e3}
     timed = combined or {}
     wall_patched = median(timed["times_b_ms"]) if timed.get("times_b_ms") else None
     wall_unpatched = median(timed["times_a_ms"]) if timed.get("times_a_ms") else None

@@ -83,6 +83,18 @@ def test_gap_sets_each_family_and_the_rest_against_the_projection():
     assert g["unpatched_wall_now_ms"] == pytest.approx(51.0)
 
 
+def test_a_family_without_a_kernel_speedup_leaves_the_projected_total_open():
+    """add_rmsnorm has no speedup in the projection: its row and the GPU-busy total show no
+    projected time, rather than a total that counts its 1 ms as 0."""
+    g = gap(ROWS, {"rmsnorm": 10.0}, REPROFILE, {"wall_ms": 50.0, "busy_share": 0.8}, 1.25,
+            None)
+    parts = {p["part"]: p for p in g["parts"]}
+    assert parts["add_rmsnorm"]["projected_ms"] is None
+    assert parts["rmsnorm"]["projected_ms"] == pytest.approx(0.8)
+    assert parts["GPU busy"]["projected_ms"] is None
+    assert parts["wall - GPU busy (host, launches, gaps)"]["projected_ms"] is None
+
+
 def test_no_reprofile_no_table():
     assert gap(ROWS, {}, None, {"wall_ms": 1.0, "busy_share": 1.0}, None, None) is None
 
