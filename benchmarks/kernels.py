@@ -68,6 +68,7 @@ def model_setup(name: str, dry: bool) -> dict:
     from codegen.gated_act.reference import make_case as gated_case
     from codegen.kv_cache.reference import make_case as kv_case
     from codegen.matmul_epilogue.reference import make_case as gemm_case
+    from codegen.rope.patch import tables_have_equal_halves
     from codegen.rope.reference import make_case as rope_case
     from models.zoo import ZOO
 
@@ -84,7 +85,11 @@ def model_setup(name: str, dry: bool) -> dict:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     norm = {"rows": b * s, "hidden": cfg.hidden_size, "dtype": DTYPE,
             "eps": float(cfg.rms_norm_eps), "offset": 0.0, "cast_first": True}
-    cases = {"rmsnorm": norm, "rope": rope_case(b, s, heads, kv, head_dim, head_dim, DTYPE),
+    with torch.device("meta"):  # the rotary embedding whose tables the rope rows take
+        rotary = getattr(module, prefix + "RotaryEmbedding")(cfg)
+    halves = tables_have_equal_halves(rotary)  # as the pipeline records the model's case
+    cases = {"rmsnorm": norm,
+             "rope": rope_case(b, s, heads, kv, head_dim, head_dim, DTYPE, equal_halves=halves),
              "gated_act": gated_case(b * s, cfg.intermediate_size, DTYPE, "silu", "separate"),
              "add_rmsnorm": dict(norm), "kv_cache": kv_case(b, kv, head_dim, 0, s, DTYPE),
              "matmul_epilogue": gemm_case(b * s, cfg.hidden_size, cfg.intermediate_size, DTYPE,

@@ -8,8 +8,9 @@ Llama/Qwen2/Mistral/Gemma: aten::mul x4, aten::neg x2, aten::cat x2, aten::add x
 Phi-3 (partial-rotary code, whatever the factor): the same plus two more aten::cat that
 append the pass-through dims.
 
-Case keys: batch, seq, heads, kv_heads, head_dim, rot_dim, cos_batch, dtype; edge cases may
-add `contiguous` (q/k not transposed views). No params.
+Case keys: batch, seq, heads, kv_heads, head_dim, rot_dim, cos_batch, dtype; `equal_halves`
+where the model's rotary embedding is HF's (cos/sin rows are cat(freqs, freqs), so the kernel
+reads half of each); edge cases may add `contiguous` (q/k not transposed views). No params.
 
 The kernel module is imported lazily: importing it applies `@triton.jit`, which fixes the
 interpreter-or-compiled choice (TRITON_INTERPRET) for the process.

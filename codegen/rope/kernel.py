@@ -22,6 +22,15 @@ fastest screened one for Llama-1B b1 prefill in bf16; the fp16 test case on a st
 -1156 against HF's -1160 and a float64 -1159.3, outside the allowed 3.01).
 Uncontracted, each product and the difference round as HF's do. The pass-through dims of
 partial rotary are copied without conversion.
+
+Where the case says `equal_halves` (the model's rotary embedding is HF's, which builds each
+table row as cat(freqs, freqs)), the kernels read the first half of each cos/sin row and use it
+for both halves, as Liger-Kernel's does. The gain is small and near the timing's noise. On the
+H200 (run 12, `benchmarks/rope_probe.py`, bf16 b8 s1024, in place, two calls, best over 1-4
+warps) a probe kernel went from 13.66/13.66 to 13.47/13.22 us on Qwen2.5-0.5B and from
+25.38/25.38 to 25.09/25.47 us on Llama-3.2-1B; same-byte copies took 12.8 and 24.6 us. With it
+in the search, `benchmarks/kernels.py` measured ours at 13.50 us against Liger's 13.70 (Qwen)
+and 25.63 against 25.02 (Llama). It is not a search axis, since reading less costs nothing.
 """
 
 from __future__ import annotations
@@ -52,14 +61,21 @@ def _compute_type(x, NATIVE: tl.constexpr):
 
 @triton.jit
 def _cos_sin_halves(cos_ptr, sin_ptr, b, s, mask, dims, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss,
-                    sin_sd, HALF: tl.constexpr, NATIVE: tl.constexpr = False):
-    """[BLOCK_S, 1, BLOCK_HALF] each: one cos/sin row per position, both halves."""
+                    sin_sd, HALF: tl.constexpr, NATIVE: tl.constexpr = False,
+                    HALF_TABLE: tl.constexpr = False):
+    """[BLOCK_S, 1, BLOCK_HALF] each: one cos/sin row per position, both halves (the first
+    one twice under HALF_TABLE, where the model's rows are cat(freqs, freqs))."""
     cos_rows = cos_ptr + (b * cos_sb + s * cos_ss)[:, None, None]
     sin_rows = sin_ptr + (b * sin_sb + s * sin_ss)[:, None, None]
     c1 = _compute_type(tl.load(cos_rows + dims * cos_sd, mask=mask, other=0.0), NATIVE)
-    c2 = _compute_type(tl.load(cos_rows + (dims + HALF) * cos_sd, mask=mask, other=0.0), NATIVE)
     s1 = _compute_type(tl.load(sin_rows + dims * sin_sd, mask=mask, other=0.0), NATIVE)
-    s2 = _compute_type(tl.load(sin_rows + (dims + HALF) * sin_sd, mask=mask, other=0.0), NATIVE)
+    if HALF_TABLE:
+        c2, s2 = c1, s1
+    else:
+        c2 = _compute_type(tl.load(cos_rows + (dims + HALF) * cos_sd, mask=mask, other=0.0),
+                           NATIVE)
+        s2 = _compute_type(tl.load(sin_rows + (dims + HALF) * sin_sd, mask=mask, other=0.0),
+                           NATIVE)
     return c1, c2, s1, s2
 
 
@@ -70,7 +86,8 @@ def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows,
                          cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
                          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                          HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                         BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+                         BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+                         HALF_TABLE: tl.constexpr):
     # int64: batch * stride passes 2**31 at long sequences of wide models.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     b = rows // seq_len
@@ -92,7 +109,7 @@ def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows,
     lo = dims < HALF
     # one cos/sin row per position, shared by every head
     c1, c2, s1, s2 = _cos_sin_halves(cos_ptr, sin_ptr, b, s, row_ok & lo, dims, cos_sb, cos_ss,
-                                     cos_sd, sin_sb, sin_ss, sin_sd, HALF)
+                                     cos_sd, sin_sb, sin_ss, sin_sd, HALF, False, HALF_TABLE)
 
     # Two loads with complementary masks instead of one through tl.where(is_q, q, k): a
     # pointer select loses the contiguity the compiler needs for 16-byte accesses (scalar
@@ -146,7 +163,7 @@ def _rope_split_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, s
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       BLOCK_PASS: tl.constexpr, NATIVE: tl.constexpr):
+                       BLOCK_PASS: tl.constexpr, NATIVE: tl.constexpr, HALF_TABLE: tl.constexpr):
     # Every head of BLOCK_S positions: q's heads and k's as two tiles of their own, each
     # padded to a power of two (no straddling block, no complementary masked loads).
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -156,7 +173,7 @@ def _rope_split_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, s
     dims = tl.arange(0, BLOCK_HALF)[None, None, :]
     lo = row_ok & (dims < HALF)
     c1, c2, s1, s2 = _cos_sin_halves(cos_ptr, sin_ptr, b, s, lo, dims, cos_sb, cos_ss, cos_sd,
-                                     sin_sb, sin_ss, sin_sd, HALF, NATIVE)
+                                     sin_sb, sin_ss, sin_sd, HALF, NATIVE, HALF_TABLE)
     _rope_heads(q_ptr, qo_ptr, b, s, row_ok, c1, c2, s1, s2, q_sb, q_sh, q_ss, q_sd,
                 qo_sb, qo_sh, qo_ss, qo_sd, HEADS, BLOCK_Q, HEAD_DIM, HALF, BLOCK_HALF,
                 BLOCK_PASS, NATIVE)
@@ -251,12 +268,14 @@ _launch = LAUNCH
 _JOINT = ("(cdiv(batch * seq, BLOCK_S), cdiv(HEADS + KV_HEADS, BLOCK_H))",
           "launcher(_rope_forward_kernel, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,\n"
           "                   HALF=ROT_DIM // 2, BLOCK_S=BLOCK_S, BLOCK_H=BLOCK_H, "
-          "BLOCK_HALF=BLOCK_HALF,\n                   BLOCK_PASS=BLOCK_PASS, num_warps=NUM_WARPS)")
+          "BLOCK_HALF=BLOCK_HALF,\n                   BLOCK_PASS=BLOCK_PASS, "
+          "HALF_TABLE=HALF_TABLE, num_warps=NUM_WARPS)")
 _SPLIT = ("(cdiv(batch * seq, BLOCK_S),)",
           "launcher(_rope_split_kernel, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,\n"
           "                   HALF=ROT_DIM // 2, BLOCK_S=BLOCK_S, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,"
           "\n                   BLOCK_HALF=BLOCK_HALF, BLOCK_PASS=BLOCK_PASS, NATIVE=NATIVE,"
-          "\n                   num_warps=NUM_WARPS, enable_fp_fusion=not NATIVE)")
+          "\n                   HALF_TABLE=HALF_TABLE, num_warps=NUM_WARPS, "
+          "enable_fp_fusion=not NATIVE)")
 
 
 def render(config: dict, case: Case) -> str:
@@ -267,6 +286,9 @@ def render(config: dict, case: Case) -> str:
     arithmetic = (f"computes in {case['dtype']}, rounding each product and sum as HF's code does"
                   if native else "computes in fp32, rounds once to the output dtype")
     kind = "full rotary" if rot == d else f"partial rotary: {rot} of {d} dims, rest copied"
+    half_table = bool(case.get("equal_halves"))
+    table = ("reads the first half of each cos/sin row only: the model builds them as "
+             "cat(freqs, freqs)" if half_table else "reads whole cos/sin rows")
     if split:
         tile = (f"every head: q as a {triton.next_power_of_2(heads)}-head tile, k as a "
                 f"{triton.next_power_of_2(kv_heads)}-head tile")
@@ -286,7 +308,7 @@ def render(config: dict, case: Case) -> str:
         """Rotary embedding candidate: q_embed and k_embed in one launch ({kind}).
 
         Generated by codegen.rope.kernel.render. HF layout (unsqueeze_dim=1), rotate_half
-        convention; {arithmetic}.
+        convention; {arithmetic}; {table}.
         Specialised for heads={heads}, kv_heads={kv_heads}, head_dim={d}, rot_dim={rot};
         tuned for batch {case["batch"]} x seq {case["seq"]} of {case["dtype"]}.
         Launch: one program per ({block_s} positions, {tile}), {warps} warps.
@@ -306,6 +328,7 @@ def render(config: dict, case: Case) -> str:
         BLOCK_HALF = {block_half}
         BLOCK_PASS = {block_pass}
         BLOCK_S = {block_s}
+        HALF_TABLE = {half_table}
         NUM_WARPS = {warps}
         BAKED_PARAMS = {{}}
         ''') + blocks + "\n"

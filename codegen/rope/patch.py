@@ -70,6 +70,35 @@ def _in_place_forwards() -> frozenset:
 
 
 @cache
+def _known_tables() -> frozenset:
+    from transformers.models.gemma.modeling_gemma import GemmaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.mistral.modeling_mistral import MistralRotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    return frozenset(code_shape(c.forward) for c in (
+        LlamaRotaryEmbedding, Qwen2RotaryEmbedding, MistralRotaryEmbedding, GemmaRotaryEmbedding,
+        Phi3RotaryEmbedding))
+
+
+def tables_have_equal_halves(model: nn.Module) -> bool:
+    """Every rotary embedding in the model is, statement for statement, one of the installed
+    HF ones listed in `_known_tables`, each of whose forwards builds the cos/sin rows as
+    cat(freqs, freqs) (rope scaling only changes inv_freq): the kernel may then read half of
+    each row. The list is per class, not Llama's alone: in transformers 5.17 Qwen2's forward
+    differs from Llama's by a `.float()` (found on the H200 in run 12, where the comparison
+    with Llama's alone left Qwen2.5-0.5B without the half-table kernel). A model without a
+    rotary embedding (tables made elsewhere) or with other code: False."""
+    tables = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    try:
+        return bool(tables) and all(code_shape(type(m).forward) in _known_tables()
+                                    for m in tables)
+    except (OSError, TypeError, ValueError):  # no source to compare
+        return False
+
+
+@cache
 def in_place_ok(cls: type) -> bool:
     """The class's forward is one whose q and k nothing else holds (see the module doc)."""
     try:
@@ -126,13 +155,14 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """One case per distinct attention shape. Position ids built by the model have batch 1,
     so cos/sin do too (cos_batch=1); a decode step rotates one position per sequence."""
     seq = workload.seq if workload.mode == "prefill" else 1
+    halves = tables_have_equal_halves(model)
     cases = []
     for _, module, _, _ in find_rotary_attentions(model):
         config = module.config
         head_dim = module.head_dim
         case = make_case(workload.batch, seq, config.num_attention_heads,
                          config.num_key_value_heads, head_dim, _rot_dim(model, head_dim),
-                         workload.dtype)
+                         workload.dtype, equal_halves=halves)
         if case not in cases:
             cases.append(case)
     return cases
@@ -156,11 +186,11 @@ def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
 
 
 def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable,
-                       in_place: bool = False) -> Callable:
+                       in_place: bool = False, equal_halves: bool = False) -> Callable:
     def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype) -> Case:
         batch, heads, seq, head_dim = q_shape
         return make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
-                         cos_batch)
+                         cos_batch, equal_halves)
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 
@@ -180,10 +210,10 @@ def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable,
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    wrappers = []
+    wrappers, halves = [], tables_have_equal_halves(model)
     for _, module, module_globals, form in find_rotary_attentions(model):
         rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case,
-                                    in_place_ok(type(module)))
+                                    in_place_ok(type(module)), halves)
         wrappers.append((module, lambda below, g=module_globals, r=rotary: with_global(
             below, g, GLOBAL_NAME, lambda _previous: r)))
     return wrap_instance_forwards(wrappers)

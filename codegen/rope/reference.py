@@ -42,12 +42,18 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 
 def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, rot_dim: int,
-              dtype: str, cos_batch: int = 1) -> Case:
+              dtype: str, cos_batch: int = 1, equal_halves: bool = False) -> Case:
+    """`equal_halves`: the model's cos/sin rows are cat(freqs, freqs) by construction (see
+    patch.tables_have_equal_halves), so a kernel may read only their first half. The key is
+    present only when true, so cases of a general table keep their earlier keys."""
     if rot_dim % 2 or not 0 < rot_dim <= head_dim:
         raise ValueError(f"rot_dim must be even and in (0, head_dim], got {rot_dim}/{head_dim}")
-    return {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
+    case = {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
             "head_dim": int(head_dim), "rot_dim": int(rot_dim), "cos_batch": int(cos_batch),
             "dtype": dtype}
+    if equal_halves:
+        case["equal_halves"] = True
+    return case
 
 
 def params(case: Case) -> dict:
@@ -59,7 +65,9 @@ def params(case: Case) -> dict:
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """q, k as HF makes them (transposed views; contiguous when the case says `contiguous`),
-    cos/sin from real angles at random positions."""
+    cos/sin from real angles at random positions. The two halves of a table row are HF's
+    cat(freqs, freqs) only where the case says `equal_halves`; otherwise the second half's
+    angles differ, so a kernel that reads one half and uses it twice fails verification."""
     s, rot = case["seq"], case["rot_dim"]
     dtype = torch_dtype(case["dtype"])
     gen_device = generator.device if generator is not None else "cpu"
@@ -70,7 +78,7 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     positions = (start + torch.arange(s, device=gen_device)).float()
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, device=gen_device).float() / rot))
     freqs = positions[..., None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
+    emb = torch.cat((freqs, freqs if case.get("equal_halves") else freqs * 1.5 + 0.25), dim=-1)
     cos = emb.cos().to(device=device, dtype=dtype)
     sin = emb.sin().to(device=device, dtype=dtype)
     return q, k, cos, sin

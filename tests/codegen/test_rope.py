@@ -248,3 +248,71 @@ def test_known_attention_forwards_rotate_in_place_others_get_new_tensors(tmp_pat
         model(torch.randint(3, 500, (1, 4)).to(DEVICE))
     undo()
     assert aliased == [True, True]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("shape", [(2, 8, 4, 2, 16, 16), (1, 6, 4, 4, 32, 16)])
+def test_half_table_reads_one_half_and_holds_only_where_the_halves_are_equal(shape, dtype,
+                                                                              tmp_path):
+    """A case whose model builds cos/sin as cat(freqs, freqs) gets kernels that read the first
+    half of each row; on such tables they match the reference (joint and split layouts, full
+    and partial rotary). Fed a general table (second half's angles differ, as make_inputs
+    gives a case without the key), the same kernel is wrong: the verifier would reject it."""
+    case = make_case(*shape, dtype, equal_halves=True)
+    general = {k: v for k, v in case.items() if k != "equal_halves"}
+    q, k, cos, sin = FAMILY.make_inputs(general, "cpu", torch.Generator().manual_seed(0))
+    half = case["rot_dim"] // 2
+    assert not torch.equal(cos[..., :half], cos[..., half:])
+    q, k, cos, sin = FAMILY.make_inputs(case, "cpu", torch.Generator().manual_seed(0))
+    assert torch.equal(cos[..., :half], cos[..., half:])
+    configs = FAMILY.search_space(case)
+    assert configs == FAMILY.search_space(general)  # not a search axis
+    for config in (configs[0], next(c for c in configs if c.get("SPLIT"))):
+        assert "HALF_TABLE = True" in FAMILY.render(config, case)
+        assert "HALF_TABLE = False" in FAMILY.render(config, general)
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert_close(out, ref, TOL[dtype])
+        forward = load_rendered(FAMILY, config, case, tmp_path)
+        inputs = FAMILY.make_inputs(general, DEVICE, torch.Generator(DEVICE).manual_seed(0))
+        got = FAMILY.make_out(general, inputs)
+        forward(*inputs, out=got)
+        want = FAMILY.reference(*inputs)
+        assert max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want)) > 0.1
+
+
+def test_models_with_hf_rotary_tables_get_half_table_cases_others_do_not(tmp_path):
+    """The installed HF rotary embedding's rows really have equal halves (the assumption the
+    half-table kernel rests on); a model whose rotary embedding runs other code gets cases
+    without the key, and the patched model dispatches to kernels of the matching cases."""
+    from codegen.rope.patch import tables_have_equal_halves
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, device=DEVICE)
+    cos, sin = rotary(x, torch.arange(40, 47, device=DEVICE)[None])
+    half = cos.shape[-1] // 2
+    assert torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half],
+                                                                         sin[..., half:])
+    assert tables_have_equal_halves(model)
+    assert all(c.get("equal_halves") for c in FAMILY.cases_from_model(model, Workload(2, 8)))
+    for model_id in ("tiny-qwen2", "tiny-mistral", "tiny-gemma", "tiny-phi3"):
+        assert tables_have_equal_halves(build(resolve(model_id), torch.float32, DEVICE))
+
+    class Shifted(type(rotary)):
+        def forward(self, x, position_ids):
+            cos, sin = super().forward(x, position_ids)
+            return cos.roll(1, dims=-1), sin.roll(1, dims=-1)
+
+    rotary.__class__ = Shifted
+    assert not tables_have_equal_halves(model)
+    cases = FAMILY.cases_from_model(model, Workload(2, 8))
+    assert cases and not any(c.get("equal_halves") for c in cases)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    with torch.no_grad():
+        undo = FAMILY.patch(model, chooser)
+        patched = model(ids).logits
+        undo()
+        want = model(ids).logits
+    assert chooser.distinct_cases() == cases
+    torch.testing.assert_close(patched, want, atol=1e-4, rtol=1e-4)
