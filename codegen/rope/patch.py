@@ -209,10 +209,23 @@ def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable,
     return apply_rotary_pos_emb
 
 
+def whole_table_fallback(forward_by_case: Callable[[Case], Callable | None]) -> Callable:
+    """A half-table case with no kernel takes the kernel of the same case without the key: a
+    kernel that reads whole rows is right for equal halves too (a run searched before the key
+    existed, or a caller that searched only general cases, keeps its rotary kernel)."""
+    def choose(case: Case):
+        kernel = forward_by_case(case)
+        if kernel is None and case.get("equal_halves"):
+            kernel = forward_by_case({k: v for k, v in case.items() if k != "equal_halves"})
+        return kernel
+    return choose
+
+
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
     wrappers, halves = [], tables_have_equal_halves(model)
+    choose = whole_table_fallback(forward_by_case)
     for _, module, module_globals, form in find_rotary_attentions(model):
-        rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, forward_by_case,
+        rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, choose,
                                     in_place_ok(type(module)), halves)
         wrappers.append((module, lambda below, g=module_globals, r=rotary: with_global(
             below, g, GLOBAL_NAME, lambda _previous: r)))

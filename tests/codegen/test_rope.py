@@ -316,3 +316,31 @@ def test_models_with_hf_rotary_tables_get_half_table_cases_others_do_not(tmp_pat
         want = model(ids).logits
     assert chooser.distinct_cases() == cases
     torch.testing.assert_close(patched, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_run_with_only_whole_table_kernels_still_patches_a_half_table_model(tmp_path):
+    """Kernels searched for general cases (a run from before `equal_halves`) serve a model
+    whose tables have equal halves; a chooser with nothing for either leaves HF's code."""
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    inner = CountingChooser(FAMILY, tmp_path)
+    asked = []
+
+    def general_only(case):
+        asked.append(case)
+        return None if case.get("equal_halves") else inner(case)
+
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    with torch.no_grad():
+        want = model(ids).logits
+        undo = FAMILY.patch(model, general_only)
+        got = model(ids).logits
+        undo()
+    # each layer's dispatcher asks once per signature: the half-table case, then the general one
+    assert inner.calls == 2 and [c.get("equal_halves") for c in asked] == [True, None] * 2
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    nothing = CountingChooser(FAMILY, tmp_path, give=False)
+    with torch.no_grad():
+        undo = FAMILY.patch(model, nothing)
+        assert torch.equal(model(ids).logits, want)
+        undo()
+    assert nothing.calls == 0 and len(nothing.distinct_cases()) == 2
