@@ -90,6 +90,7 @@ def swap(model, variant: str) -> list:
 def main() -> None:
     from models.loader import build, resolve
     from profiling.capture import sync
+    from verify.stats import summarize
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -137,23 +138,19 @@ def main() -> None:
             wall[v].append((time.perf_counter() - t) * 1e3)
     swap(model, "hf")
 
-    def stats(xs):
-        q = statistics.quantiles(xs, n=5)
-        return {"median_ms": statistics.median(xs), "p20_ms": q[0], "p80_ms": q[-1]}
-
     result = {
         "model": model_id, "batch": batch, "seq": seq, "dtype": str(dtype), "device":
         torch.cuda.get_device_name(0) if gpu else "cpu", "torch": torch.__version__,
         "rounds": args.rounds, "max_abs_logit_error": errors,
-        "host": {v: stats(x) for v, x in host.items()},
-        "wall": {v: stats(x) for v, x in wall.items()},
+        "host": {v: summarize(x) for v, x in host.items()},
+        "wall": {v: summarize(x) for v, x in wall.items()},
         "host_saved_per_pass_ms": {v: statistics.median(a - b for a, b in zip(host["hf"],
                                                                                host[v]))
                                    for v in VARIANTS[1:]},
         "note": None if gpu else "CPU: host times include the compute; flow check only",
     }
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items()}, indent=1))
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Without folders it reads every `benchmarks/results/optimize-*` that has the need
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import tempfile
@@ -50,13 +49,6 @@ def host_scaled(scale: float):
         rank_stage.workload_graph = original
 
 
-def _profile(results: Path) -> dict:
-    packed = results / "profile.json.gz"
-    if packed.exists():
-        return json.loads(gzip.decompress(packed.read_bytes()))
-    return json.loads((results / "profile.json").read_text())
-
-
 def host_speeds(proj_w: dict, integ_w: dict, then: float | None) -> dict:
     fresh = [d["base_enqueue_ms"] for d in (proj_w.get("host_in_model") or {}).values()
              if d.get("base_enqueue_ms")]
@@ -68,40 +60,36 @@ def host_speeds(proj_w: dict, integ_w: dict, then: float | None) -> dict:
 def reproject_at(results: Path) -> dict:
     """Per workload of one run: measured speedup, frozen replay, and the replay at each host
     speed of SPEEDS (None where the run did not record it)."""
-    from pipeline.optimize import project_set
+    from reproject import unpack_run
 
-    proj = json.loads((results / "projection.json").read_text())
-    integ = json.loads((results / "integration.json").read_text())
-    ranking = {w["key"]: w for w in json.loads((results / "ranking.json").read_text())
-               ["workloads"]}
-    profile = _profile(results)
+    from pipeline.optimize import host_of, project_set, rescaled_host
+
     out = {}
-    for key, iw in integ["workloads"].items():
-        kept = list(iw.get("kept") or [])
-        if not kept or not iw.get("combined"):
-            continue
-        pw, ranked = proj["workloads"][key], ranking[key]
-        then = ranked.get("enqueue_ms")
-        row = {"kept": kept, "measured": 1 / iw["combined"]["estimate"],
-               "frozen": (iw.get("projection_for_kept") or pw)["replay"],
-               "host_ms": host_speeds(pw, iw, then), "replay": {}}
-        for speed, h in row["host_ms"].items():
-            if not h or not then:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        unpack_run(results, run)
+        proj = json.loads((run / "projection.json").read_text())
+        integ = json.loads((run / "integration.json").read_text())
+        ranking = {w["key"]: w for w in json.loads((run / "ranking.json").read_text())
+                   ["workloads"]}
+        for key, iw in integ["workloads"].items():
+            kept = list(iw.get("kept") or [])
+            if not kept or not iw.get("combined"):
                 continue
-            host = dict(pw.get("host_delta_us") or proj.get("host_delta_us") or {})
-            for f, d in (pw.get("host_in_model") or {}).items():  # as rescaled_host, at h
-                if d.get("share_per_call") is not None:
-                    host[f] = d["share_per_call"] * h * 1e3
-                elif host.get(f) is not None:
-                    host[f] *= h / then
-            with tempfile.TemporaryDirectory() as tmp, host_scaled(h / then):
-                run = Path(tmp)
-                (run / "profile.json").write_text(json.dumps(profile))
-                (run / "trace").symlink_to((results / "trace").resolve())
-                row["replay"][speed] = project_set(run, {**ranked, "enqueue_ms": h},
-                                                   proj["kernel_speedups"], host, True,
-                                                   only=kept)["replay"]
-        out[key] = row
+            pw, ranked = proj["workloads"][key], ranking[key]
+            then = ranked.get("enqueue_ms")
+            row = {"kept": kept, "measured": 1 / iw["combined"]["estimate"],
+                   "frozen": (iw.get("projection_for_kept") or pw)["replay"],
+                   "host_ms": host_speeds(pw, iw, then), "replay": {}}
+            for speed, h in row["host_ms"].items():
+                if not h or not then:
+                    continue
+                at_h = {**ranked, "enqueue_ms": h}  # the in-model deltas' shares times h
+                host = {**host_of(proj, key), **rescaled_host(at_h, pw.get("host_in_model") or {})}
+                with host_scaled(h / then):
+                    row["replay"][speed] = project_set(run, at_h, proj["kernel_speedups"], host,
+                                                       True, only=kept)["replay"]
+            out[key] = row
     return out
 
 

@@ -68,7 +68,7 @@ def model_setup(name: str, dry: bool) -> dict:
     from codegen.gated_act.reference import make_case as gated_case
     from codegen.kv_cache.reference import make_case as kv_case
     from codegen.matmul_epilogue.reference import make_case as gemm_case
-    from codegen.rope.patch import tables_have_equal_halves
+    from codegen.rope.patch import builds_equal_halves
     from codegen.rope.reference import make_case as rope_case
     from models.zoo import ZOO
 
@@ -85,9 +85,8 @@ def model_setup(name: str, dry: bool) -> dict:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     norm = {"rows": b * s, "hidden": cfg.hidden_size, "dtype": DTYPE,
             "eps": float(cfg.rms_norm_eps), "offset": 0.0, "cast_first": True}
-    with torch.device("meta"):  # the rotary embedding whose tables the rope rows take
-        rotary = getattr(module, prefix + "RotaryEmbedding")(cfg)
-    halves = tables_have_equal_halves(rotary)  # as the pipeline records the model's case
+    # the model's rotary embedding decides the rope case, as in the pipeline's recorded case
+    halves = builds_equal_halves(getattr(module, prefix + "RotaryEmbedding"))
     cases = {"rmsnorm": norm,
              "rope": rope_case(b, s, heads, kv, head_dim, head_dim, DTYPE, equal_halves=halves),
              "gated_act": gated_case(b * s, cfg.intermediate_size, DTYPE, "silu", "separate"),

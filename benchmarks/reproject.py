@@ -23,6 +23,19 @@ import tempfile
 from pathlib import Path
 
 
+def unpack_run(results: Path, run: Path) -> None:
+    """Lay a results folder out in `run` as the pipeline's run directory: the stage artifacts,
+    profile.json unpacked, the traces linked."""
+    for name in ("ranking.json", "projection.json", "integration.json"):
+        shutil.copy(results / name, run / name)
+    packed = results / "profile.json.gz"
+    if packed.exists():
+        (run / "profile.json").write_bytes(gzip.decompress(packed.read_bytes()))
+    else:
+        shutil.copy(results / "profile.json", run / "profile.json")
+    (run / "trace").symlink_to((results / "trace").resolve())
+
+
 def reproject(results: Path, basis: str | None = None) -> dict:
     """Per workload: the kept set's projection, frozen and now; with `basis` (a reading of
     pipeline.host_delta, e.g. "pass_us_per_call"), the in-model host deltas of that reading
@@ -31,14 +44,7 @@ def reproject(results: Path, basis: str | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
-        for name in ("ranking.json", "projection.json", "integration.json"):
-            shutil.copy(results / name, run / name)
-        packed = results / "profile.json.gz"
-        if packed.exists():
-            (run / "profile.json").write_bytes(gzip.decompress(packed.read_bytes()))
-        else:
-            shutil.copy(results / "profile.json", run / "profile.json")
-        (run / "trace").symlink_to((results / "trace").resolve())
+        unpack_run(results, run)
         proj = json.loads((run / "projection.json").read_text())
         integ = json.loads((run / "integration.json").read_text())
         ranking = {w["key"]: w for w in json.loads((run / "ranking.json").read_text())

@@ -90,10 +90,15 @@ def tables_have_equal_halves(model: nn.Module) -> bool:
     differs from Llama's by a `.float()` (found on the H200 in run 12, where the comparison
     with Llama's alone left Qwen2.5-0.5B without the half-table kernel). A model without a
     rotary embedding (tables made elsewhere) or with other code: False."""
-    tables = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    tables = {type(m) for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")}
+    return bool(tables) and all(builds_equal_halves(cls) for cls in tables)
+
+
+@cache
+def builds_equal_halves(cls: type) -> bool:
+    """The rotary embedding class's forward is one of `_known_tables`."""
     try:
-        return bool(tables) and all(code_shape(type(m).forward) in _known_tables()
-                                    for m in tables)
+        return code_shape(cls.forward) in _known_tables()
     except (OSError, TypeError, ValueError):  # no source to compare
         return False
 
