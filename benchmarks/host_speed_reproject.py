@@ -67,11 +67,7 @@ def reproject_at(results: Path) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
-        unpack_run(results, run)
-        proj = json.loads((run / "projection.json").read_text())
-        integ = json.loads((run / "integration.json").read_text())
-        ranking = {w["key"]: w for w in json.loads((run / "ranking.json").read_text())
-                   ["workloads"]}
+        proj, integ, ranking = unpack_run(results, run)
         for key, iw in integ["workloads"].items():
             kept = list(iw.get("kept") or [])
             if not kept or not iw.get("combined"):

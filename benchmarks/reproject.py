@@ -23,9 +23,10 @@ import tempfile
 from pathlib import Path
 
 
-def unpack_run(results: Path, run: Path) -> None:
-    """Lay a results folder out in `run` as the pipeline's run directory: the stage artifacts,
-    profile.json unpacked, the traces linked."""
+def unpack_run(results: Path, run: Path) -> tuple[dict, dict, dict]:
+    """Lay a results folder out in `run` as the pipeline's run directory (the stage artifacts,
+    profile.json unpacked, the traces linked); returns its projection, its integration and its
+    ranking by workload key."""
     for name in ("ranking.json", "projection.json", "integration.json"):
         shutil.copy(results / name, run / name)
     packed = results / "profile.json.gz"
@@ -34,6 +35,9 @@ def unpack_run(results: Path, run: Path) -> None:
     else:
         shutil.copy(results / "profile.json", run / "profile.json")
     (run / "trace").symlink_to((results / "trace").resolve())
+    ranking = json.loads((run / "ranking.json").read_text())["workloads"]
+    return (json.loads((run / "projection.json").read_text()),
+            json.loads((run / "integration.json").read_text()), {w["key"]: w for w in ranking})
 
 
 def reproject(results: Path, basis: str | None = None) -> dict:
@@ -44,11 +48,7 @@ def reproject(results: Path, basis: str | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
-        unpack_run(results, run)
-        proj = json.loads((run / "projection.json").read_text())
-        integ = json.loads((run / "integration.json").read_text())
-        ranking = {w["key"]: w for w in json.loads((run / "ranking.json").read_text())
-                   ["workloads"]}
+        proj, integ, ranking = unpack_run(results, run)
         out = {}
         for key, w in integ["workloads"].items():
             kept = list(w.get("kept") or [])
