@@ -432,9 +432,9 @@ def driver(args) -> int:
     merged = {"command": shlex.join([Path(sys.executable).name, *sys.argv]),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "dry_run": args.dry_run, "workload": f"batch {b} x seq {s}, {DTYPE}",
-              "method": "verify.timing.bench, CUDA events with the L2 flushed per repetition, "
-                        "median and p20/p80", "versions": None, "large_copy": None,
-              "workers": {}, "models": {}}
+              "method": "verify.timing.bench, CUDA events with the L2 flushed and a host head "
+                        "start per repetition, median and p20/p80", "versions": None,
+              "large_copy": None, "workers": {}, "models": {}}
     run_workers(args, out, merged)
     print(f"wrote {out / 'kernels.json'} and {out / 'kernels.md'}")
     return 0

@@ -25,6 +25,8 @@ def test_lean_layers_give_hf_logits_bit_for_bit_and_swap_back(model_id):
             layers = swap(model, variant)
             assert all("forward" in vars(layer) for layer in layers)
             assert torch.equal(model(ids).logits, want), variant
+        swap(model, "fused_qkv")
+        torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-5)
         layers = swap(model, "hf")
         assert not any("forward" in vars(layer) for layer in layers)
         assert torch.equal(model(ids).logits, want)

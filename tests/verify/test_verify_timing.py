@@ -78,6 +78,24 @@ def test_gpu_bench_and_paired_ratio_are_meaningful():
     assert result.meaningful and result.verdict in ("same", "faster", "slower")
 
 
+@pytest.mark.gpu
+def test_gpu_bench_times_the_device_work_not_a_slow_wrapper():
+    """A wrapper that spends 300 us of Python before a ~10 us kernel: the events must time the
+    kernel (run 12's Liger cells timed the wrapper)."""
+    x = torch.randn(1 << 20, device="cuda")
+
+    def slow_wrapper():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 3e-4:
+            pass
+        return x * 2
+
+    plain = bench(lambda: x * 2, device="cuda", rep_ms=20)
+    wrapped = bench(slow_wrapper, device="cuda", rep_ms=20)
+    assert "head start" in wrapped.method
+    assert wrapped.median_ms < plain.median_ms + 0.05 < 0.3
+
+
 def test_paired_ratio_records_each_calls_host_time_apart_from_its_wall_time(monkeypatch):
     """Host time = until the call returned; wall time also waits for the synchronise (here a
     fake device that finishes 5 ms after the host returns for the candidate, 1 ms for the
