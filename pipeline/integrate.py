@@ -10,6 +10,8 @@
   A family whose paired-ratio 95 % CI shows a slowdown is rolled back for that workload; if the
   whole set still regresses, everything is rolled back there; else a family that slows the set
   down (timed in it against the set without it) is rolled back. Never ship a regression.
+  A family set aside for another that replaces the same ops is tried, by the same rules, where
+  that other one did not ship (`fall_back`).
 """
 
 from __future__ import annotations
@@ -200,59 +202,103 @@ def twin(model):
     return copy.deepcopy(model, memo=shared)
 
 
-def measure(model, workload, accepted: dict, families: list[str], workload_cases: dict,
-            pairs: int, paired_ratio) -> dict:
-    """Each family alone against the baseline, then all kept ones, then each kept one in the
-    set against the set without it (`prune_set`); interleaved pairs."""
-    from profiling.capture import make_runner
+class _Timings:
+    """The paired whole-model timings of one model and workload: a patched set against the
+    unpatched model, or a set against the set without a family; interleaved pairs."""
 
-    def runner_for(m):
-        once = make_runner(m, workload).once
+    def __init__(self, model, workload, accepted: dict, workload_cases: dict, pairs: int,
+                 paired_ratio):
+        from profiling.capture import make_runner
 
-        def run():
-            once()
-        run.model = m  # which model a timed call runs (the tests' fake timer reads it)
-        return run
+        self.model, self.accepted, self.cases = model, accepted, workload_cases
+        self.pairs, self.paired_ratio, self.device = pairs, paired_ratio, workload.device
 
-    base = runner_for(model)
-    device = workload.device
+        def runner_for(m):
+            once = make_runner(m, workload).once
 
-    def against_base(families):
-        variant = twin(model)
-        with patched(variant, accepted, families, workload_cases):
-            return paired_ratio(base, runner_for(variant), n=pairs, device=device)
+            def run():
+                once()
+            run.model = m  # which model a timed call runs (the tests' fake timer reads it)
+            return run
 
-    per_family, kept = {}, []
-    for name in families:
-        r = against_base([name])
-        per_family[name] = {**r.to_dict(), "decision": _decision(r)}
-        if per_family[name]["decision"] != "rolled back":
-            kept.append(name)
+        self.runner_for = runner_for
+        self.base = runner_for(model)
 
-    def with_against_without(rest, families):
-        without, with_ = twin(model), twin(model)
-        with patched(without, accepted, rest, workload_cases), \
-                patched(with_, accepted, families, workload_cases):
-            return paired_ratio(runner_for(without), runner_for(with_), n=pairs, device=device)
+    def against_base(self, families):
+        variant = twin(self.model)
+        with patched(variant, self.accepted, families, self.cases):
+            return self.paired_ratio(self.base, self.runner_for(variant), n=self.pairs,
+                                     device=self.device)
 
-    def combine(families):
-        r = against_base(families).to_dict()
+    def with_against_without(self, rest, families):
+        without, with_ = twin(self.model), twin(self.model)
+        with patched(without, self.accepted, rest, self.cases), \
+                patched(with_, self.accepted, families, self.cases):
+            return self.paired_ratio(self.runner_for(without), self.runner_for(with_),
+                                     n=self.pairs, device=self.device)
+
+    def combine(self, families):
+        r = self.against_base(families).to_dict()
         if r["meaningful"] and r["verdict"] == "slower":
             return {**r, "decision": "rolled back: the combined set regresses"}, []
         return {**r, "bound": pass_bound(r), "decision": "kept"}, families
 
+
+def measure(model, workload, accepted: dict, families: list[str], workload_cases: dict,
+            pairs: int, paired_ratio) -> dict:
+    """Each family alone against the baseline, then all kept ones, then each kept one in the
+    set against the set without it (`prune_set`); interleaved pairs."""
+    t = _Timings(model, workload, accepted, workload_cases, pairs, paired_ratio)
+    per_family, kept = {}, []
+    for name in families:
+        r = t.against_base([name])
+        per_family[name] = {**r.to_dict(), "decision": _decision(r)}
+        if per_family[name]["decision"] != "rolled back":
+            kept.append(name)
+
     combined = None
     if kept:
-        combined, kept = combine(kept)
+        combined, kept = t.combine(kept)
         if combined["meaningful"] and len(kept) > 1:
             pruned = prune_set(kept, {f: per_family[f]["estimate"] for f in kept},
-                               with_against_without, per_family)
+                               t.with_against_without, per_family)
             if pruned != kept:
                 # the shipped set is timed again against the baseline, under the same rule
                 before = _without_times(combined)
-                combined, kept = combine(pruned)
+                combined, kept = t.combine(pruned)
                 combined["before_pruning"] = before
     return {"per_family": per_family, "combined": combined, "kept": kept}
+
+
+def fall_back(model, workload, accepted: dict, measured: dict, family: str, instead_of: str,
+              workload_cases: dict, pairs: int, paired_ratio) -> None:
+    """`family` was set aside before any measurement for `instead_of`, which replaces the same
+    ops; `instead_of` did not ship on this workload (`measured`, from `measure`), so `family`
+    is tried in its place under the same rules: alone against the baseline, in the shipped set
+    against the set without it, and the set with it against the baseline. Run 13 (Qwen2.5-0.5B
+    b8 on a slow H200 host): matmul_epilogue was rolled back at 0.964x alone, and gated_act,
+    set aside for it, never reached the model. Updates `measured` in place."""
+    t = _Timings(model, workload, accepted, workload_cases, pairs, paired_ratio)
+    r = t.against_base([family])
+    rec = {**r.to_dict(), "decision": _decision(r), "fallback_for": instead_of}
+    measured["per_family"][family] = rec
+    if rec["decision"] == "rolled back":
+        return
+    kept = list(measured["kept"])
+    if kept:
+        r = t.with_against_without(kept, kept + [family])
+        rec["in_set"] = _without_times(r.to_dict())
+        if r.meaningful and r.verdict == "slower":
+            rec["decision"] = "rolled back: the set is slower with it"
+            return
+    combined, shipped = t.combine(kept + [family])
+    if not shipped:  # the set without it still ships
+        rec["decision"] = "rolled back: the set with it regresses"
+        rec["combined_with_it"] = _without_times(combined)
+        return
+    if measured["combined"] is not None:
+        combined["before_fallback"] = _without_times(measured["combined"])
+    measured["combined"], measured["kept"] = combined, shipped
 
 
 def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,

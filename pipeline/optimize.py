@@ -196,17 +196,21 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     ranking = read_json(run_dir / "ranking.json", "ranking")
     # only what will reach the model: a family skipped before any measurement (one that
     # cannot win, or one superseded by another replacing the same ops) is not projected
-    fams, _ = integrable(summary["accepted"], families, "cuda" if on_gpu else "cpu")
-    speed = {f: v for f, v in kernel_speedups(summary).items() if f in fams} if on_gpu else {}
+    device = "cuda" if on_gpu else "cpu"
+    fams, _ = integrable(summary["accepted"], families, device)
+    # a family set aside may still ship where the one it was set aside for does not: its
+    # numbers are kept for the projection of the set that ships (`project_kept`)
+    known = fams + list(fallbacks(summary["accepted"], families, device))
+    speed = {f: v for f, v in kernel_speedups(summary).items() if f in known} if on_gpu else {}
     host = {f: v for f, v in kernel_speedups(summary, "host_delta_us").items()
-            if f in fams} if on_gpu else {}
+            if f in known} if on_gpu else {}
     out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         measured = (in_model or {}).get(w["key"]) or {}
         host_w = {**host, **rescaled_host(w, measured)}
         out["workloads"][w["key"]] = {
-            **project_set(run_dir, w, speed, host_w, on_gpu),
+            **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
@@ -256,6 +260,7 @@ def host_stage(model, workloads, summary: dict, families: list[str],
 
     accepted = summary["accepted"]
     fams, _ = integrable(accepted, families, workloads[0].device)
+    fams += list(fallbacks(accepted, families, workloads[0].device))
     out = {}
     for w in workloads:
         if w.dtype != workloads[0].dtype or not fams:
@@ -367,35 +372,58 @@ def superseded(accepted: dict, families: list[str]) -> dict[str, str]:
     interpreter the times mean nothing, but the rule still keeps one of the two.
     Decided once per run, before any in-model measurement: where each family wins on another
     workload, only one is kept for all of them; gated_act's number leaves out its in-model
-    gate/up GEMM fusion; and the loser is no fallback when the winner is rolled back. (Run 6,
-    H200: matmul_epilogue saved more at prefill b8 on both models; at batch 1 on Llama
-    gated_act was not among the top 5.)"""
-    from codegen.registry import get_family
+    gate/up GEMM fusion. (Run 6, H200: matmul_epilogue saved more at prefill b8 on both
+    models; at batch 1 on Llama gated_act was not among the top 5.) Where the winner does not
+    ship on a workload, the loser is tried there in its place (`integrate.fall_back`)."""
+    saved = _device_saved_us(accepted)
+    return {loser: (f"superseded by {winner}, which replaces the same ops: it saves "
+                    f"{saved(winner):.1f} us per call against {saved(loser):.1f} us "
+                    f"(kernel-level, summed over cases)")
+            for loser, winner in superseded_by(accepted, families).items()}
 
+
+def _device_saved_us(accepted: dict) -> Callable[[str], float]:
     def saved_us(fam: str) -> float:
         return sum((a["baseline"]["median_ms"] - a["kernel"]["median_ms"]) * 1e3
                    for a in accepted.values() if a["family"] == fam)
+    return saved_us
 
-    out = {}
+
+def superseded_by(accepted: dict, families: list[str]) -> dict[str, str]:
+    """{family set aside: the family it was set aside for} (`superseded`)."""
+    from codegen.registry import get_family
+
+    saved_us = _device_saved_us(accepted)
+    out: dict[str, str] = {}
     for fam in families:
         for other in get_family(fam).extras.get("overlaps", ()):
             if other not in families or fam in out or other in out:
                 continue
             loser, winner = sorted((fam, other), key=saved_us)
-            out[loser] = (f"superseded by {winner}, which replaces the same ops: it saves "
-                          f"{saved_us(winner):.1f} us per call against {saved_us(loser):.1f} us "
-                          f"(kernel-level, summed over cases)")
+            out[loser] = winner
     return out
 
 
-def integrable(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
-    """(families with an accepted kernel that may gain somewhere, {skipped family: why}).
-    Only GPU timings say a kernel is slower; the interpreter's say nothing. Of two families
-    that replace the same ops, one is skipped (`superseded`)."""
+def _may_win(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
+    """(families with an accepted kernel that may gain somewhere, {the others: why}). Only GPU
+    timings say a kernel is slower; the interpreter's say nothing."""
     fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
     skipped = cannot_win(accepted, fams) if device.startswith("cuda") else {}
-    skipped.update(superseded(accepted, [f for f in fams if f not in skipped]))
     return [f for f in fams if f not in skipped], skipped
+
+
+def integrable(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
+    """(families integrated, {skipped family: why}): those that may win, less one of each two
+    that replace the same ops (`superseded`)."""
+    fams, skipped = _may_win(accepted, families, device)
+    skipped.update(superseded(accepted, fams))
+    return [f for f in fams if f not in skipped], skipped
+
+
+def fallbacks(accepted: dict, families: list[str], device: str) -> dict[str, str]:
+    """{family set aside: the family it was set aside for}: tried where that one does not
+    ship."""
+    return superseded_by(accepted, _may_win(accepted, families, device)[0])
 
 
 def workload_cases(model, workload, families: list[str]) -> dict[str, list[str]]:
@@ -423,6 +451,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         else paired_ratio
     accepted = summary["accepted"]
     fams, skipped = integrable(accepted, families, workloads[0].device)
+    spare = fallbacks(accepted, families, workloads[0].device)
     for fam, why in skipped.items():
         say(f"{fam}: {why}")
     result = {"stage": "integrate", "families": fams, "chosen": families, "environment":
@@ -438,6 +467,12 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         ref = ig.fp32_reference(model)
         say("whole-model check")
         check = ig.check_and_bisect(model, ref, accepted, fams, ws[0])
+        # a family set aside is checked in the set it could ship in: the checked set without
+        # the family it was set aside for
+        spare_checks = {f: ig.check_and_bisect(
+            model, ref, accepted, [k for k in check["kept"] if k != instead] + [f], ws[0])
+            for f, instead in spare.items()}
+        usable = {f: instead for f, instead in spare.items() if f in spare_checks[f]["kept"]}
         del ref
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -445,10 +480,14 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         measured = {}
         for w in ws:
             say(f"measure {w.key}")
-            cases = workload_cases(model, w, fams)
+            cases = workload_cases(model, w, fams + list(usable))
             allowed = {f: set(v) for f, v in cases.items()}
-            measured[w.key] = (cases, allowed,
-                               ig.measure(model, w, accepted, kept, allowed, pairs, timer))
+            m = ig.measure(model, w, accepted, kept, allowed, pairs, timer)
+            for f, instead in usable.items():
+                if instead not in m["kept"]:
+                    say(f"{f}: {instead} does not ship on {w.key}; trying {f} in its place")
+                    ig.fall_back(model, w, accepted, m, f, instead, allowed, pairs, timer)
+            measured[w.key] = (cases, allowed, m)
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
         # attached, and later launches of this process may cost more (profiling.capture).
         # Run 6 timed after it and measured Llama-3.2-1B b1 prefill at 1.501x; run 7 timed
@@ -459,9 +498,11 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             if device.startswith("cuda") and m["kept"]:
                 say(f"re-profile {w.key}")
                 m["reprofile"] = ig.reprofile(model, accepted, m["kept"], w, allowed)
-            result["workloads"][w.key] = {"workload": w.to_dict(), "check": check,
-                                          "patch_effect": effect, "cases": cases,
-                                          "skipped": skipped, **m}
+            result["workloads"][w.key] = {
+                "workload": w.to_dict(), "check": check, "patch_effect": effect, "cases": cases,
+                # a family tried in place of another has its measurement, not a reason
+                "skipped": {f: why for f, why in skipped.items() if f not in m["per_family"]},
+                **({"fallback_checks": spare_checks} if spare_checks else {}), **m}
         del model
     write_json(run_dir / "integration.json", result)
     return result

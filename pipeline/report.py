@@ -260,7 +260,12 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
     rollbacks += [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
                   for f, res in (check.get("rejected") or {}).items()]
     for f, d in per.items():
-        if _rolled_back(d) and d.get("in_set"):  # in_set: timed in the set, kept alone
+        if _rolled_back(d) and d.get("combined_with_it"):  # a fallback (integrate.fall_back)
+            r = _ratio(d["combined_with_it"], [f], "the set with it")
+            rollbacks.append({"family": f, "stage": "combined", "reason": (
+                f"the set with it against the baseline {rp.speed(r['speedup'])} "
+                f"{rp.ci(r['ci'])}: the 95% CI shows a slowdown; the set without it ships")})
+        elif _rolled_back(d) and d.get("in_set"):  # in_set: timed in the set, kept alone
             r = _ratio(d["in_set"], [f], "in the set")
             rollbacks.append({"family": f, "stage": "timing in the set", "reason": (
                 f"the set with it against the set without it {rp.speed(r['speedup'])} "
@@ -282,7 +287,8 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
             else None,
             "per_family": [{"family": f, **_ratio(d, [f], "alone"),
                             "in_set": _ratio(d["in_set"], [f], "in the set, with / without")
-                            if d.get("in_set") else None} for f, d in per.items()],
+                            if d.get("in_set") else None, "fallback_for": d.get("fallback_for")}
+                           for f, d in per.items()],
             "rollbacks": rollbacks, "kept": kept,
             "check": {**{k: (check.get("set") or {}).get(k) for k in ("families", "passed")},
                       "trials": (check.get("set") or {}).get("trials") or [],
@@ -479,7 +485,9 @@ def acceptance_record(fam: str, data: dict, load) -> str:
         if rb:
             decision.append(f"rolled back on {w['key']}: " + "; ".join(r["reason"] for r in rb))
         elif w["kept"] is not None and fam in w["kept"]:
-            decision.append(f"kept on {w['key']}")
+            instead = (per or {}).get("fallback_for")
+            decision.append(f"kept on {w['key']}" + (
+                f", in place of {instead}, which does not ship there" if instead else ""))
     if not f["Measurements"]:
         f["Measurements"] = ["none: no candidate was accepted, nothing timed end to end"]
     f["Decision"] = decision + [f"rollback conditions: {ROLLBACK_RULE}"]

@@ -473,6 +473,132 @@ def test_the_set_is_pruned_least_useful_first_and_the_pruned_set_rechecked(run_d
     assert "before_pruning" in m["combined"]
 
 
+def test_a_family_set_aside_is_tried_where_the_one_it_gave_way_to_does_not_ship(
+        run_data, fake_timing):
+    """gated_act was set aside for matmul_epilogue, which was rolled back on this workload
+    (run 13: 0.964x alone on a slow host): gated_act is tried in its place under the same
+    rules (alone, in the shipped set, the set against the baseline) and ships only if none of
+    them shows a slowdown."""
+    from pipeline import integrate as ig
+    from pipeline.report import _integration
+
+    make, calls = fake_timing
+    accepted, workload, cases = measure_inputs(run_data)
+    model = build_tiny_llama()
+
+    def after_measure(kept):
+        rec = {"estimate": 1.0, "ci_low": 0.95, "ci_high": 1.05, "meaningful": True,
+               "verdict": "same", "ratios": [1.0] * 3}
+        return {"per_family": {"matmul_epilogue": {**rec, "decision": "rolled back"},
+                               **{f: {**rec, "decision": "kept"} for f in kept}},
+                "combined": {**rec, "decision": "kept"} if kept else None, "kept": kept}
+
+    def fall_back(m, verdict):
+        calls.clear()
+        ig.fall_back(model, workload, accepted, m, "gated_act", "matmul_epilogue", cases,
+                     PAIRS, make(verdict))
+        return m
+
+    # faster alone, in the set and with the set: it ships, and the set is timed again
+    m = fall_back(after_measure(["rmsnorm"]), lambda fams, base: "faster")
+    assert m["kept"] == ["rmsnorm", "gated_act"]
+    rec = m["per_family"]["gated_act"]
+    assert rec["fallback_for"] == "matmul_epilogue" and rec["decision"] == "kept"
+    assert rec["in_set"]["verdict"] == "faster"
+    assert m["combined"]["decision"] == "kept" and "before_fallback" in m["combined"]
+    assert [(c[0], c[3]) for c in calls] == [
+        (frozenset({"gated_act"}), frozenset()),
+        (frozenset({"rmsnorm", "gated_act"}), frozenset({"rmsnorm"})),
+        (frozenset({"rmsnorm", "gated_act"}), frozenset())]
+    iw = _integration({**m, "check": {}}, None)
+    assert iw["kept"] == ["rmsnorm", "gated_act"] and not any(
+        r["family"] == "gated_act" for r in iw["rollbacks"])
+    assert {f["family"]: f["fallback_for"] for f in iw["per_family"]}["gated_act"] == \
+        "matmul_epilogue"
+
+    # slower alone: rolled back, nothing else timed, the shipped set unchanged
+    m = fall_back(after_measure(["rmsnorm"]),
+                  lambda fams, base: "slower" if fams == {"gated_act"} else "faster")
+    assert m["kept"] == ["rmsnorm"] and m["per_family"]["gated_act"]["decision"] == \
+        "rolled back" and len(calls) == 1 and "before_fallback" not in m["combined"]
+
+    # faster alone, but the set is slower with it
+    m = fall_back(after_measure(["rmsnorm"]),
+                  lambda fams, base: "slower" if base else "faster")
+    assert m["kept"] == ["rmsnorm"]
+    assert m["per_family"]["gated_act"]["decision"] == "rolled back: the set is slower with it"
+
+    # the set with it regresses against the baseline: the set without it still ships
+    def regresses(fams, base):
+        return "slower" if not base and len(fams) > 1 else "faster"
+
+    m = fall_back(after_measure(["rmsnorm"]), regresses)
+    assert m["kept"] == ["rmsnorm"] and m["combined"]["verdict"] == "same"
+    assert m["per_family"]["gated_act"]["decision"] == "rolled back: the set with it regresses"
+    [rb] = [r for r in _integration({**m, "check": {}}, None)["rollbacks"]
+            if r["family"] == "gated_act"]
+    assert rb["stage"] == "combined" and "the set without it ships" in rb["reason"]
+
+    # nothing else shipped: it ships alone
+    m = fall_back(after_measure([]), lambda fams, base: "faster")
+    assert m["kept"] == ["gated_act"] and m["combined"]["decision"] == "kept"
+    assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
+def test_integrate_stage_tries_a_set_aside_family_only_where_its_rival_does_not_ship(
+        run_data, monkeypatch, tmp_path):
+    """The wiring: the family set aside is checked in the set it could ship in (the checked
+    set less its rival) and tried on a workload only where its rival did not ship; there its
+    measurement replaces the skip reason."""
+    from models.loader import resolve
+    from pipeline import integrate as ig
+    from pipeline import optimize
+
+    def acc(fam, base_ms, kernel_ms):
+        return {"family": fam, "speedup": base_ms / kernel_ms, "host_delta_us": 1.0,
+                "baseline": {"median_ms": base_ms}, "kernel": {"median_ms": kernel_ms}}
+
+    summary = {"accepted": {"gated_act/a": acc("gated_act", 0.19, 0.11),
+                            "matmul_epilogue/a": acc("matmul_epilogue", 0.884, 0.7),
+                            "rmsnorm/a": acc("rmsnorm", 0.5, 0.05)}}
+    fams = ["matmul_epilogue", "rmsnorm", "gated_act"]
+    assert optimize.fallbacks(summary["accepted"], fams, "cuda") == \
+        {"gated_act": "matmul_epilogue"}
+    import dataclasses
+
+    w1 = workloads_of(run_data)[0]
+    w2 = dataclasses.replace(w1, batch=1)
+    checked, tried = [], []
+
+    def check(model, ref, accepted, families, workload):
+        checked.append(list(families))
+        return {"kept": list(families), "rejected": {}, "set": {"passed": True}}
+
+    def measure(model, w, accepted, families, cases, pairs, timer):
+        kept = [f for f in families if w.batch == 1 or f != "matmul_epilogue"]
+        return {"per_family": {f: {"decision": "kept"} for f in families}, "combined": {},
+                "kept": kept}
+
+    def fall_back(model, w, accepted, m, family, instead, cases, pairs, timer):
+        tried.append((w.key, family, instead))
+        m["per_family"][family] = {"decision": "kept", "fallback_for": instead}
+
+    monkeypatch.setattr(ig, "fp32_reference", lambda model: None)
+    monkeypatch.setattr(ig, "check_and_bisect", check)
+    monkeypatch.setattr(ig, "measure", measure)
+    monkeypatch.setattr(ig, "fall_back", fall_back)
+    monkeypatch.setattr(ig, "patch_took_effect", lambda *a: None)
+    monkeypatch.setattr(optimize, "workload_cases", lambda model, w, families: {})
+    integ = optimize.integrate_stage(tmp_path, resolve("tiny-llama"), [w1, w2], summary, fams,
+                                     say, PAIRS, built={(w1.dtype, w1.device): object()})
+    assert checked == [["matmul_epilogue", "rmsnorm"], ["rmsnorm", "gated_act"]]
+    assert tried == [(w1.key, "gated_act", "matmul_epilogue")]
+    r1, r2 = integ["workloads"][w1.key], integ["workloads"][w2.key]
+    assert "gated_act" not in r1["skipped"] and "gated_act" in r1["per_family"]
+    assert r2["skipped"]["gated_act"].startswith("superseded by matmul_epilogue")
+    assert set(r1["fallback_checks"]) == {"gated_act"}
+
+
 def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp_path,
                                                                     call_order):
     """The patch check's re-profile is a profiler session, which on a GPU leaves CUPTI
@@ -890,6 +1016,42 @@ def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrate
     assert list(superseded(accepted, fams)) == ["gated_act"]
     # alone, neither gives way
     assert superseded(accepted, ["matmul_epilogue", "rmsnorm"]) == {}
+
+
+def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp_path,
+                                                                             monkeypatch):
+    """Frozen before integration: projected with matmul_epilogue (which goes on), not
+    gated_act (set aside for it); gated_act's numbers are kept so that a workload where it
+    ships in matmul_epilogue's place gets the projection of that set (`project_kept`)."""
+    from pipeline import optimize, rank_stage
+    from pipeline.artifacts import write_json
+
+    def acc(fam, base_ms, kernel_ms):
+        return {"family": fam, "speedup": base_ms / kernel_ms, "host_delta_us": 2.0,
+                "baseline": {"median_ms": base_ms}, "kernel": {"median_ms": kernel_ms}}
+
+    summary = {"accepted": {"gated_act/a": acc("gated_act", 0.2, 0.1),
+                            "matmul_epilogue/a": acc("matmul_epilogue", 0.9, 0.6),
+                            "rmsnorm/a": acc("rmsnorm", 0.5, 0.1)}}
+    rows = [{"pattern": "rms", "family": "rmsnorm", "share": 0.2},
+            {"pattern": "mlp_gemm", "family": "matmul_epilogue", "share": 0.3},
+            {"pattern": "act", "family": "gated_act", "share": 0.1}]
+    write_json(tmp_path / "ranking.json", {"workloads": [{"key": "w", "rows": rows}]})
+    replays = []
+    monkeypatch.setattr(rank_stage, "project_with",
+                        lambda run_dir, key, speed, host: replays.append(speed) or 1.1)
+    fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
+    proj = optimize.freeze_projection(tmp_path, summary, fams, on_gpu=True)
+    assert set(proj["kernel_speedups"]) == set(fams)
+    pw = proj["workloads"]["w"]
+    assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
+    assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
+    write_json(tmp_path / "integration.json", {"workloads": {"w": {
+        "kept": ["rmsnorm", "gated_act"]}}})
+    optimize.project_kept(tmp_path, on_gpu=True)
+    kept = read_json(tmp_path / "integration.json")["workloads"]["w"]["projection_for_kept"]
+    assert kept["patterns"] == ["rms", "act"]
+    assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
 
 
 def test_top_n_backfills_a_family_that_cannot_reach_the_model(monkeypatch):
