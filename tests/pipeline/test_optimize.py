@@ -112,6 +112,12 @@ def build_tiny_llama():
     return build(resolve("tiny-llama"), torch.float32, "cpu").eval()
 
 
+def accepted_entry(fam, base_ms, kernel_ms, host_us=1.0) -> dict:
+    """A verification summary's accepted-kernel entry, as far as the integrate stage reads it."""
+    return {"family": fam, "speedup": base_ms / kernel_ms, "host_delta_us": host_us,
+            "baseline": {"median_ms": base_ms}, "kernel": {"median_ms": kernel_ms}}
+
+
 def workloads_of(data):
     from pipeline.workload import Workload
 
@@ -554,10 +560,7 @@ def test_integrate_stage_tries_a_set_aside_family_only_where_its_rival_does_not_
     from pipeline import integrate as ig
     from pipeline import optimize
 
-    def acc(fam, base_ms, kernel_ms):
-        return {"family": fam, "speedup": base_ms / kernel_ms, "host_delta_us": 1.0,
-                "baseline": {"median_ms": base_ms}, "kernel": {"median_ms": kernel_ms}}
-
+    acc = accepted_entry
     summary = {"accepted": {"gated_act/a": acc("gated_act", 0.19, 0.11),
                             "matmul_epilogue/a": acc("matmul_epilogue", 0.884, 0.7),
                             "rmsnorm/a": acc("rmsnorm", 0.5, 0.05)}}
@@ -996,11 +999,8 @@ def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrate
     on, the other is skipped with both numbers; the projection counts only what goes on."""
     from pipeline.optimize import integrable, superseded
 
-    def acc(fam, base_ms, kernel_ms):
-        return {"family": fam, "speedup": base_ms / kernel_ms, "host_delta_us": 1.0,
-                "baseline": {"median_ms": base_ms}, "kernel": {"median_ms": kernel_ms}}
-
     # Llama b8's probe numbers: eager act 0.058 ms after 0.826 ms of cuBLAS, a dual GEMM 0.936 ms
+    acc = accepted_entry
     accepted = {"gated_act/a": acc("gated_act", 0.190, 0.110),
                 "matmul_epilogue/a": acc("matmul_epilogue", 0.884, 0.860),
                 "rmsnorm/a": acc("rmsnorm", 0.5, 0.05)}
@@ -1027,8 +1027,7 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     from pipeline.artifacts import write_json
 
     def acc(fam, base_ms, kernel_ms):
-        return {"family": fam, "speedup": base_ms / kernel_ms, "host_delta_us": 2.0,
-                "baseline": {"median_ms": base_ms}, "kernel": {"median_ms": kernel_ms}}
+        return accepted_entry(fam, base_ms, kernel_ms, host_us=2.0)
 
     summary = {"accepted": {"gated_act/a": acc("gated_act", 0.2, 0.1),
                             "matmul_epilogue/a": acc("matmul_epilogue", 0.9, 0.6),
