@@ -62,8 +62,12 @@ def print_profile(profile: dict, top: int = 10) -> None:
         console.print(t)
 
 
-def print_optimize(run_dir) -> None:
-    """Projected next to measured whole-model speedup, per workload, and the decisions."""
+OPTIMIZE_COLUMNS = ("workload", "kept kernels", "projected (replay)", "projected (Amdahl)",
+                    "measured", "95% CI", "note")
+
+
+def optimize_rows(run_dir) -> list[list[str]]:
+    """Per workload: projected next to measured whole-model speedup, and the decision."""
     from pathlib import Path
 
     from pipeline.artifacts import read_json
@@ -71,10 +75,7 @@ def print_optimize(run_dir) -> None:
     run_dir = Path(run_dir)
     proj = read_json(run_dir / "projection.json", "projection")
     integ = read_json(run_dir / "integration.json", "integration")
-    t = Table(title="whole-model speedup per workload")
-    for c in ("workload", "kept kernels", "projected (replay)", "projected (Amdahl)",
-              "measured", "95% CI", "note"):
-        t.add_column(c)
+    rows = []
     for key, w in integ["workloads"].items():
         p = proj["workloads"].get(key, {})
         kept = w.get("projection_for_kept")
@@ -90,8 +91,19 @@ def print_optimize(run_dir) -> None:
         else:
             measured, ci = "-", "-"
             note = (comb or {}).get("reason") or "nothing kept"
-        t.add_row(key, ", ".join(w["kept"]) or "none",
-                  f"{p['replay']:.3f}x" if p.get("replay") else "-",
-                  f"{p['amdahl']:.3f}x" if p.get("amdahl") and p.get("replay") is not None
-                  else (p.get("note") or "-")[:40], measured, ci, note[:50])
+        if p.get("note"):  # a CPU run projects nothing; said once, in full (rich wraps it)
+            note = f"{p['note']}; {note}" if note != p["note"] else note
+        rows.append([key, ", ".join(w["kept"]) or "none",
+                     f"{p['replay']:.3f}x" if p.get("replay") else "-",
+                     f"{p['amdahl']:.3f}x" if p.get("amdahl") and p.get("replay") is not None
+                     else "-", measured, ci, note])
+    return rows
+
+
+def print_optimize(run_dir) -> None:
+    t = Table(title="whole-model speedup per workload")
+    for c in OPTIMIZE_COLUMNS:
+        t.add_column(c)
+    for row in optimize_rows(run_dir):
+        t.add_row(*row)
     console.print(t)

@@ -290,6 +290,15 @@ def test_cpu_run_labels_timings_not_meaningful(tmp_path):
         assert w["measured"]["speedup"] is None and w["projection_error"] is None
         assert w["measured"]["meaningful"] is False
     assert data["kernels"]["accepted"][0]["speedup"] is None
+    # the terminal summary projects and measures nothing, and says why in full
+    from pipeline.summary import OPTIMIZE_COLUMNS, optimize_rows
+
+    for row in optimize_rows(tmp_path):
+        cells = dict(zip(OPTIMIZE_COLUMNS, row))
+        assert {cells[c] for c in ("projected (replay)", "projected (Amdahl)", "measured",
+                                   "95% CI")} == {"-"}
+        assert cells["note"].startswith("CPU/interpreter run: kernel times are not GPU timings")
+        assert cells["note"].endswith("not a GPU timing")
 
 
 def test_a_machine_running_at_another_speed_is_said_next_to_the_error(tmp_path):
