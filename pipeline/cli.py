@@ -116,7 +116,8 @@ def rank(run_dir):
                    "ranking; one with no verified kernel, slower than the code it replaces "
                    "and saving no host time, or superseded by another that replaces the same "
                    "ops and saves more (matmul_epilogue and gated_act), gives its place to "
-                   "the next.")
+                   "the next; a superseded one is still tried on a workload where the other "
+                   "does not ship.")
 @workload_options
 @click.option("--backend", type=click.Choice(["triton", "cuda", "both"]), default="triton",
               show_default=True, help="Kernel source language(s) to generate: Triton, CUDA "
