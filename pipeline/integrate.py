@@ -208,21 +208,20 @@ class _Timings:
 
     def __init__(self, model, workload, accepted: dict, workload_cases: dict, pairs: int,
                  paired_ratio):
+        self.model, self.workload, self.accepted, self.cases = model, workload, accepted, \
+            workload_cases
+        self.pairs, self.paired_ratio, self.device = pairs, paired_ratio, workload.device
+        self.base = self.runner_for(model)
+
+    def runner_for(self, m):
         from profiling.capture import make_runner
 
-        self.model, self.accepted, self.cases = model, accepted, workload_cases
-        self.pairs, self.paired_ratio, self.device = pairs, paired_ratio, workload.device
+        once = make_runner(m, self.workload).once
 
-        def runner_for(m):
-            once = make_runner(m, workload).once
-
-            def run():
-                once()
-            run.model = m  # which model a timed call runs (the tests' fake timer reads it)
-            return run
-
-        self.runner_for = runner_for
-        self.base = runner_for(model)
+        def run():
+            once()
+        run.model = m  # which model a timed call runs (the tests' fake timer reads it)
+        return run
 
     def against_base(self, families):
         variant = twin(self.model)

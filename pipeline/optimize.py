@@ -468,7 +468,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         say("whole-model check")
         check = ig.check_and_bisect(model, ref, accepted, fams, ws[0])
         # a family set aside is checked in the set it could ship in: the checked set without
-        # the family it was set aside for
+        # the family it was set aside for; here, before any timing shows whether it will be
+        # tried, because the fp32 reference is freed before the timing
         spare_checks = {f: ig.check_and_bisect(
             model, ref, accepted, [k for k in check["kept"] if k != instead] + [f], ws[0])
             for f, instead in spare.items()}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import cache
 
 import torch
 
@@ -118,21 +119,17 @@ def _bench_cuda(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_l2):
     return times, method + (", L2 flushed per repetition" if flush_l2 else "")
 
 
-_CYCLES_PER_MS: dict = {}
-
-
+@cache
 def _sleep_cycles_per_ms(device) -> float:
     """What one ms of `torch.cuda._sleep` (a spin on the GPU clock) costs in cycles, measured
     once per device."""
-    if device not in _CYCLES_PER_MS:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # clocks up
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        torch.cuda.synchronize(device)
-        _CYCLES_PER_MS[device] = 10_000_000 / max(start.elapsed_time(end), 1e-3)
-    return _CYCLES_PER_MS[device]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # clocks up
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    torch.cuda.synchronize(device)
+    return 10_000_000 / max(start.elapsed_time(end), 1e-3)
 
 
 def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps):
