@@ -142,9 +142,26 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
     for name in families:
         ops = set(get_family(name).aten_ops)
         fewer[name] = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(ops)}
-    ok = all(per_pass[f] > 0 and any(a < b for b, a in fewer[f].values()) for f in families)
+    ok = all(_proven(per_pass[f], fewer[f]) for f in families)
     return {"kernel_calls": per_pass, "aten_ops_before_after": fewer, "new_kernels": kernels,
             "passed": ok}
+
+
+def with_effect_of(family: str, effect: dict | None, other: dict) -> dict:
+    """`effect` with `family`'s proof from `other`, a proof of the set that family ships in
+    (a family tried in place of another is patched without it, so it has a proof of its own)."""
+    out = effect or {"kernel_calls": {}, "aten_ops_before_after": {}, "new_kernels": [],
+                     "passed": True}
+    fewer = other["aten_ops_before_after"][family]
+    return {"kernel_calls": {**out["kernel_calls"], family: other["kernel_calls"][family]},
+            "aten_ops_before_after": {**out["aten_ops_before_after"], family: fewer},
+            "new_kernels": sorted(set(out["new_kernels"]) | set(other["new_kernels"])),
+            "passed": out["passed"] and _proven(other["kernel_calls"][family], fewer)}
+
+
+def _proven(calls: int, fewer: dict) -> bool:
+    """The family's kernel ran, and at least one of its aten ops ran fewer times."""
+    return calls > 0 and any(after < before for before, after in fewer.values())
 
 
 def gpu_kernel_times(runner) -> dict[str, float]:

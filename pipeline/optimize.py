@@ -189,10 +189,11 @@ def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
 
 
 def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool,
-                      in_model: dict | None = None) -> dict:
+                      in_model: dict | None = None, in_model_set: dict | None = None) -> dict:
     """Re-rank with measured kernel times (not rooflines) and freeze the projection.
     `in_model`: per workload, the host deltas measured in the model (`host_stage`); they
-    replace the search's per-kernel ones for that workload."""
+    replace the search's per-kernel ones for that workload. `in_model_set`: per workload, the
+    host share the families save together (`host_delta.set_host_share`), recorded only."""
     ranking = read_json(run_dir / "ranking.json", "ranking")
     # only what will reach the model: a family skipped before any measurement (one that
     # cannot win, or one superseded by another replacing the same ops) is not projected
@@ -212,6 +213,7 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
         out["workloads"][w["key"]] = {
             **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
+            "host_set": (in_model_set or {}).get(w["key"]),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
@@ -251,17 +253,20 @@ def host_of(proj: dict, key: str) -> dict:
 
 
 def host_stage(model, workloads, summary: dict, families: list[str],
-               say: Callable[[str], None], profile_ms: dict | None = None) -> dict:
+               say: Callable[[str], None], profile_ms: dict | None = None
+               ) -> tuple[dict, dict]:
     """Per workload of the model's dtype: each integrable family's host delta per call,
-    measured in the model (pipeline.host_delta), before any whole-model timing.
+    measured in the model (pipeline.host_delta), before any whole-model timing; and the host
+    share the integrable families save together (`set_host_share`).
     `profile_ms`: workload key -> the profile's unpatched host time (the ranking's
     enqueue_ms), which the measurements are taken near."""
-    from pipeline.host_delta import in_model_host_deltas
+    from pipeline.host_delta import in_model_host_deltas, set_host_share
 
     accepted = summary["accepted"]
     fams, _ = integrable(accepted, families, workloads[0].device)
+    together = list(fams)  # the set integration checks first
     fams += list(fallbacks(accepted, families, workloads[0].device))
-    out = {}
+    out, sets = {}, {}
     for w in workloads:
         if w.dtype != workloads[0].dtype or not fams:
             continue
@@ -269,7 +274,9 @@ def host_stage(model, workloads, summary: dict, families: list[str],
         cases = {f: set(v) for f, v in workload_cases(model, w, fams).items()}
         out[w.key] = in_model_host_deltas(model, w, accepted, fams, cases,
                                           profile_ms=(profile_ms or {}).get(w.key))
-    return out
+        if together:
+            sets[w.key] = set_host_share(model, w, accepted, together, cases)
+    return out, sets
 
 
 def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bool,
@@ -494,6 +501,11 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
         # Run 6 timed after it and measured Llama-3.2-1B b1 prefill at 1.501x; run 7 timed
         # first, 1.270x and 1.358x (other hosts, so not a controlled comparison).
         effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
+        shipped = {f: instead for f, instead in usable.items()
+                   if any(f in m["kept"] for _, _, m in measured.values())}
+        for f, instead in shipped.items():  # proven in the set it ships in, without its rival
+            effect = ig.with_effect_of(f, effect, ig.patch_took_effect(
+                model, accepted, [k for k in kept if k != instead] + [f], ws[0]))
         for w in ws:
             cases, allowed, m = measured[w.key]
             if device.startswith("cuda") and m["kept"]:
@@ -567,9 +579,9 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         and read_json(integ_path, "integration").get("chosen") == families
     if not (unchanged and (run_dir / "projection.json").exists()):
         enqueue = {w["key"]: w.get("enqueue_ms") for w in ranking["workloads"]}
-        in_model = host_stage(model, workloads, summary, families, say,
-                              enqueue) if on_gpu else None
-        freeze_projection(run_dir, summary, families, on_gpu, in_model)
+        in_model, in_model_set = host_stage(model, workloads, summary, families, say,
+                                            enqueue) if on_gpu else (None, None)
+        freeze_projection(run_dir, summary, families, on_gpu, in_model, in_model_set)
     if not unchanged:
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3),

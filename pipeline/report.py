@@ -105,7 +105,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
         "ceiling_replay": r.get("ceiling_replay")}
     w["projected"] = _projected(key, proj, fam_of)
-    w.update(_integration(iw, w["projected"]))
+    w.update(_integration(iw, w["projected"], (proj or {}).get("kernel_speedups")))
     basis = w["compared_projection"] or w["projected"] or {}
     w["gap"] = gap(r.get("rows") or [], (proj or {}).get("kernel_speedups") or {},
                    (iw or {}).get("reprofile"), {"wall_ms": w["wall_ms"], "busy_share": busy},
@@ -196,6 +196,7 @@ def _projected(key, proj, fam_of) -> dict | None:
             "patterns": pw.get("patterns", []), "note": pw.get("note"),
             "kernel_speedups": {f: speed[f] for f in fams},
             "host_in_model": pw.get("host_in_model") or {},
+            "host_set": pw.get("host_set"),
             "host_used": pw.get("host_delta_us") or {}}
 
 
@@ -215,11 +216,16 @@ def _rolled_back(d: dict | None) -> bool:
     return str((d or {}).get("decision", "")).startswith("rolled back")
 
 
-def _integration(iw: dict | None, projected: dict | None) -> dict:
+def _integration(iw: dict | None, projected: dict | None,
+                 speeds: dict | None = None) -> dict:
+    """`speeds`: every kernel speedup frozen in projection.json, including those of
+    families set aside, which a workload may ship in place of another."""
+    speeds = speeds or {}
     if iw is None:
         return {"measured": None, "shipped": None, "projection_error": None,
                 "compared_projection": None, "per_family": [],
-                "rollbacks": [], "kept": None, "check": None, "patch_effect": None}
+                "rollbacks": [], "kept": None, "check": None, "fallback_checks": {},
+                "patch_effect": None}
     per, comb, check = iw.get("per_family") or {}, iw.get("combined"), iw.get("check") or {}
     in_comb = [f for f, d in per.items() if not _rolled_back(d)]
     want = (projected or {}).get("families")
@@ -239,7 +245,10 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
     if measured and for_kept and set(for_kept["families"]) == set(measured["families"]):
         # projected again for the set that ran, from the kernel numbers frozen beforehand
         basis = for_kept
-        said = (f"error against the projection of that set: {rp.speed(for_kept['amdahl'])} "
+        extra = [f for f in for_kept["families"] if f not in (want or []) and f in speeds]
+        said = ("error against the projection of that set" + (
+            " (" + ", ".join(f"{f} at {rp.speed(speeds[f])}" for f in extra) + ", frozen with "
+            "the others)" if extra else "") + f": {rp.speed(for_kept['amdahl'])} "
                 f"(Amdahl), {rp.speed(for_kept['replay'])} (replay)")
         measured["note"] = f"{measured['note']}; {said}" if measured["note"] else said
     error = None
@@ -290,10 +299,19 @@ def _integration(iw: dict | None, projected: dict | None) -> dict:
                             if d.get("in_set") else None, "fallback_for": d.get("fallback_for")}
                            for f, d in per.items()],
             "rollbacks": rollbacks, "kept": kept,
-            "check": {**{k: (check.get("set") or {}).get(k) for k in ("families", "passed")},
-                      "trials": (check.get("set") or {}).get("trials") or [],
+            "check": {**_check_summary(check.get("set")),
                       "rejected": sorted(check.get("rejected") or {})} if check else None,
+            # the check of each family tried in place of another, in the set it ships in
+            "fallback_checks": {f: _check_summary(c.get("set"))
+                                for f, c in (iw.get("fallback_checks") or {}).items()
+                                if f in kept},
             "patch_effect": iw.get("patch_effect")}
+
+
+def _check_summary(res: dict | None) -> dict:
+    res = res or {}
+    return {"families": res.get("families"), "passed": res.get("passed"),
+            "trials": res.get("trials") or []}
 
 
 def _check_reason(res: dict) -> str:

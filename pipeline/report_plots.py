@@ -241,6 +241,31 @@ def _in_set_cell(m: dict | None) -> str:
     return f"{speed(m['speedup'])} {ci(m['ci'])}, {m['verdict']}"
 
 
+def _host_set_cell(together: dict, alone: dict) -> str:
+    fams = together.get("families") or []
+    if together.get("error"):
+        return f"{', '.join(fams)}: not measured ({together['error']})"
+    parts = [alone.get(f) or {} for f in fams]
+    summed = (sum(d["share_per_call"] * d["calls_per_pass"] for d in parts)
+              if all(d.get("share_per_call") is not None for d in parts) else None)
+    return (f"{pct(together['share'])} of the unpatched pass ({', '.join(fams)}; median of "
+            f"{together['pairs']} pairs, the unpatched pass at {together['base_enqueue_ms']:.1f}"
+            f" ms)" + (f"; their own deltas add up to {pct(summed)}" if summed is not None
+                       else ""))
+
+
+def _decision_cell(f: dict) -> str:
+    if f.get("fallback_for") and str(f["decision"]).startswith("kept"):
+        return f"{f['decision']}, in place of {f['fallback_for']}"
+    return f["decision"]
+
+
+def _check_words(c: dict) -> str:
+    worst = max((t["error_patched"] / t["limit"] for t in c["trials"] if t["limit"]),
+                default=None)
+    return f"{'passed' if c['passed'] else 'failed'}; worst patched error {pct(worst)} of its limit"
+
+
 def _shipped_cell(s: dict | None) -> str:
     if s is None:
         return "-"
@@ -354,6 +379,11 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         if host:
             rows.insert(1, ("host time saved per kernel call, measured in the model", ", ".join(
                 _host_cell(f, d, (p or {}).get("host_used", {}).get(f)) for f, d in host.items())))
+        together = (p or {}).get("host_set")
+        if together:
+            rows.insert(2, ("host time the families save together, measured in the model "
+                            "(recorded; the projection uses the per-call deltas)",
+                            _host_set_cell(together, host)))
         if m:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (
                 f" {ci(m['ci'])}, {m['pairs']} pairs, {m['verdict']}" if m["meaningful"] else
@@ -380,16 +410,15 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
             "in the set, with / without it", "decision"], [
             [f["family"], _measured_cell(f), ci(f["ci"]) or "-",
              f["verdict"] if f["meaningful"] else "-", _in_set_cell(f.get("in_set")),
-             f["decision"]]
+             _decision_cell(f)]
             for f in w["per_family"]])]
         chk, eff = w["check"], w["patch_effect"]
         if chk:
-            worst = max((t["error_patched"] / t["limit"] for t in chk["trials"] if t["limit"]),
-                        default=None)
             b.append(("p", (f"Whole-model check (fp32 reference, {len(chk['trials'])} trials): "
-                           f"{'passed' if chk['passed'] else 'failed'}; worst patched error "
-                           f"{pct(worst)} of its limit. Kept: "
-                           f"{', '.join(w['kept']) or 'none'}.")))
+                           f"{_check_words(chk)}. Kept: {', '.join(w['kept']) or 'none'}.")))
+        for fam, c in (w.get("fallback_checks") or {}).items():
+            b.append(("p", (f"Whole-model check of {fam} in the set it ships in "
+                           f"({', '.join(c['families'] or [])}): {_check_words(c)}.")))
         if eff:
             ops = "; ".join(
                 f"{fam}: " + ", ".join(f"{op.removeprefix('aten::')} {a}->{b}"

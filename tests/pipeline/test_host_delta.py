@@ -98,10 +98,52 @@ def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
         {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
     in_model = {"w": {"rmsnorm": {"us_per_call": 10.0, "base_enqueue_ms": 20.0},
                       "rope": {"error": "RuntimeError: boom"}}}
-    freeze_projection(tmp_path, {"accepted": {}}, ["rmsnorm", "rope"], False, in_model)
+    together = {"w": {"share": 0.2, "base_enqueue_ms": 20.0, "pairs": 10,
+                      "families": ["rmsnorm", "rope"]}}
+    freeze_projection(tmp_path, {"accepted": {}}, ["rmsnorm", "rope"], False, in_model,
+                      together)
     proj = read_json(tmp_path / "projection.json", "projection")
     assert host_of(proj, "w") == {"rmsnorm": 15.0}  # 10 us at a 20 ms host, profiled at 30
     assert proj["workloads"]["w"]["host_in_model"]["rope"]["error"].endswith("boom")
+    assert proj["workloads"]["w"]["host_set"] == together["w"]  # recorded, not projected
+
+
+def test_the_set_reads_its_extra_host_time_from_whole_passes(tmp_path):
+    """Every norm patched together with a candidate 4 ms slower per call: the set's share of
+    the unpatched pass is minus the norms' extra time over that pass."""
+    from pipeline.host_delta import set_host_share
+
+    torch.manual_seed(0)
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    workload = Workload(batch=1, seq=8, dtype="float32", device="cpu")
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW)
+    got = set_host_share(model, workload, _accepted(model, workload, path), ["rmsnorm"],
+                         pairs=3)
+    norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
+    extra_ms = -got["share"] * got["base_enqueue_ms"]
+    assert got["pairs"] == 3 and got["families"] == ["rmsnorm"]
+    assert norms * EXTRA_S * 1e3 * 0.8 < extra_ms < norms * EXTRA_S * 1e3 * 1.5
+    assert not any("forward" in vars(m) for m in model.modules())
+
+    path.write_text("def forward(x, weight, *, out, **params):\n"
+                    "    raise RuntimeError('boom in the set')\n")
+    failed = set_host_share(model, workload, _accepted(model, workload, path), ["rmsnorm"],
+                            pairs=1)
+    assert "boom in the set" in failed["error"] and "share" not in failed
+
+
+def test_the_report_sets_the_sets_saving_beside_the_families_sum():
+    from pipeline.report_plots import _host_set_cell
+
+    alone = {"rmsnorm": {"share_per_call": 0.002, "calls_per_pass": 50},
+             "rope": {"share_per_call": 0.004, "calls_per_pass": 25}}
+    cell = _host_set_cell({"share": 0.25, "base_enqueue_ms": 16.04, "pairs": 10,
+                           "families": ["rmsnorm", "rope"]}, alone)
+    assert cell == ("25.0% of the unpatched pass (rmsnorm, rope; median of 10 pairs, the "
+                    "unpatched pass at 16.0 ms); their own deltas add up to 20.0%")
+    assert _host_set_cell({"error": "RuntimeError: x", "families": ["rope"]}, alone) == \
+        "rope: not measured (RuntimeError: x)"
 
 
 def test_a_share_of_the_pass_is_projected_at_the_profiles_host_time():

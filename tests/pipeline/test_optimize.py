@@ -585,12 +585,22 @@ def test_integrate_stage_tries_a_set_aside_family_only_where_its_rival_does_not_
     def fall_back(model, w, accepted, m, family, instead, cases, pairs, timer):
         tried.append((w.key, family, instead))
         m["per_family"][family] = {"decision": "kept", "fallback_for": instead}
+        m["kept"].append(family)
+
+    proved = []
+
+    def took_effect(model, accepted, families, workload):
+        proved.append(list(families))
+        return {"kernel_calls": {f: 2 for f in families}, "new_kernels": [f"k_{f}" for f in
+                                                                          families],
+                "aten_ops_before_after": {f: {"aten::mul": [4, 2]} for f in families},
+                "passed": True}
 
     monkeypatch.setattr(ig, "fp32_reference", lambda model: None)
     monkeypatch.setattr(ig, "check_and_bisect", check)
     monkeypatch.setattr(ig, "measure", measure)
     monkeypatch.setattr(ig, "fall_back", fall_back)
-    monkeypatch.setattr(ig, "patch_took_effect", lambda *a: None)
+    monkeypatch.setattr(ig, "patch_took_effect", took_effect)
     monkeypatch.setattr(optimize, "workload_cases", lambda model, w, families: {})
     integ = optimize.integrate_stage(tmp_path, resolve("tiny-llama"), [w1, w2], summary, fams,
                                      say, PAIRS, built={(w1.dtype, w1.device): object()})
@@ -600,6 +610,62 @@ def test_integrate_stage_tries_a_set_aside_family_only_where_its_rival_does_not_
     assert "gated_act" not in r1["skipped"] and "gated_act" in r1["per_family"]
     assert r2["skipped"]["gated_act"].startswith("superseded by matmul_epilogue")
     assert set(r1["fallback_checks"]) == {"gated_act"}
+    # the patch is proven for the checked set, and for gated_act in the set it ships in
+    assert proved == [["matmul_epilogue", "rmsnorm"], ["rmsnorm", "gated_act"]]
+    effect = r1["patch_effect"]
+    assert effect["passed"] and set(effect["kernel_calls"]) == {
+        "matmul_epilogue", "rmsnorm", "gated_act"}
+    assert effect["new_kernels"] == ["k_gated_act", "k_matmul_epilogue", "k_rmsnorm"]
+
+
+def test_a_fallback_proof_fails_where_its_kernel_never_ran():
+    from pipeline.integrate import with_effect_of
+
+    base = {"kernel_calls": {"rmsnorm": 3}, "new_kernels": ["a"], "passed": True,
+            "aten_ops_before_after": {"rmsnorm": {"aten::pow": [3, 0]}}}
+    other = {"kernel_calls": {"rmsnorm": 3, "gated_act": 0}, "new_kernels": ["a", "b"],
+             "passed": False, "aten_ops_before_after": {"rmsnorm": {"aten::pow": [3, 0]},
+                                                        "gated_act": {"aten::silu": [2, 2]}}}
+    merged = with_effect_of("gated_act", base, other)
+    assert not merged["passed"] and merged["kernel_calls"] == {"rmsnorm": 3, "gated_act": 0}
+    other["kernel_calls"]["gated_act"] = 2
+    other["aten_ops_before_after"]["gated_act"] = {"aten::silu": [2, 0]}
+    merged = with_effect_of("gated_act", base, other)
+    assert merged["passed"] and merged["new_kernels"] == ["a", "b"]
+    assert with_effect_of("gated_act", None, other)["kernel_calls"] == {"gated_act": 2}
+
+
+def test_report_names_the_family_a_fallback_ships_in_place_of():
+    """The per-family table says what a fallback replaced, its own whole-model check is
+    shown, and the error note names the frozen speed it was projected with."""
+    from pipeline.report import _integration
+    from pipeline.report_plots import _decision_cell
+
+    rec = {"estimate": 0.8, "ci_low": 0.78, "ci_high": 0.82, "meaningful": True,
+           "verdict": "faster", "ratios": [0.8] * 3}
+    trial = {"error_patched": 0.5, "limit": 1.0, "error_unpatched": 0.5, "passed": True}
+    iw = {"per_family": {"rmsnorm": {**rec, "decision": "kept"},
+                         "matmul_epilogue": {**rec, "estimate": 1.05, "verdict": "slower",
+                                             "decision": "rolled back"},
+                         "gated_act": {**rec, "decision": "kept",
+                                       "fallback_for": "matmul_epilogue"}},
+          "combined": {**rec, "decision": "kept"}, "kept": ["rmsnorm", "gated_act"],
+          "check": {"set": {"families": ["rmsnorm", "matmul_epilogue"], "passed": True,
+                            "trials": [trial]}},
+          "fallback_checks": {"gated_act": {"set": {"families": ["rmsnorm", "gated_act"],
+                                                    "passed": True, "trials": [trial]}}},
+          "projection_for_kept": {"families": ["rmsnorm", "gated_act"], "amdahl": 1.2,
+                                  "replay": 1.22}}
+    projected = {"families": ["matmul_epilogue", "rmsnorm"], "note": None,
+                 "amdahl": 1.3, "replay": 1.3}
+    out = _integration(iw, projected, {"rmsnorm": 5.0, "matmul_epilogue": 1.3,
+                                       "gated_act": 1.7})
+    assert "gated_act at 1.700x, frozen with the others" in out["measured"]["note"]
+    assert abs(out["projection_error"]["replay"] - abs(1.22 - 1.25) / 1.25) < 1e-9
+    assert out["fallback_checks"]["gated_act"]["families"] == ["rmsnorm", "gated_act"]
+    cells = {f["family"]: _decision_cell(f) for f in out["per_family"]}
+    assert cells == {"rmsnorm": "kept", "matmul_epilogue": "rolled back",
+                     "gated_act": "kept, in place of matmul_epilogue"}
 
 
 def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp_path,

@@ -1,0 +1,79 @@
+"""The host probe for launch-bound passes, on and off: re-project every committed run both ways.
+
+`pipeline.rank_stage.workload_graph` scales the replay's host chain to the unprofiled wall,
+then, before run 14, also to the profile's host-bound probe (a tiny pass) wherever that was
+faster. Since run 14 the probe is used for device-bound passes only. This re-projects the set
+each committed workload shipped, from its frozen inputs (`reproject.py`), with the probe
+applied to every pass ("before") and with the current code ("now"), and prints both errors
+against the measured speedup.
+
+    python benchmarks/probe_rule_ab.py OUT.json [RESULTS_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from reproject import reproject
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def probe_everywhere(w: dict, trace_path):
+    """workload_graph as it was before run 14: the probe tightens any pass."""
+    import pipeline.rank_stage as rs
+    from profiling.replay import build_graph, calibrate_host, scale_host
+    from profiling.trace import load_trace
+
+    if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
+        return None
+    traced = build_graph(load_trace(trace_path), w.get("step_index", -1))
+    graph, factor = calibrate_host(traced, w["wall"]["median_ms"] * 1e3)
+    for other in (w.get("host_factor"),
+                  rs.enqueue_factor(traced, (w.get("wall") or {}).get("enqueue_ms"))):
+        if other is not None and other < factor:
+            graph, factor = scale_host(traced, other), other
+    graph.graph["host_scale"] = factor
+    return graph
+
+
+def main() -> None:
+    import pipeline.rank_stage as rs
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("results", type=Path, nargs="*")
+    args = ap.parse_args()
+    folders = args.results or sorted((ROOT / "benchmarks" / "results").glob("optimize-*"))
+    current, rows = rs.workload_graph, []
+    for folder in folders:
+        if not (folder / "trace").is_dir() or not (folder / "projection.json").exists():
+            continue
+        rs.workload_graph = probe_everywhere
+        try:
+            before = reproject(folder)
+        finally:
+            rs.workload_graph = current
+        now = reproject(folder)
+        for key, r in now.items():
+            rows.append({"run": folder.name, "workload": key, "measured": r["measured"],
+                         "before": before[key]["now"]["replay"], "now": r["now"]["replay"]})
+            m = r["measured"]
+            print(f"{folder.name:46} {key:22} measured {m:.3f}x  before "
+                  f"{rows[-1]['before']:.3f}x ({rows[-1]['before'] / m - 1:+.1%})  now "
+                  f"{rows[-1]['now']:.3f}x ({rows[-1]['now'] / m - 1:+.1%})")
+    summary = {}
+    for name in ("before", "now"):
+        signed = [r[name] / r["measured"] - 1 for r in rows]
+        summary[name] = {"mean_abs": statistics.mean(map(abs, signed)),
+                         "mean_signed": statistics.mean(signed), "max_abs": max(map(abs, signed)),
+                         "within_5pct": sum(abs(e) <= 0.05 for e in signed)}
+    print(json.dumps({"rows": len(rows), **summary}, indent=1))
+    args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
