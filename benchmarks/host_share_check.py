@@ -20,12 +20,9 @@ Without folders it reads every `benchmarks/results/optimize-*` that recorded bot
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def rows_of(results: Path) -> list[dict]:
@@ -80,11 +77,9 @@ def _replays(results: Path, rows: list[dict]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("results", type=Path, nargs="*")
-    args = ap.parse_args()
-    folders = args.results or sorted((ROOT / "benchmarks" / "results").glob("optimize-*"))
+    from reproject import out_and_folders
+
+    out, folders = out_and_folders(__doc__)
     rows = [r for f in folders for r in rows_of(f)]
     for r in rows:
         replays = (f"  replay {r['replay'] / r['measured'] - 1:+6.1%}, with the set's saving "
@@ -102,7 +97,7 @@ def main() -> None:
                     "rows": len(errs), "mean_error": statistics.mean(errs),
                     "max_error": max(errs), "within_5pct": sum(e <= 0.05 for e in errs)}
     print(json.dumps(summary, indent=1))
-    args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,14 +19,12 @@ Without folders it reads every `benchmarks/results/optimize-*` that has the need
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEEDS = ("profile", "fresh", "measured")
 
 
@@ -103,11 +101,9 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("results", type=Path, nargs="*")
-    args = ap.parse_args()
-    folders = args.results or sorted((ROOT / "benchmarks" / "results").glob("optimize-*"))
+    from reproject import out_and_folders
+
+    out, folders = out_and_folders(__doc__)
     need = ("projection.json", "integration.json", "ranking.json", "trace")
     rows = []
     for folder in folders:
@@ -121,7 +117,7 @@ def main() -> None:
                   f"{row['frozen']:.3f}x; errors at each host speed {err}")
     result = {"summary": summary(rows), "rows": rows}
     print(json.dumps(result["summary"], indent=1))
-    args.out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

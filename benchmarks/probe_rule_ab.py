@@ -12,14 +12,10 @@ against the measured speedup.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
 
-from reproject import reproject
-
-ROOT = Path(__file__).resolve().parents[1]
+from reproject import out_and_folders, reproject
 
 
 def probe_everywhere(w: dict, trace_path):
@@ -43,11 +39,7 @@ def probe_everywhere(w: dict, trace_path):
 def main() -> None:
     import pipeline.rank_stage as rs
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("results", type=Path, nargs="*")
-    args = ap.parse_args()
-    folders = args.results or sorted((ROOT / "benchmarks" / "results").glob("optimize-*"))
+    out, folders = out_and_folders(__doc__)
     current, rows = rs.workload_graph, []
     for folder in folders:
         if not (folder / "trace").is_dir() or not (folder / "projection.json").exists():
@@ -72,7 +64,7 @@ def main() -> None:
                          "mean_signed": statistics.mean(signed), "max_abs": max(map(abs, signed)),
                          "within_5pct": sum(abs(e) <= 0.05 for e in signed)}
     print(json.dumps({"rows": len(rows), **summary}, indent=1))
-    args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

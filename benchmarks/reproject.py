@@ -23,6 +23,17 @@ import tempfile
 from pathlib import Path
 
 
+def out_and_folders(doc: str) -> tuple[Path, list[Path]]:
+    """The command line of the offline scripts over committed runs: OUT.json [RESULTS_DIR ...],
+    every `benchmarks/results/optimize-*` folder when none is given."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("results", type=Path, nargs="*")
+    args = ap.parse_args()
+    root = Path(__file__).resolve().parent / "results"
+    return args.out, args.results or sorted(root.glob("optimize-*"))
+
+
 def unpack_run(results: Path, run: Path) -> tuple[dict, dict, dict]:
     """Lay a results folder out in `run` as the pipeline's run directory (the stage artifacts,
     profile.json unpacked, the traces linked); returns its projection, its integration and its
