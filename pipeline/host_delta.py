@@ -203,7 +203,7 @@ def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
 
 
 def set_host_share(model, workload, accepted: dict, families: list[str],
-                   workload_cases: dict | None = None, pairs: int = 10) -> dict | None:
+                   workload_cases: dict | None = None, pairs: int = 10) -> dict:
     """The host time `families` save patched together, as a share of the unpatched pass: per
     pair, each pass's time to return (no hooks, alternating which runs first), the median
     over pairs; or {"error"}. Recorded beside the families' own deltas and not yet used by the
