@@ -26,6 +26,8 @@ from pathlib import Path
 
 
 def rows_of(results: Path) -> list[dict]:
+    from pipeline.host_delta import summed_share
+
     try:
         proj = json.loads((results / "projection.json").read_text())
         integ = json.loads((results / "integration.json").read_text())
@@ -35,20 +37,18 @@ def rows_of(results: Path) -> list[dict]:
     for key, iw in (integ.get("workloads") or {}).items():
         comb, kept = iw.get("combined") or {}, iw.get("kept") or []
         alone = (proj["workloads"].get(key) or {}).get("host_in_model") or {}
-        if not kept or not comb.get("host_b_ms") or not all(
-                alone.get(f, {}).get("share_per_call") is not None for f in kept):
+        windows = summed_share(alone, kept)
+        if not kept or not comb.get("host_b_ms") or windows is None:
             continue
         before, after = (statistics.median(comb[k]) for k in ("host_a_ms", "host_b_ms"))
         # per pair, since the host's speed moves between pairs (a ratio of the medians mixes
         # pairs at different speeds: 23.9 % against 28.6 % per pair on one run)
         per_pair = statistics.median((a - b) / a for a, b in zip(comb["host_a_ms"],
                                                                  comb["host_b_ms"]))
-        summed = {basis: sum(alone[f][f"{basis}share_per_call"] * alone[f]["calls_per_pass"]
-                             for f in kept) for basis in ("", "pass_")}
         out.append({"run": results.name, "workload": key, "kept": kept,
                     "measured": 1 / comb["estimate"], "host_ms": [before, after],
-                    "set_share": per_pair, "sum_of_windows": summed[""],
-                    "sum_of_passes": summed["pass_"]})
+                    "set_share": per_pair, "sum_of_windows": windows,
+                    "sum_of_passes": summed_share(alone, kept, "pass_share_per_call")})
     if out and (results / "trace").is_dir():
         _replays(results, out)
     return out

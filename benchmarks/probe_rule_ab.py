@@ -14,26 +14,15 @@ from __future__ import annotations
 
 import json
 import statistics
+from functools import partial
 
 from reproject import out_and_folders, reproject
 
 
-def probe_everywhere(w: dict, trace_path):
-    """workload_graph as it was before run 14: the probe tightens any pass."""
-    import pipeline.rank_stage as rs
-    from profiling.replay import build_graph, calibrate_host, scale_host
-    from profiling.trace import load_trace
-
-    if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
-        return None
-    traced = build_graph(load_trace(trace_path), w.get("step_index", -1))
-    graph, factor = calibrate_host(traced, w["wall"]["median_ms"] * 1e3)
-    for other in (w.get("host_factor"),
-                  rs.enqueue_factor(traced, (w.get("wall") or {}).get("enqueue_ms"))):
-        if other is not None and other < factor:
-            graph, factor = scale_host(traced, other), other
-    graph.graph["host_scale"] = factor
-    return graph
+def probe_everywhere(workload_graph, w: dict, trace_path):
+    """`workload_graph` as it was before run 14: the probe tightens any pass, as it still does
+    a device-bound one."""
+    return workload_graph(dict(w, gpu_busy_share=1.0), trace_path)
 
 
 def main() -> None:
@@ -44,7 +33,7 @@ def main() -> None:
     for folder in folders:
         if not (folder / "trace").is_dir() or not (folder / "projection.json").exists():
             continue
-        rs.workload_graph = probe_everywhere
+        rs.workload_graph = partial(probe_everywhere, current)
         try:
             before = reproject(folder)
         finally:

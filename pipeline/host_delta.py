@@ -174,8 +174,6 @@ def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
     share of the pair's unhooked unpatched pass (`share_per_call`, `pass_share_per_call`):
     the hooks' own cost stays out of the denominator, which the projection sets against the
     profile's unhooked host time. That pass's own time is `base_enqueue_ms`."""
-    from profiling.capture import sync
-
     rows, per_pass, order = [], 0, list(runners.items())
     with torch.no_grad():
         for i in range(pairs + 1):  # the first pair warms both up and is dropped
@@ -184,11 +182,7 @@ def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
                 for label, runner in order if i % 2 else order[::-1]:
                     before = calls[name]
                     with _windows(mods[label], device) if hooked else nullcontext() as box:
-                        sync(device)
-                        t = time.perf_counter()
-                        runner.call()
-                        took = time.perf_counter() - t
-                        sync(device)
+                        took = _returns_after(runner, device)
                     runner.reset()
                     got[label, hooked] = (box[0] if hooked else took, calls[name] - before)
             per_pass = got["patched", True][1]
@@ -202,6 +196,28 @@ def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
     return rows, per_pass
 
 
+def _returns_after(runner, device: str) -> float:
+    """Seconds one pass takes to return to Python, started on an idle device."""
+    from profiling.capture import sync
+
+    sync(device)
+    t = time.perf_counter()
+    runner.call()
+    took = time.perf_counter() - t
+    sync(device)
+    return took
+
+
+def summed_share(alone: dict, families: list[str], key: str = "share_per_call") -> float | None:
+    """The share of the unpatched pass `families` save by their own deltas (each measured
+    alone; `key`: which reading, hooked windows by default) added up: share per call times
+    calls per pass; None where one has no such share."""
+    parts = [alone.get(f) or {} for f in families]
+    if not all(d.get(key) is not None for d in parts):
+        return None
+    return sum(d[key] * d["calls_per_pass"] for d in parts)
+
+
 def set_host_share(model, workload, accepted: dict, families: list[str],
                    workload_cases: dict | None = None, pairs: int = 10) -> dict:
     """The host time `families` save patched together, as a share of the unpatched pass: per
@@ -212,27 +228,18 @@ def set_host_share(model, workload, accepted: dict, families: list[str],
     benchmarks/host_share_check.py), and replayed with the set's saving from that timing the
     batch-1 projections came within 2 % (run 14). Whether this reading, taken before
     integration, agrees with the timing's is what it is recorded for."""
-    from pipeline.integrate import make_chooser, twin
-    from profiling.capture import make_runner, sync
+    from pipeline.integrate import patched, twin
+    from profiling.capture import make_runner
 
-    variant = twin(model)
     try:
-        with ExitStack() as stack:
-            for name in families:
-                allowed = None if workload_cases is None else workload_cases.get(name, set())
-                stack.callback(get_family(name).patch(
-                    variant, make_chooser(accepted, name, allowed)))
-            runners = [make_runner(model, workload), make_runner(variant, workload)]
+        with patched(twin(model), accepted, families, workload_cases) as variant:
+            runners = (make_runner(model, workload), make_runner(variant, workload))
             shares, base = [], []
             with torch.no_grad():
                 for i in range(pairs + 1):  # the first pair warms both up and is dropped
                     took = {}
                     for k in ((0, 1) if i % 2 else (1, 0)):
-                        sync(workload.device)
-                        t = time.perf_counter()
-                        runners[k].call()
-                        took[k] = time.perf_counter() - t
-                        sync(workload.device)
+                        took[k] = _returns_after(runners[k], workload.device)
                         runners[k].reset()
                     if i:
                         shares.append((took[0] - took[1]) / took[0])

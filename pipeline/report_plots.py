@@ -242,12 +242,12 @@ def _in_set_cell(m: dict | None) -> str:
 
 
 def _host_set_cell(together: dict, alone: dict) -> str:
+    from pipeline.host_delta import summed_share
+
     fams = together.get("families") or []
     if together.get("error"):
         return f"{', '.join(fams)}: not measured ({together['error']})"
-    parts = [alone.get(f) or {} for f in fams]
-    summed = (sum(d["share_per_call"] * d["calls_per_pass"] for d in parts)
-              if all(d.get("share_per_call") is not None for d in parts) else None)
+    summed = summed_share(alone, fams)
     return (f"{pct(together['share'])} of the unpatched pass ({', '.join(fams)}; median of "
             f"{together['pairs']} pairs, the unpatched pass at {together['base_enqueue_ms']:.1f}"
             f" ms)" + (f"; their own deltas add up to {pct(summed)}" if summed is not None
