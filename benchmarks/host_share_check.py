@@ -8,10 +8,12 @@ add_rmsnorm are both kept, the norms add_rmsnorm takes over are counted twice, s
 anything too high) against the set's measured share.
 
 Where the folder has its trace, each row is also re-projected (replay, the set that shipped,
-from the frozen inputs as `reproject.py` does) twice: with the families' deltas, and with the
-set's measured saving instead, its difference from the families' sum spread evenly over the
-set's kernel calls. The second uses the timing's own host readings, so it is not a projection
-the pipeline could freeze; it shows how much of the error the host saving explains.
+from the frozen inputs as `reproject.py` does): with the families' deltas alone; with the
+set's saving from the timing instead, its difference from the families' sum spread evenly over
+the set's kernel calls (the timing's own host readings, so not a projection the pipeline could
+freeze: it shows how much of the error the host saving explains); and, for runs that measured
+the set before integration (`host_delta.set_host_share`), with that reading spread the same
+way, which is what the pipeline now projects.
 
     python benchmarks/host_share_check.py OUT.json [RESULTS_DIR ...]
 
@@ -59,6 +61,7 @@ def _replays(results: Path, rows: list[dict]) -> None:
 
     from reproject import unpack_run
 
+    from pipeline.host_delta import spread_set_share
     from pipeline.optimize import host_of, project_set
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,14 +69,23 @@ def _replays(results: Path, rows: list[dict]) -> None:
         proj, _, ranking = unpack_run(results, run)
         for r in rows:
             key, kept = r["workload"], r["kept"]
-            alone = proj["workloads"][key]["host_in_model"]
-            calls = sum(alone[f]["calls_per_pass"] for f in kept)
-            extra = (r["set_share"] - r["sum_of_windows"]) * ranking[key]["enqueue_ms"] * 1e3
-            host = host_of(proj, key)
-            with_set = {f: v + extra / calls if f in kept else v for f, v in host.items()}
-            r["replay"], r["replay_with_set_saving"] = (
-                project_set(run, ranking[key], proj["kernel_speedups"], h, True,
-                            only=kept)["replay"] for h in (host, with_set))
+            pw, enqueue = proj["workloads"][key], ranking[key]["enqueue_ms"]
+            alone, before = pw["host_in_model"], pw.get("host_set") or {}
+            # the families' own deltas: without what a run since the set was measured before
+            # integration spread over them (`spread_set_share`)
+            spread = before.get("extra_us_per_call") or 0.0
+            host = {f: v - spread if f in before.get("families", []) else v
+                    for f, v in host_of(proj, key).items()}
+            timing = {**before, "families": kept, "share": r["set_share"]}
+            hosts = {"replay": host,
+                     "replay_with_set_saving": spread_set_share(host, alone, timing, enqueue)[0]}
+            if before.get("share") is not None:
+                r["set_share_before"] = before["share"]
+                hosts["replay_with_set_before"] = spread_set_share(host, alone, before,
+                                                                   enqueue)[0]
+            for name, h in hosts.items():
+                r[name] = project_set(run, ranking[key], proj["kernel_speedups"], h, True,
+                                      only=kept)["replay"]
 
 
 def main() -> None:
@@ -85,13 +97,16 @@ def main() -> None:
         replays = (f"  replay {r['replay'] / r['measured'] - 1:+6.1%}, with the set's saving "
                    f"{r['replay_with_set_saving'] / r['measured'] - 1:+6.1%}"
                    if r.get("replay") else "")
+        if r.get("replay_with_set_before"):
+            replays += (f", measured before {r['set_share_before']:6.1%}: "
+                        f"{r['replay_with_set_before'] / r['measured'] - 1:+6.1%}")
         print(f"{r['run']:48} {r['workload']:22} set {r['set_share']:6.1%}  "
               f"windows {r['sum_of_windows']:6.1%}  passes {r['sum_of_passes']:6.1%}" + replays)
     summary = {}
     for batch in ("b1", "b8"):
         got = [r for r in rows if f"-{batch}-" in r["run"] and r.get("replay")]
-        for name in ("replay", "replay_with_set_saving"):
-            errs = [abs(r[name] / r["measured"] - 1) for r in got]
+        for name in ("replay", "replay_with_set_saving", "replay_with_set_before"):
+            errs = [abs(r[name] / r["measured"] - 1) for r in got if r.get(name)]
             if errs:
                 summary[f"{batch} {name}"] = {
                     "rows": len(errs), "mean_error": statistics.mean(errs),

@@ -222,12 +222,10 @@ def set_host_share(model, workload, accepted: dict, families: list[str],
                    workload_cases: dict | None = None, pairs: int = 10) -> dict:
     """The host time `families` save patched together, as a share of the unpatched pass: per
     pair, each pass's time to return (no hooks, alternating which runs first), the median
-    over pairs; or {"error"}. Recorded beside the families' own deltas and not yet used by the
-    projection: on batch 1 the deltas, each measured alone, add up to less than the set saves
-    in the paired timing (21 of 22 committed rows, by 2.8 points of the pass;
-    benchmarks/host_share_check.py), and replayed with the set's saving from that timing the
-    batch-1 projections came within 2 % (run 14). Whether this reading, taken before
-    integration, agrees with the timing's is what it is recorded for."""
+    over pairs; or {"error"}. On batch 1 the deltas, each measured alone, add up to less than
+    the set saves in the paired timing (21 of 22 committed rows, by 2.8 points of the pass;
+    benchmarks/host_share_check.py); the projection spreads the difference over the set's
+    calls (`spread_set_share`)."""
     from pipeline.integrate import patched, twin
     from profiling.capture import make_runner
 
@@ -250,3 +248,23 @@ def set_host_share(model, workload, accepted: dict, families: list[str],
         return {"error": f"{type(e).__name__}: {e}"[:200], "families": list(families)}
     return {"share": statistics.median(shares), "base_enqueue_ms": statistics.median(base),
             "pairs": len(shares), "families": list(families)}
+
+
+def spread_set_share(host_us: dict, alone: dict, together: dict | None,
+                     enqueue_ms: float | None) -> tuple[dict, float | None]:
+    """`host_us` (family -> host us saved per call, at the profile's host speed) with what the
+    set saves beyond its families' own deltas (`set_host_share` minus `summed_share`) spread
+    evenly over the set's kernel calls, and that extra per call; unchanged, None, where the
+    set or a family's share was not measured. Evenly, because the pass does not say which
+    family the interaction belongs to; replayed this way with the timing's own set saving,
+    the 18 committed batch-1 rows came within 2 % (benchmarks/host_share_check.py)."""
+    fams = (together or {}).get("families") or []
+    summed = summed_share(alone, fams)
+    if not fams or together.get("share") is None or summed is None or not enqueue_ms \
+            or not all(f in host_us for f in fams):
+        return host_us, None
+    calls = sum(alone[f]["calls_per_pass"] for f in fams)
+    if not calls:
+        return host_us, None
+    extra = (together["share"] - summed) * enqueue_ms * 1e3 / calls
+    return {f: v + extra if f in fams else v for f, v in host_us.items()}, extra

@@ -193,7 +193,10 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     """Re-rank with measured kernel times (not rooflines) and freeze the projection.
     `in_model`: per workload, the host deltas measured in the model (`host_stage`); they
     replace the search's per-kernel ones for that workload. `in_model_set`: per workload, the
-    host share the families save together (`host_delta.set_host_share`), recorded only."""
+    host share the families save together (`host_delta.set_host_share`); what it saves beyond
+    their own deltas is spread over their calls (`host_delta.spread_set_share`)."""
+    from pipeline.host_delta import spread_set_share
+
     ranking = read_json(run_dir / "ranking.json", "ranking")
     # only what will reach the model: a family skipped before any measurement (one that
     # cannot win, or one superseded by another replacing the same ops) is not projected
@@ -209,11 +212,15 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
            "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         measured = (in_model or {}).get(w["key"]) or {}
-        host_w = {**host, **rescaled_host(w, measured)}
+        together = (in_model_set or {}).get(w["key"])
+        host_w, extra = spread_set_share({**host, **rescaled_host(w, measured)}, measured,
+                                         together, w.get("enqueue_ms"))
+        if extra is not None:
+            together = {**together, "extra_us_per_call": extra}
         out["workloads"][w["key"]] = {
             **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
-            "host_set": (in_model_set or {}).get(w["key"]),
+            "host_set": together,
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }

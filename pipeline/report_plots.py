@@ -251,7 +251,8 @@ def _host_set_cell(together: dict, alone: dict) -> str:
     return (f"{pct(together['share'])} of the unpatched pass ({', '.join(fams)}; median of "
             f"{together['pairs']} pairs, the unpatched pass at {together['base_enqueue_ms']:.1f}"
             f" ms)" + (f"; their own deltas add up to {pct(summed)}" if summed is not None
-                       else ""))
+                       else "") + (f"; {together['extra_us_per_call']:+.1f} us per call added"
+                                   if together.get("extra_us_per_call") is not None else ""))
 
 
 def _decision_cell(f: dict) -> str:
@@ -382,7 +383,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         together = (p or {}).get("host_set")
         if together:
             rows.insert(2, ("host time the families save together, measured in the model "
-                            "(recorded; the projection uses the per-call deltas)",
+                            "(what it saves beyond their own deltas is spread over their calls)",
                             _host_set_cell(together, host)))
         if m:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (

@@ -3,6 +3,7 @@ the model's own patched modules, on the CPU with a candidate that costs a known 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from codegen.rmsnorm import FAMILY as RMSNORM
@@ -105,7 +106,42 @@ def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
     proj = read_json(tmp_path / "projection.json", "projection")
     assert host_of(proj, "w") == {"rmsnorm": 15.0}  # 10 us at a 20 ms host, profiled at 30
     assert proj["workloads"]["w"]["host_in_model"]["rope"]["error"].endswith("boom")
-    assert proj["workloads"]["w"]["host_set"] == together["w"]  # recorded, not projected
+    # rope's share is missing, so the set's saving cannot be split from the families'
+    assert proj["workloads"]["w"]["host_set"] == together["w"]
+
+
+def test_what_the_set_saves_beyond_its_families_is_spread_over_their_calls():
+    """The set saves 25 % of a 20 ms pass; its families, alone, 20 %: the other 1 ms goes
+    evenly to the set's 100 calls (10 us each); a family outside the set keeps its delta."""
+    from pipeline.host_delta import spread_set_share
+
+    alone = {"rmsnorm": {"share_per_call": 0.002, "calls_per_pass": 50},
+             "rope": {"share_per_call": 0.002, "calls_per_pass": 50}}
+    host = {"rmsnorm": 40.0, "rope": 40.0, "gated_act": 5.0}
+    together = {"share": 0.25, "families": ["rmsnorm", "rope"]}
+    got, extra = spread_set_share(host, alone, together, 20.0)
+    assert extra == pytest.approx(10.0)
+    assert got == pytest.approx({"rmsnorm": 50.0, "rope": 50.0, "gated_act": 5.0})
+    for broken in ({"error": "RuntimeError: x", "families": ["rope"]}, None,
+                   {"share": 0.25, "families": ["rmsnorm", "kv_cache"]}):
+        assert spread_set_share(host, alone, broken, 20.0) == (host, None)
+
+
+def test_the_frozen_projection_uses_the_sets_saving(tmp_path):
+    from pipeline.artifacts import read_json, write_json
+    from pipeline.optimize import freeze_projection, host_of
+
+    write_json(tmp_path / "ranking.json", {"stage": "ranking", "workloads": [
+        {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
+    in_model = {"w": {"rmsnorm": {"us_per_call": 10.0, "share_per_call": 0.001,
+                                  "calls_per_pass": 30, "base_enqueue_ms": 20.0}}}
+    together = {"w": {"share": 0.04, "base_enqueue_ms": 20.0, "pairs": 10,
+                      "families": ["rmsnorm"]}}
+    freeze_projection(tmp_path, {"accepted": {}}, ["rmsnorm"], False, in_model, together)
+    proj = read_json(tmp_path / "projection.json", "projection")
+    # alone: 0.1 % of 30 ms per call = 30 us; together 4 % of 30 ms over 30 calls = 40 us
+    assert host_of(proj, "w") == pytest.approx({"rmsnorm": 40.0})
+    assert proj["workloads"]["w"]["host_set"]["extra_us_per_call"] == pytest.approx(10.0)
 
 
 def test_the_set_reads_its_extra_host_time_from_whole_passes(tmp_path):
@@ -142,6 +178,9 @@ def test_the_report_sets_the_sets_saving_beside_the_families_sum():
                            "families": ["rmsnorm", "rope"]}, alone)
     assert cell == ("25.0% of the unpatched pass (rmsnorm, rope; median of 10 pairs, the "
                     "unpatched pass at 16.0 ms); their own deltas add up to 20.0%")
+    assert _host_set_cell({"share": 0.25, "base_enqueue_ms": 16.04, "pairs": 10,
+                           "families": ["rmsnorm", "rope"], "extra_us_per_call": 10.0},
+                          alone).endswith("20.0%; +10.0 us per call added")
     assert _host_set_cell({"error": "RuntimeError: x", "families": ["rope"]}, alone) == \
         "rope: not measured (RuntimeError: x)"
 
