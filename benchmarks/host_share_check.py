@@ -71,8 +71,8 @@ def _replays(results: Path, rows: list[dict]) -> None:
             key, kept = r["workload"], r["kept"]
             pw, enqueue = proj["workloads"][key], ranking[key]["enqueue_ms"]
             alone, before = pw["host_in_model"], pw.get("host_set") or {}
-            # the families' own deltas: without what a run since the set was measured before
-            # integration spread over them (`spread_set_share`)
+            # the families' own deltas: runs since run 15 froze them with the set's extra
+            # saving added (`spread_set_share`), which is taken off again here
             spread = before.get("extra_us_per_call") or 0.0
             host = {f: v - spread if f in before.get("families", []) else v
                     for f, v in host_of(proj, key).items()}

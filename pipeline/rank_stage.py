@@ -177,9 +177,9 @@ def workload_graph(w: dict, trace_path: Path | None):
     # prefill on the H200 (run 14): the probe's factor 0.275 against the wall's 0.464 replayed
     # the unpatched 16.1 ms pass in 9.6 ms and projected 1.496x for a measured 1.371x; from
     # the wall, 1.375x. Over the 34 committed workloads (benchmarks/probe_rule_ab.py) the
-    # mean error is 4.3 % either way; the batch-1 errors, both ways before, now sit about 3 %
-    # under the measurement (18 of 20 rows): the families' host deltas, each measured alone,
-    # add up to less than the set saves (benchmarks/host_share_check.py).
+    # mean error is 4.3 % either way; the batch-1 errors, both ways before, then sat about 3 %
+    # under the measurement (18 of 20 rows), which the set's host saving now accounts for
+    # (host_delta.spread_set_share).
     probe = w.get("host_factor")
     launch_bound = (w.get("gpu_busy_share") or 1.0) < LAUNCH_BOUND_BUSY
     if probe is not None and probe < factor and not launch_bound:
