@@ -73,7 +73,7 @@ def rendered_us(name: str, case: dict, index: int, tmp: Path) -> float:
     """us per call of one rendered forward on the CPU, its kernel launch a no-op: the best of
     5 repeats of 20000 calls."""
     from codegen.registry import get_family
-    from codegen.source import load_module
+    from core.source import load_module
 
     family = get_family(name)
     path = tmp / f"{name}.py"
@@ -91,7 +91,7 @@ def rendered_us(name: str, case: dict, index: int, tmp: Path) -> float:
 
 def main() -> None:
     from codegen.registry import get_family
-    from models.loader import build, resolve
+    from profiling.loader import build, resolve
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")

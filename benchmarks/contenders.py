@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
 from profiling.capture import make_runner, wall_time
+from profiling.loader import build, resolve
 from verify.timing import paired_ratio
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
 from profiling.capture import capture, make_runner, wall_time
+from profiling.loader import build, resolve
 
 
 def launch_us(n: int = 2000, reps: int = 7) -> float:

@@ -100,8 +100,8 @@ def swap(model, variant: str) -> list:
 
 
 def main() -> None:
-    from models.loader import build, resolve
     from profiling.capture import sync
+    from profiling.loader import build, resolve
     from verify.stats import summarize
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

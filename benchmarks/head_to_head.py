@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from models.loader import build, resolve
+from core.artifacts import read_json
+from core.workload import Workload
 from pipeline.api import apply_kernels
-from pipeline.artifacts import read_json
-from pipeline.integrate import twin
-from pipeline.workload import Workload
+from pipeline.patching import twin
 from profiling.capture import make_runner, sync
+from profiling.loader import build, resolve
 from verify.stats import bootstrap_ci
 
 VARIANTS = ("eager", "ours", "compile")

@@ -112,8 +112,8 @@ def families(model_id: str = "llama-3.2-1b", batch: int = 1, seq: int = 128) -> 
     from host_profile import middle_config_choosers  # benchmarks/, this script's folder
 
     from codegen.registry import get_family
-    from models.loader import build, resolve
-    from pipeline.workload import Workload
+    from core.workload import Workload
+    from profiling.loader import build, resolve
 
     model = build(resolve(model_id), torch.bfloat16, "cuda")
     w = Workload(batch=batch, seq=seq, dtype="bfloat16", device="cuda", mode="prefill")

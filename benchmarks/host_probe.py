@@ -33,7 +33,7 @@ FAMILIES = ("rmsnorm", "add_rmsnorm", "rope", "gated_act", "kv_cache")
 
 
 def chooser_for(family, tmp: Path, calls: dict):
-    from codegen.source import load_forward
+    from core.source import load_forward
 
     cache = {}
 
@@ -106,7 +106,7 @@ def launch_micro(tmp: Path, dtype: str, device: str) -> dict:
     launch) and the same kernel through Triton's JIT, on a 128 x 2048 input."""
     from codegen.rmsnorm import FAMILY as RMSNORM
     from codegen.rmsnorm.kernel import rms_norm_forward
-    from codegen.source import load_forward
+    from core.source import load_forward
 
     case = {"rows": 128, "hidden": 2048, "dtype": dtype, "eps": 1e-5, "offset": 0.0,
             "cast_first": True}
@@ -152,7 +152,7 @@ def mlp_micro(model, tmp: Path, w) -> dict:
         case = GATED.cases_from_model(model, w)[0]
         path = Path(tempfile.mkdtemp(dir=tmp)) / "kernel.py"
         path.write_text(GATED.render(GATED.search_space(case)[0], case))
-        from codegen.source import load_forward
+        from core.source import load_forward
         kern = load_forward(path)
         g, u, out = gu[..., :cols], gu[..., cols:], torch.empty_like(gate)
         res["kernel_call"] = host_us(lambda: kern(g, u, out=out))
@@ -175,10 +175,10 @@ def syncs_inside(run) -> str | None:
 
 def main() -> None:
     from codegen.registry import get_family
-    from models.loader import build, resolve
-    from pipeline.integrate import twin
-    from pipeline.workload import Workload
+    from core.workload import Workload
+    from pipeline.patching import twin
     from profiling.capture import make_runner
+    from profiling.loader import build, resolve
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")

@@ -73,7 +73,7 @@ def _profile(run, passes: int, device: str) -> dict[str, tuple[float, float, boo
 def middle_config_choosers(model, workload, names: list[str], tmp: Path) -> dict:
     """Per family, case -> the forward of its middle search config, rendered into `tmp`."""
     from codegen.registry import get_family
-    from codegen.source import load_forward
+    from core.source import load_forward
 
     choosers = {}
     for name in names:
@@ -91,8 +91,7 @@ def middle_config_choosers(model, workload, names: list[str], tmp: Path) -> dict
 
 def compare(model, workload, choosers: dict, names: list[str], pairs: int, passes: int) -> dict:
     from codegen.registry import get_family
-    from pipeline.host_delta import counting_chooser
-    from pipeline.integrate import twin
+    from pipeline.patching import counting_chooser, twin
     from profiling.capture import make_runner, sync
 
     variant = twin(model)
@@ -211,8 +210,8 @@ def launch_keys(model, workload, choosers: dict, reps: int = 2000) -> dict:
 
 
 def main() -> None:
-    from models.loader import build, resolve
-    from pipeline.workload import Workload
+    from core.workload import Workload
+    from profiling.loader import build, resolve
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")

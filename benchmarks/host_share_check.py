@@ -62,7 +62,7 @@ def _replays(results: Path, rows: list[dict]) -> None:
     from reproject import unpack_run
 
     from pipeline.host_delta import spread_set_share
-    from pipeline.optimize import host_of, project_set
+    from pipeline.projection import host_of, project_set
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)

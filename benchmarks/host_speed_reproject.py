@@ -31,7 +31,7 @@ SPEEDS = ("profile", "fresh", "measured")
 @contextmanager
 def host_scaled(scale: float):
     """rank_stage's replay graph with its calibrated host time multiplied by `scale`."""
-    import pipeline.rank_stage as rank_stage
+    import pipeline.stages.rank as rank_stage
     from profiling.replay import scale_host
 
     original = rank_stage.workload_graph
@@ -60,7 +60,7 @@ def reproject_at(results: Path) -> dict:
     speed of SPEEDS (None where the run did not record it)."""
     from reproject import unpack_run
 
-    from pipeline.optimize import host_of, project_set, rescaled_host
+    from pipeline.projection import host_of, project_set, rescaled_host
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -176,7 +176,7 @@ def measure(job, build) -> dict:
 def ours(job, args, tmp: Path) -> dict:
     """The accepted kernel of --run-dir for this case, else every config rendered and timed."""
     from codegen.search import case_key, spread
-    from codegen.source import load_forward
+    from core.source import load_forward
 
     family, case, sources, origin = job.family, job.case, [], "search"
     summary = Path(args.run_dir or "-") / "verification" / "summary.json"
@@ -192,7 +192,7 @@ def ours(job, args, tmp: Path) -> dict:
         path.write_text(family.render(cfg, case))  # a folder each: every candidate is kernel.py
         sources.append((cfg, path))
 
-    alias = family.extras.get("in_place")
+    alias = family.in_place
 
     def builder(fwd):  # out is allocated once, outside the timing, as the pipeline calls it
         def build(inp):  # written over the inputs where the family's adapter does that (rope)

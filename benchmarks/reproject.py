@@ -55,7 +55,7 @@ def reproject(results: Path, basis: str | None = None) -> dict:
     """Per workload: the kept set's projection, frozen and now; with `basis` (a reading of
     pipeline.host_delta, e.g. "pass_us_per_call"), the in-model host deltas of that reading
     replace the frozen ones, and each family measured alone is re-projected alone too."""
-    from pipeline.optimize import host_of, project_set, rescaled_host
+    from pipeline.projection import host_of, project_set, rescaled_host
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)

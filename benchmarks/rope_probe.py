@@ -87,7 +87,7 @@ def main(out_path: str) -> None:
 
     from codegen.registry import get_family
     from codegen.rope.reference import apply_rotary, make_case
-    from codegen.source import load_forward
+    from core.source import load_forward
     from verify.timing import bench, copy_reference
 
     gpu = torch.cuda.is_available()

@@ -21,7 +21,7 @@ from host_cost import host_us  # noqa: E402
 from codegen import launch  # noqa: E402
 from codegen.matmul_epilogue import FAMILY  # noqa: E402
 from codegen.matmul_epilogue.reference import make_case  # noqa: E402
-from codegen.source import load_module  # noqa: E402
+from core.source import load_module  # noqa: E402
 
 CONFIG = {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3, "GROUP_M": 8,
           "TMA": True}

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from codegen.dtypes import torch_dtype
-from pipeline.errors import UserError
+from core.errors import UserError
 
 CACHE_ENV = "PIPELINE_CUDA_CACHE"
 BACKENDS = ("triton", "cuda", "both")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from codegen.family import Case
+from core.family import Case
 
 
 def torch_dtype(name: str) -> torch.dtype:

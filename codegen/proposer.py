@@ -26,7 +26,7 @@ from pathlib import Path
 
 from codegen.registry import get_family
 from codegen.search import rank_entries, screen_and_time
-from pipeline.artifacts import write_json, write_text
+from core.artifacts import write_json, write_text
 
 CONTRACT = ("A candidate file defines `forward(*inputs, out, **params) -> None`, computes what "
             "reference.py computes for these inputs and params, and writes the result into the "

@@ -10,8 +10,8 @@ import pkgutil
 from functools import lru_cache
 
 import codegen
-from codegen.family import Family, Pattern
-from pipeline.errors import UserError
+from core.errors import UserError
+from core.family import Family, Pattern
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ resumes with the next one. A file the user edited is kept and searched as it is.
 The log keeps every candidate tried, its time and spread, kept or discarded, and why.
 
 Backends: "triton" searches `family.search_space`; "cuda" the family's CUDA C++ space
-(`family.extras["cuda"]`, configs marked {"backend": "cuda"} so their folders differ), or
+(`Family.cuda`, configs marked {"backend": "cuda"} so their folders differ), or
 Triton's where the family has none; "both" the two spaces.
 """
 
@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from codegen.family import Case, Family
+from core.family import Case, Family
 
 SCREEN_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
@@ -46,7 +46,7 @@ def config_backend(config: dict) -> str:
 
 def family_backend(family: Family, backend: str) -> str:
     """What `backend` means for this family: CUDA only where it has a CUDA C++ variant."""
-    return backend if "cuda" in family.extras else "triton"
+    return backend if family.cuda is not None else "triton"
 
 
 def backend_configs(family: Family, case: Case, backend: str,
@@ -62,14 +62,14 @@ def backend_configs(family: Family, case: Case, backend: str,
         space = family.search_space(case)
         configs += space[-1:] if interpreter and budget == 1 else spread(space, budget)
     if backend in ("cuda", "both"):
-        space = family.extras["cuda"]["search_space"](case)
+        space = family.cuda.search_space(case)
         configs += spread([{**c, "backend": "cuda"} for c in space], budget)
     return configs
 
 
 def render(family: Family, config: dict, case: Case) -> str:
     if config_backend(config) == "cuda":
-        return family.extras["cuda"]["render"](config, case)
+        return family.cuda.render(config, case)
     return family.render(config, case)
 
 
@@ -81,7 +81,7 @@ def write_candidate(family: Family, config: dict, case: Case, path: Path) -> str
     if path.exists() and stamp.exists() and \
             hashlib.sha1(path.read_bytes()).hexdigest() != stamp.read_text().strip():
         return "user-edited"
-    from pipeline.artifacts import write_text
+    from core.artifacts import write_text
 
     write_text(path, source)
     write_text(stamp, digest)
@@ -93,7 +93,7 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     import torch
 
     from codegen.registry import get_family
-    from codegen.source import load_forward
+    from core.source import load_forward
     from verify.loading import case_params
     from verify.timing import bench
 

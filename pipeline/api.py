@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifacts import read_json
-from pipeline.errors import UserError
+from core.artifacts import read_json
+from core.errors import UserError
 
 
 @dataclass
@@ -39,7 +39,7 @@ class KernelHandle:
 def apply_kernels(model, run_dir: str | Path, workload: str | None = None) -> KernelHandle:
     """Patch `model` with the run's accepted kernels (kept for `workload`, if given)."""
     from codegen.registry import get_family
-    from pipeline.integrate import make_chooser
+    from pipeline.patching import make_chooser
 
     run_dir = Path(run_dir)
     summary = read_json(run_dir / "verification" / "summary.json", "verification summary")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import UserError
+from core.errors import UserError
 from pipeline.rundir import latest_run, new_run_dir
 
 WORKLOAD_OPTIONS = [
@@ -74,10 +74,10 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top)
     Example:
       pipeline profile llama-3.2-1b --batch 1,8 --seq 128,1024 --dtype bf16
     """
-    from models.loader import resolve
-    from pipeline import workload as wl
+    from core import workload as wl
+    from pipeline.stages.profile import check_device, run_profile
     from pipeline.summary import console, print_profile
-    from profiling.profile_stage import check_device, run_profile
+    from profiling.loader import resolve
 
     dtype, device = _defaults(dtype, device)
     workloads = wl.expand(batch, seq, dtype, device, mode)
@@ -94,7 +94,7 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top)
 
 
 def _rank_and_print(run_dir: Path) -> None:
-    from pipeline.rank_stage import print_ranking, run_rank
+    from pipeline.stages.rank import print_ranking, run_rank
 
     print_ranking(run_rank(run_dir))
 
@@ -148,7 +148,8 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
       pipeline optimize tiny-llama --top 3 --batch 2 --seq 32   # profile, then optimize
     """
     from codegen.cuda_build import resolve_backend
-    from pipeline.optimize import load_run, run_optimize
+    from pipeline.optimize import run_optimize
+    from pipeline.rundir import load_run
     from pipeline.summary import console
 
     if top < 1:
@@ -163,7 +164,7 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
         target = str(run_dir or latest_run())
     run = load_run(target)
     if backend != "triton":
-        from pipeline.artifacts import read_json
+        from core.artifacts import read_json
 
         # the run's device decides (a CPU run falls back to Triton; a GPU that cannot build
         # CUDA C++ fails here, before any stage); run_optimize repeats this for API callers
@@ -221,8 +222,8 @@ def _family_list(text: str | None) -> list[str] | None:
 def calibrate(device, refresh):
     """Measure this machine's roofline ceilings (copy bandwidth, matmul peak, launch cost),
     cached per device name in the user cache folder; `profile` calibrates on first use."""
+    from pipeline.stages.profile import check_device
     from pipeline.summary import console
-    from profiling.profile_stage import check_device
     from profiling.roofline import ceilings
 
     _, device = _defaults(None, device)

@@ -55,22 +55,6 @@ DRIFT_TOLERANCE = 0.2
 ATTEMPTS = 3
 
 
-def counting_chooser(inner, calls: dict, name: str):
-    """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
-    and call every time, so the wrapper, not the chooser, counts)."""
-
-    def chooser(case):
-        fn = inner(case)
-        if fn is None:
-            return None
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return counted
-    return chooser
-
-
 @contextmanager
 def _windows(modules, device: str):
     """Sum of host seconds spent inside `modules` (outermost calls only) -> box[0]."""
@@ -145,7 +129,7 @@ def _nearest(measure, profile_ms: float | None) -> dict | None:
 
 
 def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict | None:
-    from pipeline.integrate import make_chooser, twin
+    from pipeline.patching import counting_chooser, make_chooser, twin
     from profiling.capture import make_runner
 
     allowed = None if workload_cases is None else workload_cases.get(name, set())
@@ -226,7 +210,7 @@ def set_host_share(model, workload, accepted: dict, families: list[str],
     the set saves in the paired timing (25 of 26 committed rows, by 2.8 points of the pass;
     benchmarks/host_share_check.py); the projection spreads the difference over the set's
     calls (`spread_set_share`)."""
-    from pipeline.integrate import patched, twin
+    from pipeline.patching import patched, twin
     from profiling.capture import make_runner
 
     try:

@@ -17,53 +17,17 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
 from codegen.registry import get_family
-from codegen.search import case_key
-from codegen.source import kernel_names, load_forward
-from pipeline.rundir import relocate
+from core.source import kernel_names
+from pipeline.patching import counting_chooser, make_chooser, patched, twin
 
 ERROR_RATIO = 1.5
 ERROR_FLOOR = 1e-6  # fp32 models agree with their fp32 reference to rounding: allow that much
-
-
-def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = None,
-                 run_dir: Path | None = None):
-    """case -> forward for the exact cases accepted for `family` (and allowed), else None.
-    `run_dir`: where the run lives now, if it was moved since the kernels were accepted."""
-    by_case = {}
-    for acc in accepted.values():
-        if acc["family"] == family:
-            key = case_key(acc["case"])
-            if allowed_cases is None or key in allowed_cases:
-                by_case[key] = acc["source"]
-    loaded: dict[tuple, Callable | None] = {}
-
-    def chooser(case):
-        # called on every patched call: a dict lookup, not a hash of the case, on the hot path
-        frozen = tuple(sorted(case.items()))
-        if frozen not in loaded:
-            src = by_case.get(case_key(case))
-            loaded[frozen] = load_forward(relocate(src, run_dir)) if src is not None else None
-        return loaded[frozen]
-
-    return chooser
-
-
-@contextmanager
-def patched(model, accepted: dict, families: list[str], workload_cases: dict | None = None):
-    """Apply the accepted kernels of `families`; undone on exit, whatever happens."""
-    with ExitStack() as stack:
-        for name in families:
-            allowed = None if workload_cases is None else workload_cases.get(name, set())
-            undo = get_family(name).patch(model, make_chooser(accepted, name, allowed))
-            stack.callback(undo)
-        yield model
 
 
 def logits_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -117,7 +81,6 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
     it replaces run fewer times in the patched forward (a TorchDispatchMode counts them, on
     any device). On a GPU a re-profile also lists the new kernels by name. (A CPU re-profile
     with stacks would trace every Python line the Triton interpreter runs.)"""
-    from pipeline.host_delta import counting_chooser
     from profiling.capture import make_runner
     from verify.integrity import OpRecorder
 
@@ -210,13 +173,6 @@ def reprofile(model, accepted: dict, families: list[str], workload,
         return {"families": families, "error": f"{type(e).__name__}: {e}"}
     return {"families": families, "unpatched_us": base, "patched_us": after,
             "family_kernels": family_kernels(accepted, families)}
-
-
-def twin(model):
-    """A second module tree over the same parameters and buffers (no weight copy), so the
-    baseline and a patched variant can run interleaved without re-patching per call."""
-    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    return copy.deepcopy(model, memo=shared)
 
 
 class _Timings:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.artifacts import read_json, write_json, write_text
+from core.errors import UserError
 from pipeline import report_plots as rp
-from pipeline.artifacts import read_json, write_json, write_text
-from pipeline.errors import UserError
 from pipeline.projection_gap import gap
-from pipeline.rank_stage import LAUNCH_BOUND_BUSY
+from pipeline.stages.rank import LAUNCH_BOUND_BUSY
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
              "search": "candidates/search_log.json", "verification": "verification/summary.json",

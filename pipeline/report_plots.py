@@ -12,7 +12,7 @@ import io
 import re
 from pathlib import Path
 
-from pipeline.artifacts import write_text
+from core.artifacts import write_text
 
 COLORS = {"family": "#4c72b0", "other": "#8da0cb", "rest": "#b0b0b0", "amdahl": "#4c72b0",
           "replay": "#dd8452", "measured": "#55a868"}

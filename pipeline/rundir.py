@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from pipeline.errors import UserError
+from core.errors import UserError
 
 
 def runs_root() -> Path:
@@ -47,3 +47,14 @@ def latest_run() -> Path:
         raise UserError(f"no profiled run under {root}/; run `pipeline profile MODEL_ID` first "
                         f"or pass a run directory")
     return runs[-1].parent
+
+
+def load_run(target: str | None) -> Path:
+    if target is None:
+        return latest_run()
+    p = Path(target)
+    if p.is_dir():
+        if not (p / "profile.json").exists():
+            raise UserError(f"{p} has no profile.json; run `pipeline profile` first")
+        return p
+    raise UserError(f"{target} is not a run directory")

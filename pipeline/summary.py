@@ -70,7 +70,7 @@ def optimize_rows(run_dir) -> list[list[str]]:
     """Per workload: projected next to measured whole-model speedup, and the decision."""
     from pathlib import Path
 
-    from pipeline.artifacts import read_json
+    from core.artifacts import read_json
 
     run_dir = Path(run_dir)
     proj = read_json(run_dir / "projection.json", "projection")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.artifacts import write_text
-from pipeline.workload import Workload
+from core.artifacts import write_text
+from core.workload import Workload
 
 WAIT, WARMUP, ACTIVE = 1, 2, 3
 
@@ -117,7 +117,7 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
     upper bound when it does): a pass whose host needs most of the wall to enqueue it turns
     host-bound once kernels shrink the device time (Qwen2.5-0.5B at batch 8 on a slow host,
     2026-11-30). On the CPU the two agree. The replay takes it as a bound on the host's speed
-    (`pipeline.rank_stage.workload_graph`)."""
+    (`pipeline.stages.rank.workload_graph`)."""
     times, enqueues = [], []
     with torch.no_grad():
         for i in range(warmup + reps):

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from codegen.family import Pattern
+from core.family import Pattern
 
 # ops that move no data or only describe views: claimed with any pattern whose scope they are in
 VIEW_OPS = frozenset({

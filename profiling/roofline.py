@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pipeline.artifacts import write_json
+from core.artifacts import write_json
 
 ELEM_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8,
               "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2}

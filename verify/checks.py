@@ -15,7 +15,7 @@ those two runs come:
     out_buffer        `out` keeps its storage, shape and strides (no out.set_(...))
     inputs_unchanged  every input's whole storage is bitwise unchanged
     in_place          families whose adapter writes the result over its inputs (rope:
-                      `extras["in_place"]`) get, on the first random input set, the same
+                      `Family.in_place`) get, on the first random input set, the same
                       result bit for bit when `out` is those inputs
     aten_ops          none of family.aten_ops dispatched (TorchDispatchMode; plus the profiler
                       on a GPU)
@@ -260,7 +260,7 @@ class Suite:
                                          f"({result.n_nonfinite_bad} non-finite mismatches); "
                                          f"first {result.first_bad}")]
         checks.record(CHECK_OF_KIND[kind], problem, context)
-        alias = self.family.extras.get("in_place")
+        alias = self.family.in_place
         if alias is not None and kind == "random" and trial == 0:
             checks.record("in_place", self._in_place(inputs, alias, first.outs, params),
                           context)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codegen.family import Case, Family
+from core.family import Case, Family
 from verify.loading import candidate_name, family_spec, load_family
 from verify.numerics import input_plan, seed_for
 from verify.tolerances import TOLERANCES
@@ -189,7 +189,7 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
         duration_s=time.monotonic() - started,
     )
     if record_dir is not None:
-        from pipeline.artifacts import write_json
+        from core.artifacts import write_json
 
         path = Path(record_dir) / "verification" / fam.name / f"{name}.json"
         result.record_path = str(path)

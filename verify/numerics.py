@@ -70,20 +70,20 @@ def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tu
 
 
 def order_slack(family, inputs: Sequence, params: dict) -> tuple | None:
-    """The family's per-output order bounds (`extras["order_bound"](*inputs, **params)`, on
+    """The family's per-output order bounds (`Family.order_bound(*inputs, **params)`, on
     float64 copies of the inputs: {"bound", "overflow"} per output, see `compare_one`), or
     None."""
-    bound = family.extras.get("order_bound")
+    bound = family.order_bound
     if bound is None:
         return None
     return as_tuple(bound(*_upcast(inputs, torch.float64), **params))
 
 
 def stress_indices(family, inputs: Sequence) -> list[int]:
-    """Which inputs get stress values: family.extras['stress_inputs'] or else the floating inputs
+    """Which inputs get stress values: family.stress_inputs or else the floating inputs
     with two or more dimensions (activations; 1-D weights and biases keep their usual values so
     the output still depends on the stressed activations rather than overflowing outright)."""
-    chosen = family.extras.get("stress_inputs")
+    chosen = family.stress_inputs
     if chosen is not None:
         return list(chosen)
     floating = [i for i, a in enumerate(inputs)
@@ -175,7 +175,7 @@ def _max(t: torch.Tensor) -> float:
     return float(t.max()) if t.numel() else 0.0
 
 
-# The order bound (a family's `extras["order_bound"]`) may excuse at most this share of the
+# The order bound (a family's `Family.order_bound`) may excuse at most this share of the
 # elements of one output (the verifier's "mixed" stress, magnitudes over 2^-32..2^32, needed it
 # at 0.34 % of a K = 2048 GEMM's outputs summed in another order than torch's, and at 0.1 % of
 # the tiny models' cases), and only when the candidate's errors are, as a distribution, within
@@ -199,7 +199,7 @@ def _quantiles(t: torch.Tensor, qs=(0.5, 0.999)) -> list[float]:
 
 def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
                 tol: Tolerance, slack: dict | None = None) -> Comparison:
-    """`slack`: the family's order bound for this output (`extras["order_bound"]`, see
+    """`slack`: the family's order bound for this output (`Family.order_bound`, see
     verify/tolerances.py): {"bound": per element, what any summation order may change,
     "overflow": where an accumulator may overflow in some order}. An element outside the rule
     may then pass within the bound (at most ORDER_SHARE of them, and only if the candidate's

@@ -6,7 +6,7 @@ Patched per decoder-layer instance (see patch.py): the add lives in the layer's 
 """
 
 from codegen.add_rmsnorm import kernel, patch, reference
-from codegen.family import Family, Pattern
+from core.family import Family, Pattern
 
 # On torch.profiler CPU traces of Llama/Qwen2/Mistral/Gemma decoder layers the layer's own
 # scope runs exactly two aten ops, the residual adds (attention, MLP and both norms claim their
@@ -34,7 +34,8 @@ FAMILY = Family(
     patch=patch.patch,
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"),
-    extras={"params": reference.params,
+    params=reference.params,
+    extras={
             "replaces": {"scope_ops": {"aten::add": 1},
                          "child_module": "post_attention_layernorm", "child_family": "rmsnorm"}},
 )

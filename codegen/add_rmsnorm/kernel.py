@@ -11,14 +11,14 @@ import triton
 import triton.language as tl
 
 from codegen.add_rmsnorm.reference import params
-from codegen.family import Case
 from codegen.rmsnorm.kernel import (
     block_for,
     params_check_source,
     render_header,
     row_search_space,
 )
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 
 @triton.jit

@@ -33,9 +33,9 @@ from functools import cache
 import torch
 
 from codegen.add_rmsnorm.reference import params
-from codegen.family import Case
 from codegen.rmsnorm.patch import kernel_can_take, kernel_resolver
 from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
+from core.family import Case
 from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*DecoderLayer$")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from codegen.family import Case
 from codegen.rmsnorm import reference as rms
+from core.family import Case
 
 edge_cases = rms.edge_cases
 

@@ -27,7 +27,7 @@ from codegen.attention.reference import (
     min_bytes,
     params,
 )
-from codegen.family import Family, Pattern, lazy
+from core.family import Family, Pattern, lazy
 
 SDPA = "aten::scaled_dot_product_attention"
 
@@ -84,5 +84,5 @@ FAMILY = Family(
     # Stress values go into q, k and v alike (the default), so NaN/inf injection lands in q: a
     # non-finite key or value would reach rows that a causal kernel never reads, where a dense
     # reference multiplies it by a zero probability and gets NaN.
-    extras={"params": params},
+    params=params,
 )

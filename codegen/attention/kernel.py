@@ -27,8 +27,8 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.family import Case
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), smallest tiles first. BLOCK_N divides BLOCK_M so
 # the unmasked key blocks end exactly where the query block's diagonal blocks begin.

@@ -35,7 +35,7 @@ from torch import nn
 
 from codegen.attention.reference import make_case, params
 from codegen.dtypes import dtype_name
-from codegen.family import Case
+from core.family import Case
 from models.patching import with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"

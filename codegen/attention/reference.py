@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, random_heads
-from codegen.family import Case, distinct
+from core.family import Case, distinct
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,

@@ -26,7 +26,7 @@ from codegen.cross_entropy.reference import (
     min_bytes,
     params,
 )
-from codegen.family import Family, Pattern, lazy, no_cases, no_patch
+from core.family import Family, Pattern, lazy, no_cases, no_patch
 
 _NESTED = ("aten::log_softmax", "aten::_log_softmax", "aten::nll_loss_nd", "aten::nll_loss",
            "aten::nll_loss_forward", "aten::to", "aten::_to_copy", "aten::empty_strided",
@@ -55,5 +55,5 @@ FAMILY = Family(
     cases_from_model=no_cases,
     aten_ops=("aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax",
               "aten::nll_loss", "aten::nll_loss_forward", "aten::nll_loss_nd"),
-    extras={"params": params},
+    params=params,
 )

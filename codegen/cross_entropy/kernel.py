@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codegen.family import Case
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 BLOCKS = (1024, 2048, 4096, 8192)
 WARPS = (4, 8, 16)

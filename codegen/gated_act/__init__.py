@@ -16,7 +16,6 @@ make that choice just by discovering the family.
 
 from __future__ import annotations
 
-from codegen.family import Family, Pattern, lazy
 from codegen.gated_act.patch import cases_from_model, patch
 from codegen.gated_act.reference import (
     edge_cases,
@@ -27,6 +26,7 @@ from codegen.gated_act.reference import (
     min_bytes,
     params,
 )
+from core.family import CudaVariant, Family, Pattern, lazy
 from profiling.roofline import streaming_cost
 
 PATTERNS = (
@@ -58,8 +58,8 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::silu", "aten::gelu", "aten::mul"),
-    extras={"params": params,
-            # the CUDA C++ variant (`pipeline optimize --backend cuda|both`)
-            "cuda": {"search_space": lazy("codegen.gated_act.cuda", "search_space"),
-                     "render": lazy("codegen.gated_act.cuda", "render")}},
+    params=params,
+    cuda=CudaVariant(search_space=lazy("codegen.gated_act.cuda", "search_space"),
+                     render=lazy("codegen.gated_act.cuda", "render")),
+    rivals=("matmul_epilogue",),
 )

@@ -16,7 +16,7 @@ import json
 import textwrap
 
 from codegen.cuda_build import dtype_defines, python_string, python_tuple, source_text, vec_width
-from codegen.family import Case
+from core.family import Case
 
 THREADS = (128, 256, 512)
 ITEMS = (1, 2, 4)

@@ -21,8 +21,8 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.family import Case
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 BLOCKS = (256, 512, 1024, 2048)
 WARPS = (2, 4, 8)

@@ -9,7 +9,7 @@ silently changing what it computes.
 
 The replacement forward is set on the instance (never the class: a class-level patch leaks into
 every model built later in the process) and asks `forward_by_case(case)` once per input
-signature (shape, dtype; codegen.family.kernel_by_signature), so a kernel accepted for one workload
+signature (shape, dtype; core.family.kernel_by_signature), so a kernel accepted for one workload
 only runs on that workload's shapes.
 """
 
@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case, kernel_by_signature
 from codegen.gated_act.reference import make_case, params
+from core.family import Case, kernel_by_signature
 from models.patching import code_shape, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")

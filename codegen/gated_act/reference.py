@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case, distinct
+from core.family import Case, distinct
 
 ACTS = ("silu", "gelu_tanh")
 LAYOUTS = ("separate", "packed")

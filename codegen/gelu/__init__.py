@@ -15,7 +15,6 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.family import Family, Pattern, lazy
 from codegen.gelu.patch import cases_from_model, patch
 from codegen.gelu.reference import (
     edge_cases,
@@ -26,6 +25,7 @@ from codegen.gelu.reference import (
     new_gelu,
     params,
 )
+from core.family import Family, Pattern, lazy
 from profiling.roofline import streaming_cost
 
 PATTERNS = (
@@ -53,5 +53,5 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::pow", "aten::mul", "aten::add", "aten::tanh"),
-    extras={"params": params},
+    params=params,
 )

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case
 from codegen.gelu.reference import make_case, params
+from core.family import Case
 from models.patching import set_instance_forwards
 
 ACT_CLASSES = ("NewGELUActivation",)

@@ -14,7 +14,7 @@ import math
 import torch
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case, distinct
+from core.family import Case, distinct
 
 
 def new_gelu(x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,6 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.family import Family, Pattern, lazy
 from codegen.kv_cache.patch import cases_from_model, patch
 from codegen.kv_cache.reference import (
     edge_cases,
@@ -31,6 +30,7 @@ from codegen.kv_cache.reference import (
     min_bytes,
     params,
 )
+from core.family import Family, Pattern, lazy
 
 
 def _cost(ops: list[dict]) -> tuple[int, int]:
@@ -70,5 +70,5 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::cat",),
-    extras={"params": params},
+    params=params,
 )

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from codegen.dtypes import element_size
-from codegen.family import Case
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 ROW_BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128)
 WARPS = (1, 2, 4, 8)

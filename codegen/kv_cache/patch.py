@@ -38,13 +38,13 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case, kernel_by_signature
 from codegen.kv_cache.reference import (
     INITIALISED_FROM_KEYS,
     dynamic_layer_update,
     make_case,
     params,
 )
+from core.family import Case, kernel_by_signature
 from models.patching import code_shape, wrap_instance_forwards
 
 CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced

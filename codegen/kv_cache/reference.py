@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import element_size, random_heads, torch_dtype
-from codegen.family import Case, distinct
+from core.family import Case, distinct
 
 
 def kv_append(keys: torch.Tensor, values: torch.Tensor, key_states: torch.Tensor,

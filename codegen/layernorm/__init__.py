@@ -2,11 +2,11 @@
 residual add (case key `residual`: inputs (x, residual, weight, bias), out=(sum, normed)).
 
 Case keys: rows, hidden, dtype, eps, residual (default False), row_stride (optional).
-Params for forward and the reference: eps (`FAMILY.extras["params"](case)`).
+Params for forward and the reference: eps (`FAMILY.params(case)`).
 """
 
-from codegen.family import Family, Pattern
 from codegen.layernorm import kernel, patch, reference
+from core.family import Family, Pattern
 from profiling.roofline import streaming_cost
 
 # On torch.profiler CPU traces of GPT-2's nn.LayerNorm the module scope runs one aten op,
@@ -35,5 +35,5 @@ FAMILY = Family(
     patch=patch.patch,
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::layer_norm", "aten::native_layer_norm", "aten::add"),
-    extras={"params": reference.params},
+    params=reference.params,
 )

@@ -12,7 +12,6 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.family import Case
 from codegen.layernorm.reference import params
 from codegen.rmsnorm.kernel import (
     block_for,
@@ -20,7 +19,8 @@ from codegen.rmsnorm.kernel import (
     params_check_source,
     row_search_space,
 )
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 
 @triton.jit

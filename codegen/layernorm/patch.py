@@ -15,9 +15,9 @@ from collections.abc import Callable
 import torch
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case
 from codegen.layernorm.reference import layer_norm, params
 from codegen.rmsnorm.patch import rows_per_token, swapped_params
+from core.family import Case
 from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*LayerNorm$")

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
 from codegen.rmsnorm.reference import edge_cases as _row_edge_cases
 from codegen.rmsnorm.reference import make_x
+from core.family import Case
 
 
 def layer_norm(*inputs: torch.Tensor, eps: float, sum_dtype: str | None = None):

@@ -17,7 +17,7 @@ the profile's matcher never claims with these patterns. Each extends gated_act's
 occurrence plus the `linear` occurrences of the absorbed child Linears (`Pattern.absorbs`:
 gate_proj and up_proj, or Phi-3's packed gate_up_proj) and ranks the row beside gated_act's.
 At most one of the two families is integrated into a model; pipeline/ chooses
-(`extras["overlaps"]`), this folder only declares the overlap.
+(`Family.rivals`, declared on both), this folder only declares the rivalry.
 
 Recognition is by module class (ends in "MLP") and the activation op, like gated_act's; the
 patch (patch.py) then checks the module's code and its projections, as gated_act's does.
@@ -29,7 +29,6 @@ make that choice just by discovering the family.
 
 from __future__ import annotations
 
-from codegen.family import Family, Pattern, lazy
 from codegen.matmul_epilogue.patch import cases_from_model, patch
 from codegen.matmul_epilogue.reference import (
     edge_cases,
@@ -41,6 +40,7 @@ from codegen.matmul_epilogue.reference import (
     order_bound,
     params,
 )
+from core.family import Family, Pattern, lazy
 from profiling.roofline import MATMUL_OPS, input_bytes, op_cost
 
 
@@ -93,14 +93,14 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::silu",
               "aten::gelu", "aten::mul"),
-    extras={"params": params,
-            # Only x gets the verifier's stress values: stressed weights too would overflow
-            # the fp32 accumulators (products of two values near the dtype's max) in an order-
-            # dependent way, inf or NaN depending on which partial sums meet first.
-            "stress_inputs": (0,),
-            # where a dot product cancels, the summation order decides which of HF's result
-            # and ours lands closer: the verifier allows either within the classic bound
-            "order_bound": order_bound,
-            # replaces the ops gated_act replaces: pipeline/ integrates one of the two
-            "overlaps": ("gated_act",)},
+    params=params,
+    # Only x gets the verifier's stress values: stressed weights too would overflow the fp32
+    # accumulators (products of two values near the dtype's max) in an order-dependent way,
+    # inf or NaN depending on which partial sums meet first.
+    stress_inputs=(0,),
+    # where a dot product cancels, the summation order decides which of HF's result and ours
+    # lands closer: the verifier allows either within the classic bound
+    order_bound=order_bound,
+    # replaces the ops gated_act replaces: one of the two is integrated
+    rivals=("gated_act",),
 )

@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 
 from codegen.dtypes import element_size
-from codegen.family import Case
 from codegen.matmul_epilogue.reference import MAX_BLOCK_M
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 
 @triton.jit

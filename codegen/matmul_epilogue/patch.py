@@ -13,7 +13,7 @@ no autograd graph is needed, the absorbed projections are the modules seen at pa
 nobody hooks them (a user's hook, or accelerate's that brings offloaded weights in, must see
 its module called; a LoRA layer swapped in must add its term), both weights have x's dtype
 and device, and the chooser gives a kernel for the input signature (shape, dtype; asked once
-per signature, `codegen.family.kernel_by_signature`). The weights are read from the
+per signature, `core.family.kernel_by_signature`). The weights are read from the
 projections at call time, never captured at patch time: a parameter given new storage after
 patching (`.to()`, reassignment, gated_act's fused [gate; up] buffer, whose halves are views)
 is what the kernel reads. down_proj stays HF's Linear, called as a module.
@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case, kernel_by_signature
 from codegen.gated_act.patch import GatedMLP, find_gated_mlps, needs_graph
 from codegen.matmul_epilogue.reference import make_case, params
+from core.family import Case, kernel_by_signature
 from models.patching import wrap_instance_forwards
 
 

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case, distinct
 from codegen.gated_act.reference import ACTS, activation
 from codegen.gated_act.reference import flops as activation_flops
+from core.family import Case, distinct
 
 # The largest row block (BM) in kernel.search_space; kernel.py checks it agrees. Lives here
 # because edge cases must go just past it without importing the kernel (which applies
-# @triton.jit, see codegen.family.lazy).
+# @triton.jit, see core.family.lazy).
 MAX_BLOCK_M = 128
 
 

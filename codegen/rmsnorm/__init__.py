@@ -3,11 +3,11 @@
 Case keys: rows, hidden, dtype, eps, offset (0.0 Llama, 1.0 Gemma), cast_first (True: cast to
 the input dtype before the weight multiply, as Llama; False: after, as Gemma), and optionally
 row_stride (> hidden: x is a strided view). Params passed to forward and the reference: eps,
-offset, cast_first (`FAMILY.extras["params"](case)`).
+offset, cast_first (`FAMILY.params(case)`).
 """
 
-from codegen.family import Family, Pattern, lazy
 from codegen.rmsnorm import kernel, patch, reference
+from core.family import CudaVariant, Family, Pattern, lazy
 from profiling.roofline import streaming_cost
 
 # Counted on torch.profiler CPU traces of the real transformers modules (fp32, fp16 and bf16
@@ -55,8 +55,8 @@ FAMILY = Family(
     patch=patch.patch,
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::pow", "aten::mean", "aten::rsqrt", "aten::mul", "aten::add"),
-    extras={"params": reference.params, "forms": reference.FORMS,
-            # the CUDA C++ variant (`pipeline optimize --backend cuda|both`)
-            "cuda": {"search_space": lazy("codegen.rmsnorm.cuda", "search_space"),
-                     "render": lazy("codegen.rmsnorm.cuda", "render")}},
+    params=reference.params,
+    cuda=CudaVariant(search_space=lazy("codegen.rmsnorm.cuda", "search_space"),
+                     render=lazy("codegen.rmsnorm.cuda", "render")),
+    extras={"forms": reference.FORMS},
 )

@@ -16,9 +16,9 @@ import json
 import textwrap
 
 from codegen.cuda_build import dtype_defines, python_string, python_tuple, source_text, vec_width
-from codegen.family import Case
 from codegen.rmsnorm.reference import params
 from codegen.search import spread
+from core.family import Case
 
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ROWS_PER_BLOCK = (1, 2, 4, 8, 16, 32)

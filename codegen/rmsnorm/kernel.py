@@ -16,9 +16,9 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.family import Case
 from codegen.rmsnorm.reference import params
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 # Row-wise norms hold a whole row tile in registers; past this many elements per program the
 # registers spill, so larger ROWS x BLOCK tiles are not worth timing.

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 import torch
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case, kernel_by_signature
 from codegen.rmsnorm.reference import params, rms_norm
+from core.family import Case, kernel_by_signature
 from models.patching import set_instance_forwards
 
 NAME_RE = re.compile(r".*RMSNorm$")

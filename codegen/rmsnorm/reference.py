@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import element_size, torch_dtype
-from codegen.family import Case
+from core.family import Case
 
 FORMS = {"llama": {"offset": 0.0, "cast_first": True},
          "gemma": {"offset": 1.0, "cast_first": False}}

@@ -18,7 +18,6 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.family import Family, Pattern, lazy
 from codegen.rope.patch import cases_from_model, patch
 from codegen.rope.reference import (
     apply_rotary,
@@ -29,6 +28,7 @@ from codegen.rope.reference import (
     min_bytes,
     params,
 )
+from core.family import Family, Pattern, lazy
 
 
 def _cost(ops: list[dict]) -> tuple[int, int]:
@@ -71,5 +71,7 @@ FAMILY = Family(
     # Stress values go into q and k only: cos/sin are cosines and sines in every model, and
     # stressing them to 1e4 would test an input no caller can produce. The adapter writes the
     # rotation over q and k (patch.in_place_ok), so the verifier runs each candidate that way.
-    extras={"params": params, "stress_inputs": (0, 1), "in_place": lambda inputs: inputs[:2]},
+    params=params,
+    stress_inputs=(0, 1),
+    in_place=lambda inputs: inputs[:2],
 )

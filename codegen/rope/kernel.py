@@ -41,8 +41,8 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.family import Case
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 HEAD_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 POSITION_BLOCKS = (1, 2, 4, 8, 16)

@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.family import Case, kernel_by_signature
 from codegen.rope.reference import make_case, params
+from core.family import Case, kernel_by_signature
 from models.patching import code_shape, with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "apply_rotary_pos_emb"

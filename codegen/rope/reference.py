@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import element_size, random_heads, torch_dtype
-from codegen.family import Case, distinct
+from core.family import Case, distinct
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ dtype=torch.float32)`). Observed top-level op with torch.profiler (CPU, torch 2.
 aten::softmax, with aten::to and aten::_softmax nested under it (not top-level ops).
 
 Patch: a documented no-op. No module of the zoo runs a standalone softmax in the profiled
-forward: models.loader builds every model with SDPA attention, whose softmax happens inside
+forward: profiling.loader builds every model with SDPA attention, whose softmax happens inside
 the fused attention kernel, and no zoo model applies a softmax elsewhere in its forward. So
 `cases_from_model` returns no cases and `patch` changes nothing (its undo does nothing). A model
 run with eager attention would call `torch.nn.functional.softmax` through the torch module
@@ -19,7 +19,6 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.family import Family, Pattern, lazy, no_cases, no_patch
 from codegen.softmax.reference import (
     edge_cases,
     flops,
@@ -29,6 +28,7 @@ from codegen.softmax.reference import (
     params,
     softmax,
 )
+from core.family import Family, Pattern, lazy, no_cases, no_patch
 
 PATTERNS = (
     Pattern(name="softmax", family="softmax", function=r"^softmax$",
@@ -52,5 +52,5 @@ FAMILY = Family(
     patch=no_patch,
     cases_from_model=no_cases,
     aten_ops=("aten::softmax", "aten::_softmax"),
-    extras={"params": params},
+    params=params,
 )

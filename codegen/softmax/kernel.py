@@ -19,8 +19,8 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.family import Case
-from codegen.source import kernel_source
+from core.family import Case
+from core.source import kernel_source
 
 MAX_SINGLE = 16384  # widest row held whole in registers (16 warps x 32 lanes x 32 values)
 LOOP_BLOCKS = (1024, 4096)

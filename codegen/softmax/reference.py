@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import torch_dtype
-from codegen.family import Case, distinct
+from core.family import Case, distinct
 
 
 def softmax(x: torch.Tensor, *, out_dtype: str | None = None) -> torch.Tensor:

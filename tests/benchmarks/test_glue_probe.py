@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from glue_probe import swap  # noqa: E402
 
-from models.loader import build, resolve  # noqa: E402
+from profiling.loader import build, resolve  # noqa: E402
 
 
 @pytest.mark.parametrize("model_id", ["tiny-llama", "tiny-qwen2"])

@@ -8,8 +8,8 @@ import collections
 
 import torch
 
-from codegen.source import load_forward
-from pipeline.workload import Workload
+from core.source import load_forward
+from core.workload import Workload
 from profiling.attribution import attribute
 from profiling.capture import capture, make_runner, module_names
 from profiling.patterns import BASE_PATTERNS, match
@@ -44,7 +44,7 @@ def run_candidate(family, config, case, tmp_path, seed=0, rendered_for=None):
     before = [t.clone() for t in inputs]
     out = family.make_out(case, inputs)
     poison(as_tuple(out))
-    params = family.extras["params"](case)
+    params = family.params(case)
     forward(*inputs, out=out, **params)
     for t, b in zip(inputs, before):
         assert torch.equal(t, b), "candidate modified its input"
@@ -145,7 +145,7 @@ def declines_then_trains(family, model_id: str, ids, tmp_path):
     bit (having asked once per case signature); with a chooser that would give kernels, a
     backward pass still runs the original code (the kernels write plain buffers). Returns the
     model (after backward, gradients set) and the second chooser, for family-specific asserts."""
-    from models.loader import build, resolve
+    from profiling.loader import build, resolve
 
     model = build(resolve(model_id), torch.float32, DEVICE)
     ids = ids.to(DEVICE)

@@ -26,8 +26,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from codegen.attention import FAMILY
 from codegen.attention.patch import GLOBAL_NAME, find_attentions
 from codegen.attention.reference import make_case
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 # fp16 outputs are rounded once from fp32; PV runs in fp32, so 2 fp16 ulps hold everywhere
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}

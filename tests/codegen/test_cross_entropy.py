@@ -20,8 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from codegen.cross_entropy import FAMILY
 from codegen.cross_entropy.reference import make_case
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
 KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]

@@ -24,11 +24,11 @@ import torch
 
 from codegen import cuda_build
 from codegen import search as search_mod
-from codegen.family import Family
 from codegen.gated_act import FAMILY as GATED
 from codegen.rmsnorm import FAMILY as RMSNORM
 from codegen.search import backend_configs, config_key, render
-from pipeline.errors import UserError
+from core.errors import UserError
+from core.family import CudaVariant, Family
 
 REPO = Path(__file__).resolve().parents[2]
 FORMS = RMSNORM.extras["forms"]
@@ -43,7 +43,7 @@ def act_case(rows, cols, dtype, act, layout):
 
 
 def cuda_space(family, case):
-    return [{**c, "backend": "cuda"} for c in family.extras["cuda"]["search_space"](case)]
+    return [{**c, "backend": "cuda"} for c in family.cuda.search_space(case)]
 
 
 def constants(source: str) -> dict:
@@ -205,14 +205,14 @@ def _fake_family(name: str, with_cuda: bool) -> Family:
     def render_cuda(config, case):
         return f"# cuda {config}\ndef forward(*a, out, **p):\n    pass\n"
 
-    extras = {"cuda": {"search_space": lambda case: [{"threads": 128}, {"threads": 256},
-                                                      {"threads": 512}],
-                       "render": render_cuda}} if with_cuda else {}
+    cuda = CudaVariant(search_space=lambda case: [{"threads": 128}, {"threads": 256},
+                                                  {"threads": 512}],
+                       render=render_cuda) if with_cuda else None
     return Family(name=name, patterns=(), reference=None, make_inputs=None, make_out=None,
                   edge_cases=lambda c: [], min_bytes=lambda c: 1, flops=lambda c: 1,
                   search_space=lambda case: [{"BLOCK": 64}, {"BLOCK": 128}, {"BLOCK": 256}],
                   render=render_triton, patch=None, cases_from_model=lambda m, w: [],
-                  extras=extras)
+                  cuda=cuda)
 
 
 @pytest.mark.parametrize("backend, want", [
@@ -376,7 +376,7 @@ def test_cli_backend_cuda_on_cpu_notes_and_generates_triton(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CUDA C++ variants need a CUDA GPU; generating Triton" in proc.stdout
     assert "not built by this version" not in proc.stdout
-    from pipeline.artifacts import read_json
+    from core.artifacts import read_json
 
     searches = [s for s in read_json(run_dir / "candidates" / "search_log.json")["searches"]
                 if s.get("case_key")]
@@ -428,7 +428,7 @@ def built():
 
 
 def _load(family, config, case, tmp_path):
-    from codegen.source import load_forward
+    from core.source import load_forward
 
     path = tmp_path / f"{config_key(config)}.py"
     path.write_text(render(family, config, case))
@@ -441,7 +441,7 @@ def _inputs(family, case, seed=0):
 
 def _check(family, forward, case, inputs=None, out=None):
     inputs = inputs if inputs is not None else _inputs(family, case)
-    params = family.extras["params"](case)
+    params = family.params(case)
     out = out if out is not None else family.make_out(case, inputs)
     out.fill_(float("nan"))
     forward(*inputs, out=out, **params)
@@ -514,8 +514,8 @@ def test_offsets_past_2_31_elements(built, tmp_path):
     x[-3:] = torch.randn((3, case["hidden"]), device="cuda").to(torch.bfloat16)
     w = _inputs(RMSNORM, case)[1]
     out = torch.full_like(x, float("nan"))
-    forward(x, w, out=out, **RMSNORM.extras["params"](case))
-    params = RMSNORM.extras["params"](case)
+    forward(x, w, out=out, **RMSNORM.params(case))
+    params = RMSNORM.params(case)
     torch.testing.assert_close(out[-3:], RMSNORM.reference(x[-3:], w, **params),
                                atol=3e-2, rtol=3e-2)
     assert not out[:-3].isnan().any()

@@ -1,5 +1,5 @@
 """Adapters ask the chooser once per input signature and per patched instance, then call the
-kernel on every call (codegen.family.kernel_by_signature): a second forward of the same shape adds
+kernel on every call (core.family.kernel_by_signature): a second forward of the same shape adds
 kernel calls but no chooser calls, and a new shape is asked about afresh."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 import torch
 from family_checks import DEVICE, CountingChooser
 
-from codegen.family import kernel_by_signature
 from codegen.registry import get_family
-from models.loader import build, resolve
+from core.family import kernel_by_signature
+from profiling.loader import build, resolve
 
 
 def test_kernel_by_signature_resolves_each_key_once():

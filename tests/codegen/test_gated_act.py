@@ -26,8 +26,8 @@ from transformers.models.phi3.modeling_phi3 import Phi3MLP
 from codegen.gated_act import FAMILY
 from codegen.gated_act.patch import find_gated_mlps
 from codegen.gated_act.reference import make_case
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 # sigmoid(z) = 1 / (1 + exp(-z)) overflows exp for z << 0 on the way to the right 0.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")

@@ -23,8 +23,8 @@ from transformers.activations import NewGELUActivation
 from codegen.gelu import FAMILY
 from codegen.gelu.patch import find_activations
 from codegen.gelu.reference import make_case
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 # sigmoid(z) = 1 / (1 + exp(-z)) overflows exp for z << 0 on the way to the right 0.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")

@@ -28,11 +28,11 @@ from codegen.kv_cache import FAMILY
 from codegen.kv_cache.patch import dynamic_layer
 from codegen.kv_cache.reference import dynamic_layer_update, make_case
 from codegen.rope import FAMILY as ROPE
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from pipeline.stages.profile import summarise
 from profiling.attribution import attribute
+from profiling.loader import build, resolve
 from profiling.patterns import BASE_PATTERNS, match
-from profiling.profile_stage import summarise
 from profiling.trace import load_trace
 
 KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]

@@ -30,7 +30,7 @@ def test_repeated_calls_match_the_reference(dtype, tmp_path):
     must write the right answer, including a call on a tensor that is not 16-byte aligned."""
     case = _rmsnorm_case(5, dtype)
     forward = load_rendered(RMSNORM, RMSNORM.search_space(case)[0], case, tmp_path)
-    params = RMSNORM.extras["params"](case)
+    params = RMSNORM.params(case)
     gen = torch.Generator(DEVICE).manual_seed(0)
     for _ in range(3):
         x, w = RMSNORM.make_inputs(case, DEVICE, gen)

@@ -12,9 +12,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from codegen.layernorm import FAMILY, LAYERNORM_PATTERN
 from codegen.layernorm.patch import recognise
-from codegen.source import load_forward
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.source import load_forward
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
@@ -95,7 +95,7 @@ def test_extreme_rows_stay_finite_like_torch(residual, tmp_path):
     *_, weight, bias = FAMILY.make_inputs(case, DEVICE, g)
     inputs = (x, torch.zeros_like(x), weight, bias) if residual else (x, weight, bias)
     out = FAMILY.make_out(case, inputs)
-    params = FAMILY.extras["params"](case)
+    params = FAMILY.params(case)
     forward(*inputs, out=out, **params)
     ref = FAMILY.reference(*(t.double() for t in inputs), **params)
     normed, ref = (out[1], ref[1]) if residual else (out, ref)

@@ -31,8 +31,8 @@ from codegen.gated_act import FAMILY as GATED_ACT
 from codegen.gated_act.reference import activation
 from codegen.matmul_epilogue import FAMILY, gated_gemm_cost
 from codegen.matmul_epilogue.reference import MAX_BLOCK_M, make_case
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from profiling.loader import build, resolve
 from verify.numerics import apply_stress
 
 # sigmoid(z) = 1 / (1 + exp(-z)) overflows exp for z << 0 on the way to the right 0.
@@ -233,7 +233,7 @@ def test_the_order_bound_rejects_tf32_products_at_a_real_width(kind):
     case = make_case(64, 2048, 256, "float32", "silu")
     x, wg, wu = FAMILY.make_inputs(case, "cpu", torch.Generator().manual_seed(3))
     if kind == "mixed":
-        apply_stress((x, wg, wu), FAMILY.extras["stress_inputs"], kind, 3)
+        apply_stress((x, wg, wu), FAMILY.stress_inputs, kind, 3)
     exact = FAMILY.reference(*(t.double() for t in (x, wg, wu)))
     base = FAMILY.reference(x, wg, wu)
     (slack,) = order_slack(FAMILY, (x, wg, wu), {"act": "silu"})
@@ -291,7 +291,7 @@ def test_stress_inputs_stay_within_the_dot_product_error_bound(dtype, kind, act,
     top = torch.finfo(getattr(torch, dtype)).max
     for seed in range(3):
         inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
-        assert apply_stress(inputs, FAMILY.extras["stress_inputs"], kind, seed)
+        assert apply_stress(inputs, FAMILY.stress_inputs, kind, seed)
         out = FAMILY.make_out(case, inputs)
         forward(*inputs, out=out, act=act)
         x, wg, wu = (t.double().cpu() for t in inputs)

@@ -12,7 +12,7 @@ from codegen.gelu import FAMILY as GELU
 from codegen.kv_cache import FAMILY as KV_CACHE
 from codegen.rmsnorm import FAMILY as RMSNORM
 from codegen.rope import FAMILY as ROPE
-from models.loader import build, resolve
+from profiling.loader import build, resolve
 
 # (family, model, calls one forward of batch 2 x seq 8 makes)
 # rope asks twice per layer when declined: the half-table case, then the same shape without

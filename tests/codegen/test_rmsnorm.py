@@ -16,9 +16,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from codegen.rmsnorm import FAMILY, GEMMA_PATTERN, LLAMA_PATTERN
 from codegen.rmsnorm.patch import recognise
-from codegen.source import load_forward
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.source import load_forward
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}

@@ -20,8 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from codegen.softmax import FAMILY
 from codegen.softmax.reference import make_case
-from models.loader import build, resolve
-from pipeline.workload import Workload
+from core.workload import Workload
+from profiling.loader import build, resolve
 
 TOL = {"float32": (1e-6, 1e-5), "float16": (1e-3, 4e-3), "bfloat16": (8e-3, 3e-2)}
 KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]

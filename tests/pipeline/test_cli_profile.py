@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pipeline.artifacts import read_json
+from core.artifacts import read_json
 
 
 def run_cli(*args, cwd=None):
@@ -72,9 +72,9 @@ def test_decode_step_keeps_the_cache_length(tmp_path):
     """Decode workloads time one token against a KV cache of --seq, every call."""
     import torch
 
-    from models.loader import build, resolve
-    from pipeline.workload import Workload
+    from core.workload import Workload
     from profiling.capture import make_runner
+    from profiling.loader import build, resolve
 
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
     runner = make_runner(model, Workload(2, 16, mode="decode"))
@@ -92,9 +92,9 @@ def test_decode_step_keeps_the_cache_length(tmp_path):
 def test_every_workload_is_timed_before_any_profiler_session(tmp_path, call_order):
     """A profiler session leaves CUPTI attached on a GPU and every later launch slower: the
     unprofiled wall times of all workloads come before the first capture."""
-    import profiling.profile_stage as ps
-    from models.loader import resolve
-    from pipeline.workload import Workload
+    import pipeline.stages.profile as ps
+    from core.workload import Workload
+    from profiling.loader import resolve
 
     order = call_order(ps, wall_time="wall", capture="capture")
     workloads = [Workload(1, 8, "float32", "cpu", "prefill"),

@@ -8,10 +8,10 @@ import torch
 
 from codegen.rmsnorm import FAMILY as RMSNORM
 from codegen.search import case_key
-from models.loader import build, resolve
+from core.workload import Workload
 from pipeline.host_delta import in_model_host_deltas, patched_modules
-from pipeline.integrate import twin
-from pipeline.workload import Workload
+from pipeline.patching import twin
+from profiling.loader import build, resolve
 
 EXTRA_S = 0.004
 
@@ -70,7 +70,7 @@ def test_patched_modules_are_the_ones_given_an_instance_forward():
 def test_deltas_are_rescaled_to_the_host_speed_the_profile_saw():
     """Measured while the host ran the unpatched pass in 20 ms, projected onto a profile that
     saw 30 ms: the same patch saves 1.5x the host time in the profile's units."""
-    from pipeline.optimize import host_drift
+    from pipeline.projection import host_drift
 
     assert host_drift({"enqueue_ms": 30.0}, {"base_enqueue_ms": 20.0}) == 1.5
     assert host_drift({"enqueue_ms": None}, {"base_enqueue_ms": 20.0}) == 1.0
@@ -92,8 +92,8 @@ def test_a_kernel_that_fails_in_the_model_leaves_the_search_number(tmp_path):
 
 
 def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
-    from pipeline.artifacts import read_json, write_json
-    from pipeline.optimize import freeze_projection, host_of
+    from core.artifacts import read_json, write_json
+    from pipeline.projection import freeze_projection, host_of
 
     write_json(tmp_path / "ranking.json", {"stage": "ranking", "workloads": [
         {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
@@ -128,8 +128,8 @@ def test_what_the_set_saves_beyond_its_families_is_spread_over_their_calls():
 
 
 def test_the_frozen_projection_uses_the_sets_saving(tmp_path):
-    from pipeline.artifacts import read_json, write_json
-    from pipeline.optimize import freeze_projection, host_of
+    from core.artifacts import read_json, write_json
+    from pipeline.projection import freeze_projection, host_of
 
     write_json(tmp_path / "ranking.json", {"stage": "ranking", "workloads": [
         {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
@@ -188,7 +188,7 @@ def test_the_report_sets_the_sets_saving_beside_the_families_sum():
 def test_a_share_of_the_pass_is_projected_at_the_profiles_host_time():
     """Pair by pair the patch saved 0.1 % of the unpatched pass's host time per call: 30 us of
     the profile's 30 ms, whatever host speed the single reading before the pairs caught."""
-    from pipeline.optimize import rescaled_host
+    from pipeline.projection import rescaled_host
 
     measured = {"rmsnorm": {"us_per_call": 10.0, "share_per_call": 1e-3,
                             "pass_us_per_call": 12.0, "pass_share_per_call": None,

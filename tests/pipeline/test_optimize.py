@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.artifacts import read_json
+from core.artifacts import read_json
 
 REPO = Path(__file__).resolve().parents[2]
 PROPOSER = Path(__file__).with_name("fake_proposer.py")
@@ -106,7 +106,7 @@ def entry_of(log: dict, family: str) -> dict:
 
 
 def build_tiny_llama():
-    from models.loader import build, resolve
+    from profiling.loader import build, resolve
 
     torch.manual_seed(0)
     return build(resolve("tiny-llama"), torch.float32, "cpu").eval()
@@ -119,7 +119,7 @@ def accepted_entry(fam, base_ms, kernel_ms, host_us=1.0) -> dict:
 
 
 def workloads_of(data):
-    from pipeline.workload import Workload
+    from core.workload import Workload
 
     return [Workload.from_dict(w) for w in data["workloads"]]
 
@@ -127,7 +127,7 @@ def workloads_of(data):
 # 1. end to end ------------------------------------------------------------------------------
 
 def test_optimize_runs_end_to_end(optimized, run_data):
-    from pipeline.optimize import choose_families
+    from pipeline.policy import choose_families
 
     home, run_dir, proc = optimized
     assert "Traceback" not in proc.stderr
@@ -249,9 +249,10 @@ def test_report_labels_cpu_timings_and_shows_no_speedup(optimized, run_data):
 
 def test_failed_candidate_never_reaches_integration(optimized, run_data, tmp_path):
     from codegen.search import case_key
-    from models.loader import resolve
     from pipeline import integrate as ig
-    from pipeline.optimize import integrate_stage, verify_stage
+    from pipeline.stages.integrate import integrate_stage
+    from pipeline.stages.verify import verify_stage
+    from profiling.loader import resolve
 
     log = run_data["log"]
     good = copy.deepcopy(entry_of(log, "gated_act"))
@@ -556,16 +557,17 @@ def test_integrate_stage_tries_a_set_aside_family_only_where_its_rival_does_not_
     """The wiring: the family set aside is checked in the set it could ship in (the checked
     set less its rival) and tried on a workload only where its rival did not ship; there its
     measurement replaces the skip reason."""
-    from models.loader import resolve
     from pipeline import integrate as ig
-    from pipeline import optimize
+    from pipeline import policy
+    from pipeline.stages import integrate as integrate_stage
+    from profiling.loader import resolve
 
     acc = accepted_entry
     summary = {"accepted": {"gated_act/a": acc("gated_act", 0.19, 0.11),
                             "matmul_epilogue/a": acc("matmul_epilogue", 0.884, 0.7),
                             "rmsnorm/a": acc("rmsnorm", 0.5, 0.05)}}
     fams = ["matmul_epilogue", "rmsnorm", "gated_act"]
-    assert optimize.fallbacks(summary["accepted"], fams, "cuda") == \
+    assert policy.fallbacks(summary["accepted"], fams, "cuda") == \
         {"gated_act": "matmul_epilogue"}
     import dataclasses
 
@@ -601,9 +603,10 @@ def test_integrate_stage_tries_a_set_aside_family_only_where_its_rival_does_not_
     monkeypatch.setattr(ig, "measure", measure)
     monkeypatch.setattr(ig, "fall_back", fall_back)
     monkeypatch.setattr(ig, "patch_took_effect", took_effect)
-    monkeypatch.setattr(optimize, "workload_cases", lambda model, w, families: {})
-    integ = optimize.integrate_stage(tmp_path, resolve("tiny-llama"), [w1, w2], summary, fams,
-                                     say, PAIRS, built={(w1.dtype, w1.device): object()})
+    monkeypatch.setattr(integrate_stage, "workload_cases", lambda model, w, families: {})
+    integ = integrate_stage.integrate_stage(tmp_path, resolve("tiny-llama"), [w1, w2], summary,
+                                            fams, say, PAIRS,
+                                            built={(w1.dtype, w1.device): object()})
     assert checked == [["matmul_epilogue", "rmsnorm"], ["rmsnorm", "gated_act"]]
     assert tried == [(w1.key, "gated_act", "matmul_epilogue")]
     r1, r2 = integ["workloads"][w1.key], integ["workloads"][w2.key]
@@ -672,9 +675,9 @@ def test_whole_model_timing_comes_before_the_patch_check_reprofile(run_data, tmp
                                                                     call_order):
     """The patch check's re-profile is a profiler session, which on a GPU leaves CUPTI
     attached and every later launch slower; the whole-model timing must come first."""
-    from models.loader import resolve
     from pipeline import integrate as ig
-    from pipeline.optimize import integrate_stage
+    from pipeline.stages.integrate import integrate_stage
+    from profiling.loader import resolve
 
     order = call_order(ig, measure="measure", patch_took_effect="reprofile")
     workloads = workloads_of(run_data)
@@ -768,7 +771,7 @@ def test_a_reprofile_that_fails_returns_the_error_and_leaves_the_model_unpatched
 
 def test_proposals_go_through_screen_and_verification(run_data, tmp_path):
     from codegen.proposer import run_proposer
-    from pipeline.optimize import verify_stage
+    from pipeline.stages.verify import verify_stage
 
     base = copy.deepcopy(entry_of(run_data["log"], "rmsnorm"))
     generated = {c["path"] for c in base["candidates"]}
@@ -824,9 +827,9 @@ def test_proposals_go_through_screen_and_verification(run_data, tmp_path):
 def test_apply_kernels_patches_and_undo_restores(optimized, run_data, monkeypatch):
     from transformers.models.llama import modeling_llama
 
-    from pipeline import integrate as ig
+    from core.errors import UserError
+    from pipeline import patching as ig
     from pipeline.api import apply_kernels
-    from pipeline.errors import UserError
     from verify.integrity import OpRecorder
 
     _, run_dir, _ = optimized
@@ -893,7 +896,7 @@ def test_top_n_end_to_end(tmp_path):
     """The plain `pipeline optimize MODEL --top 3` on the CPU: the ranking's three best
     families are generated, verified (each accepted or rejected, with a record), integrated
     where accepted, and reported."""
-    from pipeline.optimize import choose_families
+    from pipeline.policy import choose_families
 
     run_dir = tmp_path / "run"
     proc = run_cli("optimize", "tiny-qwen2", "--top", str(TOP), "--batch", "2", "--seq", "16",
@@ -1044,7 +1047,7 @@ def test_a_family_that_cannot_win_is_not_integrated():
     """Slower on the device in every accepted case and no host time saved: skipped, with the
     numbers in the reason. Faster on the device, or saving host time (a launch-bound pass),
     is enough to be measured in the model."""
-    from pipeline.optimize import cannot_win
+    from pipeline.policy import cannot_win
 
     def acc(fam, speedup, host):
         return {"family": fam, "speedup": speedup, "host_delta_us": host}
@@ -1063,7 +1066,7 @@ def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrate
     """matmul_epilogue (gate/up GEMMs + activation in one kernel) and gated_act (the activation
     alone) both patch the MLP: only the one whose kernels save more device time per call goes
     on, the other is skipped with both numbers; the projection counts only what goes on."""
-    from pipeline.optimize import integrable, superseded
+    from pipeline.policy import integrable, superseded
 
     # Llama b8's probe numbers: eager act 0.058 ms after 0.826 ms of cuBLAS, a dual GEMM 0.936 ms
     acc = accepted_entry
@@ -1089,8 +1092,9 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     """Frozen before integration: projected with matmul_epilogue (which goes on), not
     gated_act (set aside for it); gated_act's numbers are kept so that a workload where it
     ships in matmul_epilogue's place gets the projection of that set (`project_kept`)."""
-    from pipeline import optimize, rank_stage
-    from pipeline.artifacts import write_json
+    from core.artifacts import write_json
+    from pipeline import projection
+    from pipeline.stages import rank as rank_stage
 
     def acc(fam, base_ms, kernel_ms):
         return accepted_entry(fam, base_ms, kernel_ms, host_us=2.0)
@@ -1106,14 +1110,14 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     monkeypatch.setattr(rank_stage, "project_with",
                         lambda run_dir, key, speed, host: replays.append(speed) or 1.1)
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
-    proj = optimize.freeze_projection(tmp_path, summary, fams, on_gpu=True)
+    proj = projection.freeze_projection(tmp_path, summary, fams, on_gpu=True)
     assert set(proj["kernel_speedups"]) == set(fams)
     pw = proj["workloads"]["w"]
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
     assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
     write_json(tmp_path / "integration.json", {"workloads": {"w": {
         "kept": ["rmsnorm", "gated_act"]}}})
-    optimize.project_kept(tmp_path, on_gpu=True)
+    projection.project_kept(tmp_path, on_gpu=True)
     kept = read_json(tmp_path / "integration.json")["workloads"]["w"]["projection_for_kept"]
     assert kept["patterns"] == ["rms", "act"]
     assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
@@ -1123,7 +1127,7 @@ def test_top_n_backfills_a_family_that_cannot_reach_the_model(monkeypatch):
     """`--top 3` with attention ranked 2nd but slower than SDPA: the 4th family is generated
     and verified in its place, so three families reach the model; nothing more is added once
     three can."""
-    from pipeline import optimize
+    from pipeline import policy
 
     ranking = {"workloads": [{"rows": [
         {"family": f, "replay_gain": g, "amdahl_gain": g}
@@ -1141,17 +1145,18 @@ def test_top_n_backfills_a_family_that_cannot_reach_the_model(monkeypatch):
         return {"accepted": {f"{f}/c": {"family": f, "speedup": verdicts[f],
                                         "host_delta_us": None} for f in log["searches"]}}
 
-    monkeypatch.setattr(optimize, "generate_stage", generate)
-    monkeypatch.setattr(optimize, "verify_stage", verify)
-    chosen = optimize.choose_families(ranking, 3)
+    def search(more):
+        log = generate(None, more)
+        return log, verify(None, log)
+
+    chosen = policy.choose_families(ranking, 3)
     log = generate(None, chosen)
     messages = []
-    fams, _, summary = optimize.backfill(None, ranking, chosen, 3, None, [], "cuda:0",
-                                         messages.append, None, "triton", log,
-                                         verify(None, log))
+    fams, summary = policy.backfill(ranking, chosen, 3, "cuda:0", messages.append,
+                                    verify(None, log), search)
     assert chosen == ["rmsnorm", "attention", "rope"]
     assert fams == ["rmsnorm", "attention", "rope", "add_rmsnorm"]
     assert generated == fams  # only the backfilled family was generated again
-    assert optimize.integrable(summary["accepted"], fams, "cuda:0")[0] == \
+    assert policy.integrable(summary["accepted"], fams, "cuda:0")[0] == \
         ["rmsnorm", "rope", "add_rmsnorm"]
     assert messages == ["attention will not reach the model; next in the ranking: add_rmsnorm"]

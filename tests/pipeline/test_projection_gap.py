@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.source import kernel_names
+from core.source import kernel_names
 from pipeline.projection_gap import gap
 
 TRITON = '''
@@ -105,10 +105,10 @@ def test_gpu_kernel_times_sum_one_pass_per_kernel_name():
 
     import torch
 
-    from models.loader import build, resolve
+    from core.workload import Workload
     from pipeline.integrate import gpu_kernel_times
-    from pipeline.workload import Workload
     from profiling.capture import make_runner
+    from profiling.loader import build, resolve
 
     model = build(resolve("tiny-llama"), torch.bfloat16, "cuda")
     runner = make_runner(model, Workload(2, 64, "bfloat16", "cuda"))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from codegen.registry import family_patterns
-from pipeline import rank_stage
-from pipeline.artifacts import SCHEMA_VERSION, read_json
-from pipeline.rank_stage import amdahl, pattern_rows, rank_workload, run_rank
-from pipeline.workload import Workload
+from core.artifacts import SCHEMA_VERSION, read_json
+from core.workload import Workload
+from pipeline.stages import rank as rank_stage
+from pipeline.stages.rank import amdahl, pattern_rows, rank_workload, run_rank
 from profiling.attribution import attribute
 from profiling.patterns import BASE_PATTERNS, match
 from profiling.roofline import op_cost, roofline_us
@@ -217,9 +217,9 @@ TINY = ["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gemma", "tiny-phi3", "
 
 @pytest.fixture(scope="module", params=TINY)
 def tiny(request, tmp_path_factory):
-    from models.loader import build, resolve
+    from pipeline.stages.profile import summarise
     from profiling.capture import capture, make_runner, module_names
-    from profiling.profile_stage import summarise
+    from profiling.loader import build, resolve
 
     spec = resolve(request.param)
     model = build(spec, torch.float32, "cpu")
@@ -308,7 +308,7 @@ def test_tiny_pattern_counts_per_layer(tiny):
 # ------------------------------------------------------------------ 4/5. H200 fixtures
 
 def _fixture_workload(path: Path, wl: Workload) -> dict:
-    from profiling.profile_stage import summarise
+    from pipeline.stages.profile import summarise
 
     trace = load_trace(path)
     spans = sorted(s["dur"] for s in profiler_steps(trace))
@@ -443,8 +443,8 @@ def test_replay_host_delta_already_pays_for_the_removed_launches(decode):
 # ------------------------------------------------------------------ 6. ranking.json
 
 def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
-    from models.loader import resolve
-    from profiling.profile_stage import run_profile
+    from pipeline.stages.profile import run_profile
+    from profiling.loader import resolve
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measure, don't reuse
     run_dir = tmp_path / "run"

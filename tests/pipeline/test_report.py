@@ -10,7 +10,7 @@ import re
 import pytest
 from matplotlib.image import imread
 
-from pipeline.artifacts import read_json, write_json
+from core.artifacts import read_json, write_json
 from pipeline.report import write_report
 
 PRE, DEC = "prefill-b8-s1024-bf16", "decode-b1-s128-bf16"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from codegen.family import Family, Pattern
+from core.family import Family, Pattern
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6):

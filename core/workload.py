@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
-from pipeline.errors import UserError
+from core.errors import UserError
 
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
           "bf16": "bfloat16", "bfloat16": "bfloat16"}

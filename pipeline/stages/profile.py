@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from models.loader import ModelSpec, build
-from pipeline.artifacts import write_json
-from pipeline.env import environment
-from pipeline.errors import UserError
-from pipeline.workload import Workload
+from core.artifacts import write_json
+from core.env import environment
+from core.errors import UserError
+from core.workload import Workload
 from profiling.attribution import attribute
 from profiling.capture import capture, make_runner, module_names, wall_time
+from profiling.loader import ModelSpec, build
 from profiling.roofline import ceilings
 from profiling.trace import load_trace
 

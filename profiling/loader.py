@@ -13,8 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.errors import UserError
 from models.zoo import ZOO, zoo_name
-from pipeline.errors import UserError
 
 HUB_HOST = "huggingface.co"
 

@@ -2,6 +2,8 @@
 
 Every stage writes plain JSON into the run directory. A write goes to a temporary file in the
 same folder and is renamed over the target, so a crash never leaves half an artifact behind.
+A read checks the schema version and, for the artifact kinds of `core.records`, the shape its
+readers rely on: an old or corrupt file is one line naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -10,9 +12,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pipeline.errors import UserError
+from pydantic import ValidationError
+
+from core.errors import UserError
+from core.records import BY_KIND, Record
+
+R = TypeVar("R", bound=Record)
 
 SCHEMA_VERSION = 1
 
@@ -49,7 +56,32 @@ def write_text(path: str | Path, text: str | bytes) -> Path:
 
 
 def read_json(path: str | Path, kind: str = "artifact") -> dict[str, Any]:
-    path = Path(path)
+    """The artifact at `path` as plain data, validated against `core.records.BY_KIND[kind]`
+    when `kind` names one."""
+    data = _read(Path(path), kind)
+    model = BY_KIND.get(kind)
+    if model is not None:
+        _validated(model, data, path, kind)
+    return data
+
+
+def load(path: str | Path, model: type[R], kind: str) -> R:
+    """The artifact at `path` as its typed record."""
+    return _validated(model, _read(Path(path), kind), path, kind)
+
+
+def _validated(model: type[R], data: dict, path, kind: str) -> R:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise UserError(f"{kind} {path} is not a valid {kind}: {where}: {first['msg']}{more}"
+                        ) from None
+
+
+def _read(path: Path, kind: str) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"{kind} not found: {path}")
     try:

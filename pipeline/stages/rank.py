@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.artifacts import read_json, write_json
+from core.artifacts import read_json, write_json
 from pipeline.summary import console, module_pattern
 from profiling.patterns import BASE_PATTERNS, Occurrence, alternatives, match
 from profiling.roofline import op_cost, roofline_us

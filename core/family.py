@@ -63,6 +63,15 @@ class Pattern:
     absorbs: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class CudaVariant:
+    """A family's CUDA C++ kernels (`pipeline optimize --backend cuda|both`), searched beside
+    the Triton ones; configs carry {"backend": "cuda"} so their folders differ."""
+
+    search_space: Callable[[Case], list[dict]]
+    render: Callable[[dict, Case], str]
+
+
 @dataclass
 class Family:
     name: str
@@ -88,6 +97,25 @@ class Family:
     # cases_from_model(model, workload) -> the cases this family sees in that model's forward.
     cases_from_model: Callable[..., list[Case]]
     aten_ops: tuple[str, ...] = ()  # aten compute ops the kernel must NOT run (verify checks)
+    # What a family may declare beyond the contract; everything outside the family's folder
+    # reads these fields, never the folder's own names.
+    # params(case) -> the scalar keyword parameters of reference and forward; None: the case
+    # entries the reference names as keyword parameters (verify.loading.case_params).
+    params: Callable[[Case], dict] | None = None
+    # in_place(inputs) -> the inputs the kernel overwrites with its result (the adapter runs it
+    # that way); the verifier then runs each candidate in place too. None: writes `out` only.
+    in_place: Callable[[tuple], tuple] | None = None
+    # the input positions that get the verifier's stress values; None: every floating input
+    stress_inputs: tuple[int, ...] | None = None
+    # order_bound(*inputs, **params) -> per output, the classic bound on what any summation
+    # order can change (dot products that cancel); the verifier allows either order within it
+    order_bound: Callable[..., Any] | None = None
+    cuda: CudaVariant | None = None
+    # families that replace the same ops as this one: at most one of each pair is integrated
+    # in a run, the one whose accepted kernels save more device time per call summed over its
+    # cases (pipeline.policy.superseded); the other is tried where the winner does not ship
+    rivals: tuple[str, ...] = ()
+    # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,0 +1,85 @@
+"""Applying accepted kernels to a model: per case, per instance, reversibly.
+
+A chooser maps each call's case to the accepted kernel for that exact case, or to None (the
+original code); `patched` applies a set of families through their adapters and undoes them on
+exit; `twin` is a second module tree over the same weights, so a patched variant and the
+unpatched model can run interleaved without re-patching per call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from codegen.registry import get_family
+from codegen.search import case_key
+from core.source import load_forward
+from pipeline.rundir import relocate
+
+
+def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = None,
+                 run_dir: Path | None = None):
+    """case -> forward for the exact cases accepted for `family` (and allowed), else None.
+    `run_dir`: where the run lives now, if it was moved since the kernels were accepted."""
+    by_case = {}
+    for acc in accepted.values():
+        if acc["family"] == family:
+            key = case_key(acc["case"])
+            if allowed_cases is None or key in allowed_cases:
+                by_case[key] = acc["source"]
+    loaded: dict[tuple, Callable | None] = {}
+
+    def chooser(case):
+        # called on every patched call: a dict lookup, not a hash of the case, on the hot path
+        frozen = tuple(sorted(case.items()))
+        if frozen not in loaded:
+            src = by_case.get(case_key(case))
+            loaded[frozen] = load_forward(relocate(src, run_dir)) if src is not None else None
+        return loaded[frozen]
+
+    return chooser
+
+
+@contextmanager
+def patched(model, accepted: dict, families: list[str], workload_cases: dict | None = None):
+    """Apply the accepted kernels of `families`; undone on exit, whatever happens."""
+    with ExitStack() as stack:
+        for name in families:
+            allowed = None if workload_cases is None else workload_cases.get(name, set())
+            undo = get_family(name).patch(model, make_chooser(accepted, name, allowed))
+            stack.callback(undo)
+        yield model
+
+
+def counting_chooser(inner, calls: dict, name: str):
+    """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
+    and call every time, so the wrapper, not the chooser, counts)."""
+
+    def chooser(case):
+        fn = inner(case)
+        if fn is None:
+            return None
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+    return chooser
+
+
+def twin(model):
+    """A second module tree over the same parameters and buffers (no weight copy), so the
+    baseline and a patched variant can run interleaved without re-patching per call."""
+    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo=shared)
+
+
+def workload_cases(model, workload, families: list[str]) -> dict[str, list[str]]:
+    """family -> the case keys `workload` calls it with in `model` (sorted)."""
+    from codegen.registry import get_family
+    from codegen.search import case_key
+
+    return {f: sorted({case_key(c) for c in get_family(f).cases_from_model(model, workload)})
+            for f in families}

@@ -1,0 +1,126 @@
+"""Which families reach the model: chosen from the ranking, backfilled, one of each pair of
+rivals, and the rival set aside tried where the other does not ship.
+
+- The top N are families (a family replaces all its occurrences), taken from the ranking by
+  whole-model gain, best rank over all profiled workloads.
+- `--top N` means N families that reach the model: one that has no accepted kernel, or cannot
+  win by its own kernel-level numbers, gives its place to the next in the ranking.
+- Of two families declared rivals (`Family.rivals`), the one that saves less device time per
+  call is set aside, and tried only where the other does not ship.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def choose_families(ranking: dict, top: int | None) -> list[str]:
+    """Families by their best whole-model gain on any workload; the first `top` (all: None)."""
+    best: dict[str, tuple] = {}
+    for w in ranking["workloads"]:
+        fam_rows = [r for r in w["rows"] if r["family"]]
+        for i, r in enumerate(fam_rows):
+            gain = r["replay_gain"] or r["amdahl_gain"]
+            cur = best.get(r["family"])
+            if cur is None or (-gain, i) < cur:
+                best[r["family"]] = (-gain, i)
+    return [f for f, _ in sorted(best.items(), key=lambda kv: kv[1])][:top]
+
+
+def backfill(ranking: dict, families: list[str], top: int, device: str,
+             say: Callable[[str], None], summary: dict,
+             search: Callable[[list[str]], tuple[dict, dict]]) -> tuple[list[str], dict]:
+    """`--top N` means N families that reach the model: a chosen family with no accepted
+    kernel, or one that cannot win (`cannot_win`: our attention, ranked 3rd on Llama-3.2-1B b8
+    by its roofline and 0.23x of cuDNN's SDPA once measured), gives its place to the next
+    family in the ranking; `search(more)` generates and verifies those (without proposals)
+    and returns (search log, verification summary)."""
+    ranked = choose_families(ranking, None)
+    while True:
+        useful, _ = integrable(summary["accepted"], families, device)
+        more = [f for f in ranked if f not in families][:top - len(useful)]
+        if not more:
+            return families, summary
+        say(f"{', '.join(sorted(set(families) - set(useful)))} will not reach the model; next "
+            f"in the ranking: {', '.join(more)}")
+        families = families + more
+        _, summary = search(more)
+
+
+def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
+    """Families no workload can gain from by their own kernel-level numbers: every accepted
+    case is slower on the device than the code it replaces and saves the host nothing per
+    call. Integrating one would only spend measurement time on a certain rollback (the
+    attention kernel at 0.19x of cuDNN's SDPA on the H200, 2026-11-30)."""
+    out = {}
+    for fam in families:
+        accs = [a for a in accepted.values() if a["family"] == fam]
+        if accs and all(a["speedup"] < 1 and (a.get("host_delta_us") or 0.0) <= 0
+                        for a in accs):
+            speeds = ", ".join(f"{a['speedup']:.2f}x" for a in accs)
+            hosts = ", ".join(f"{-(a.get('host_delta_us') or 0.0):+.1f} us" for a in accs)
+            out[fam] = (f"not integrated: slower than the code it replaces at kernel level "
+                        f"({speeds}) and no host time saved per call ({hosts})")
+    return out
+
+
+def superseded(accepted: dict, families: list[str]) -> dict[str, str]:
+    """Of two families that replace the same ops (`Family.rivals`: the matmul with the
+    gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
+    less device time per call, summed over its cases, gives way: both patch the same MLP, and
+    each one's saving is measured against the same HF code by the same harness. Under the CPU
+    interpreter the times mean nothing, but the rule still keeps one of the two.
+    Decided once per run, before any in-model measurement: where each family wins on another
+    workload, only one is kept for all of them; gated_act's number leaves out its in-model
+    gate/up GEMM fusion. (Run 6, H200: matmul_epilogue saved more at prefill b8 on both
+    models; at batch 1 on Llama gated_act was not among the top 5.) Where the winner does not
+    ship on a workload, the loser is tried there in its place (`integrate.fall_back`)."""
+    saved = _device_saved_us(accepted)
+    return {loser: (f"superseded by {winner}, which replaces the same ops: it saves "
+                    f"{saved(winner):.1f} us per call against {saved(loser):.1f} us "
+                    f"(kernel-level, summed over cases)")
+            for loser, winner in superseded_by(accepted, families).items()}
+
+
+def _device_saved_us(accepted: dict) -> Callable[[str], float]:
+    def saved_us(fam: str) -> float:
+        return sum((a["baseline"]["median_ms"] - a["kernel"]["median_ms"]) * 1e3
+                   for a in accepted.values() if a["family"] == fam)
+    return saved_us
+
+
+def superseded_by(accepted: dict, families: list[str]) -> dict[str, str]:
+    """{family set aside: the family it was set aside for} (`superseded`)."""
+    from codegen.registry import get_family
+
+    saved_us = _device_saved_us(accepted)
+    out: dict[str, str] = {}
+    for fam in families:
+        for other in get_family(fam).rivals:
+            if other not in families or fam in out or other in out:
+                continue
+            loser, winner = sorted((fam, other), key=saved_us)
+            out[loser] = winner
+    return out
+
+
+def _may_win(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
+    """(families with an accepted kernel that may gain somewhere, {the others: why}). Only GPU
+    timings say a kernel is slower; the interpreter's say nothing."""
+    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
+    skipped = cannot_win(accepted, fams) if device.startswith("cuda") else {}
+    return [f for f in fams if f not in skipped], skipped
+
+
+def integrable(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
+    """(families integrated, {skipped family: why}): those that may win, less one of each two
+    that replace the same ops (`superseded`)."""
+    fams, skipped = _may_win(accepted, families, device)
+    skipped.update(superseded(accepted, fams))
+    return [f for f in fams if f not in skipped], skipped
+
+
+def fallbacks(accepted: dict, families: list[str], device: str) -> dict[str, str]:
+    """{family set aside: the family it was set aside for}: tried where that one does not
+    ship."""
+    return superseded_by(accepted, _may_win(accepted, families, device)[0])

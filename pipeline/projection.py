@@ -1,0 +1,130 @@
+"""The projection, frozen before integration: Amdahl and the trace replay per workload, from
+kernel-level numbers and in-model host deltas alone (no whole-model timing enters it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.artifacts import read_json, write_json
+from pipeline.policy import fallbacks, integrable
+
+
+def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
+    """family -> median over its accepted cases of `key` (kernel speedup, or host_us)."""
+    import statistics
+
+    by_family: dict[str, list[float]] = {}
+    for acc in summary["accepted"].values():
+        if acc.get(key) is not None:
+            by_family.setdefault(acc["family"], []).append(acc[key])
+    return {f: statistics.median(v) for f, v in by_family.items()}
+
+
+def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool,
+                      in_model: dict | None = None, in_model_set: dict | None = None) -> dict:
+    """Re-rank with measured kernel times (not rooflines) and freeze the projection.
+    `in_model`: per workload, the host deltas measured in the model (`host_stage`); they
+    replace the search's per-kernel ones for that workload. `in_model_set`: per workload, the
+    host share the families save together (`host_delta.set_host_share`); what it saves beyond
+    their own deltas is spread over their calls (`host_delta.spread_set_share`)."""
+    from pipeline.host_delta import spread_set_share
+
+    ranking = read_json(run_dir / "ranking.json", "ranking")
+    # only what will reach the model: a family skipped before any measurement (one that
+    # cannot win, or one superseded by another replacing the same ops) is not projected
+    device = "cuda" if on_gpu else "cpu"
+    fams, _ = integrable(summary["accepted"], families, device)
+    # a family set aside may still ship where the one it was set aside for does not: its
+    # numbers are kept for the projection of the set that ships (`project_kept`)
+    known = fams + list(fallbacks(summary["accepted"], families, device))
+    speed = {f: v for f, v in kernel_speedups(summary).items() if f in known} if on_gpu else {}
+    host = {f: v for f, v in kernel_speedups(summary, "host_delta_us").items()
+            if f in known} if on_gpu else {}
+    out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
+           "families": families, "workloads": {}}
+    for w in ranking["workloads"]:
+        measured = (in_model or {}).get(w["key"]) or {}
+        together = (in_model_set or {}).get(w["key"])
+        host_w, extra = spread_set_share({**host, **rescaled_host(w, measured)}, measured,
+                                         together, w.get("enqueue_ms"))
+        if extra is not None:
+            together = {**together, "extra_us_per_call": extra}
+        out["workloads"][w["key"]] = {
+            **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
+            "host_delta_us": host_w, "host_in_model": measured,
+            "host_set": together,
+            "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
+                                        "timings, so no speedup is projected",
+        }
+    write_json(run_dir / "projection.json", out)
+    return out
+
+
+def rescaled_host(ranked: dict, measured: dict, basis: str | None = None) -> dict:
+    """family -> the in-model host delta per call (`basis`: which of host_delta's readings,
+    default HOST_BASIS) at the host speed of the profile: its share of the unpatched pass's
+    host time, pair by pair, times the profile's host time; for deltas measured before shares
+    were recorded, the delta rescaled by `host_drift`."""
+    from pipeline.host_delta import HOST_BASIS
+
+    basis = basis or HOST_BASIS
+    share = basis.replace("us_per_call", "share_per_call")
+    then = ranked.get("enqueue_ms")
+    return {f: d[share] * then * 1e3 if then and d.get(share) is not None
+            else d[basis] * host_drift(ranked, d)
+            for f, d in measured.items() if d.get(basis) is not None}
+
+
+def host_drift(ranked: dict, measured: dict) -> float:
+    """The profile's enqueue time over the one measured with the in-model delta: the same
+    host, minutes apart, ran the unpatched Qwen2.5-0.5B decode step at 46 ms and at 22 ms within
+    one call (H200 host, 2026-11-30), and the replay's host chain is calibrated to the profile's
+    moment. 1 when either is unknown."""
+    then = ranked.get("enqueue_ms")
+    now = measured.get("base_enqueue_ms")
+    return then / now if then and now else 1.0
+
+
+def host_of(proj: dict, key: str) -> dict:
+    """The host deltas a workload's projection used (per workload since they are measured in
+    the model; projections frozen before that have one set for all)."""
+    return (proj["workloads"].get(key) or {}).get("host_delta_us") or proj["host_delta_us"]
+
+
+def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bool,
+                only: list[str] | None = None) -> dict:
+    """Amdahl and replay projection of one workload for the families in `speed` (or `only`),
+    from kernel-level numbers alone: no whole-model measurement enters it."""
+    from pipeline.stages.rank import amdahl, project_with
+
+    rows = [r for r in ranked["rows"] if r["family"] in speed
+            and (only is None or r["family"] in only)]
+    parts = [(r["share"], speed[r["family"]]) for r in rows]
+    return {
+        "amdahl": amdahl(parts) if parts else 1.0,
+        "replay": (project_with(run_dir, ranked["key"],
+                                {r["pattern"]: speed[r["family"]] for r in rows},
+                                {r["pattern"]: host.get(r["family"]) for r in rows})
+                   if rows else 1.0) if on_gpu else None,
+        "patterns": [r["pattern"] for r in rows],
+    }
+
+
+def project_kept(run_dir: Path, on_gpu: bool) -> None:
+    """After integration: the projection for the set each workload shipped, computed from the
+    kernel numbers frozen in projection.json before integration (kernel speedups and host
+    deltas), so a rollback does not leave the report comparing the measurement with a set
+    that never ran. Written into integration.json; projection.json stays as frozen."""
+    proj = read_json(run_dir / "projection.json", "projection")
+    integ = read_json(run_dir / "integration.json", "integration")
+    ranking = {w["key"]: w for w in read_json(run_dir / "ranking.json", "ranking")["workloads"]}
+    changed = False
+    for key, w in (integ.get("workloads") or {}).items():
+        kept = list(w.get("kept") or [])
+        if key in ranking and set(kept) != set(proj["families"]):
+            w["projection_for_kept"] = {"families": kept, **project_set(
+                run_dir, ranking[key], proj["kernel_speedups"], host_of(proj, key),
+                on_gpu, only=kept)}
+            changed = True
+    if changed:
+        write_json(run_dir / "integration.json", integ)

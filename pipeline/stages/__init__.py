@@ -1,0 +1,1 @@
+"""The stages of a run, one module each: profile, rank, generate, verify, host, integrate."""

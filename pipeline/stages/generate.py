@@ -1,0 +1,61 @@
+"""Generate stage: search every (family, case) the model calls and log each candidate tried."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from core.artifacts import read_json, write_json
+from pipeline.resume import edited_since_screened
+
+
+def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
+                   say: Callable[[str], None], resume: bool, max_configs: int | None,
+                   backend: str = "triton") -> dict:
+    """`backend`: "triton", "cuda" or "both" (already checked against the device)."""
+    from codegen.registry import get_family
+    from codegen.search import case_key, family_backend, search
+
+    path = run_dir / "candidates" / "search_log.json"
+    log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
+    index = {(s["family"], s["case_key"]): i for i, s in enumerate(log["searches"])}
+    # a case whose candidate file was edited after it was screened is searched again: the
+    # edit is kept (write_candidate) and screened, then verified, as it is now
+    done = {k for k, i in index.items() if not edited_since_screened(log["searches"][i])}
+    changed = not (resume and path.exists())
+    for name in families:
+        fam = get_family(name)
+        wanted = family_backend(fam, backend)
+        if wanted != backend:
+            say(f"{name} has no CUDA C++ variant; generating Triton")
+        cases = []
+        for w in workloads:
+            for c in fam.cases_from_model(model, w):
+                if c not in cases:
+                    cases.append(c)
+        if not cases:
+            if (name, None) not in index:
+                index[(name, None)] = len(log["searches"])
+                log["searches"].append({"family": name, "case_key": None, "case": None,
+                                        "note": "the model has no call this family can replace"})
+                changed = True
+            continue
+        for case in cases:
+            key = (name, case_key(case))
+            # a case searched for another backend is searched again (logs written before
+            # backends existed searched Triton)
+            if key in done and log["searches"][index[key]].get("backend", "triton") == wanted:
+                continue
+            say(f"generate {name} {case_key(case)}")
+            entry = search(fam, case, run_dir / "candidates", device, max_configs=max_configs,
+                           backend=backend)
+            if key in index:
+                log["searches"][index[key]] = entry
+            else:
+                index[key] = len(log["searches"])
+                log["searches"].append(entry)
+            write_json(path, log)
+            changed = False
+    if changed:
+        write_json(path, log)
+    return log

@@ -1,0 +1,75 @@
+"""Verify stage: the fastest screened candidate of every (family, case) through the judge."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from core.artifacts import read_json, write_json
+from pipeline.resume import fingerprint, sha256
+
+
+def _candidate_name(case_key: str, path: str) -> str:
+    """The record name: generated files are all kernel.py (named by their config folder);
+    proposals share one out/ folder (named by their file)."""
+    p = Path(path)
+    return f"{case_key}__{p.parent.name}" + ("" if p.name == "kernel.py" else f"_{p.stem}")
+
+
+def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], None],
+                 resume: bool) -> dict:
+    """Fully verify the fastest screened candidate of every (family, case); next if rejected."""
+    from codegen.registry import get_family
+    from verify.harness import verify_candidate
+
+    path = run_dir / "verification" / "summary.json"
+    summary = read_json(path, "verification summary") if (resume and path.exists()) \
+        else {"accepted": {}, "rejected": []}
+    changed = not path.exists()
+    for s in log["searches"]:
+        if not s.get("case_key"):
+            continue
+        key = f"{s['family']}/{s['case_key']}"
+        # a decision stands while the files it was made on are unchanged (else: verify again)
+        acc = summary["accepted"].get(key)
+        if acc is not None:
+            if acc.get("source_sha256", "unknown") in ("unknown", sha256(acc["source"])):
+                continue
+            del summary["accepted"][key]
+        rej = next((r for r in summary["rejected"] if r["key"] == key), None)
+        if rej is not None:
+            if rej.get("sources", "unknown") in ("unknown", fingerprint(s)):
+                continue
+            summary["rejected"].remove(rej)
+        fam = get_family(s["family"])
+        tried = []
+        for cand in s["order"] or []:
+            name = _candidate_name(s["case_key"], cand)
+            say(f"verify {key} {name.split('__', 1)[1]}")
+            res = verify_candidate(fam, cand, [s["case"]], device=device, record_dir=run_dir,
+                                   candidate=name)
+            tried.append({"candidate": cand, "verdict": res.verdict, "reasons": res.reasons,
+                          "record": res.record_path})
+            if res.accepted:
+                entry = next(e for e in s["candidates"] if e["path"] == cand)
+                summary["accepted"][key] = {
+                    "family": s["family"], "case": s["case"], "source": cand,
+                    "source_sha256": res.source_sha256, "config": entry["config"],
+                    "kernel": entry["timing"],
+                    "baseline": s["baseline"], "record": res.record_path,
+                    "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
+                    "host_delta_us": (s["baseline"].get("host_us") - entry["host_us"])
+                    if entry.get("host_us") is not None and s["baseline"].get("host_us")
+                    is not None else None,
+                    "verification_timing": res.timing}
+                break
+        else:
+            summary["rejected"].append({"key": key, "family": s["family"], "tried": tried,
+                                        "sources": fingerprint(s),
+                                        "reason": "no candidate passed verification"
+                                        if tried else "no candidate passed the screen"})
+        write_json(path, summary)
+        changed = False
+    if changed:
+        write_json(path, summary)
+    return summary
