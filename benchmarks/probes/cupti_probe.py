@@ -6,7 +6,7 @@ model (patch_took_effect) in the process that then times baseline against patche
 batch 1 the pass is host-bound, so that would tilt the measurement. This times one process's
 launch cost and whole pass before and after one profiler session.
 
-    python benchmarks/cupti_probe.py llama-3.2-1b OUT.json [--set-late]
+    python benchmarks/probes/cupti_probe.py llama-3.2-1b OUT.json [--set-late]
 
 TEARDOWN_CUPTI comes from the environment; --set-late sets it to 1 only just before the
 session (after torch was imported and CUDA initialised), to learn when Kineto reads it.

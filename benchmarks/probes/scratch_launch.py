@@ -3,7 +3,7 @@
 wrapper per launch), at the batch-8 prefill shapes of Llama-3.2-1B and Qwen2.5-0.5B. The two
 outputs are compared bit for bit before anything is timed.
 
-    python3 benchmarks/scratch_launch.py OUT.json
+    python3 benchmarks/probes/scratch_launch.py OUT.json
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ freeze: it shows how much of the error the host saving explains); and, for runs 
 the set before integration (`host_delta.set_host_share`), with that reading spread the same
 way, which is what the pipeline now projects.
 
-    python benchmarks/host_share_check.py OUT.json [RESULTS_DIR ...]
+    python benchmarks/probes/host_share_check.py OUT.json [RESULTS_DIR ...]
 
 Without folders it reads every `benchmarks/results/optimize-*` that recorded both.
 """
@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: reproject.py lives there
 
 
 def rows_of(results: Path) -> list[dict]:

@@ -7,7 +7,7 @@ difference per patched call is what an adapter plus its kernel launch costs the 
 the HF ops it replaces; the projection's host deltas come from kernel-level calls instead.
 Then a cProfile of the fully patched forward, to name the functions the host time goes to.
 
-    python benchmarks/host_probe.py MODEL --batch B --seq S [--mode prefill|decode]
+    python benchmarks/probes/host_probe.py MODEL --batch B --seq S [--mode prefill|decode]
         [--pairs N] [--out FILE.json]
 
 Meant for a GPU (`--device cpu` runs it on a tiny model under the interpreter, to check

@@ -14,7 +14,7 @@ process, at the models' prefill shapes (bf16, in place, L2 flushed per repetitio
 pipeline's own rendered kernel (split layout), `liger` Liger's autograd function. Each variant is
 checked against the HF reference before it is timed.
 
-Usage: python3 benchmarks/rope_probe.py OUT.json (on a machine without a GPU, under
+Usage: python3 benchmarks/probes/rope_probe.py OUT.json (on a machine without a GPU, under
 TRITON_INTERPRET=1, it checks every variant on a small shape and times nothing).
 """
 

@@ -7,16 +7,19 @@ each committed workload shipped, from its frozen inputs (`reproject.py`), with t
 applied to every pass ("before") and with the current code ("now"), and prints both errors
 against the measured speedup.
 
-    python benchmarks/probe_rule_ab.py OUT.json [RESULTS_DIR ...]
+    python benchmarks/probes/probe_rule_ab.py OUT.json [RESULTS_DIR ...]
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from functools import partial
+from pathlib import Path
 
-from reproject import out_and_folders, reproject
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: reproject.py lives there
+from reproject import out_and_folders, reproject  # noqa: E402
 
 
 def probe_everywhere(workload_graph, w: dict, trace_path):

@@ -6,7 +6,7 @@ This runs the kernel (with the family's launch options) on the same stressed inp
 each dot precision and pipelining depth, and reports non-finite outputs and the largest error
 against fp32 SDPA. Cause found with it: FMA contraction of `score * scale - row max` (see
 codegen/attention/kernel.py, LAUNCH_OPTIONS).
-GPU only. Usage: python3 benchmarks/attention_probe.py OUT.json
+GPU only. Usage: python3 benchmarks/probes/attention_probe.py OUT.json
 """
 
 from __future__ import annotations

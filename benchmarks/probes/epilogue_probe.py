@@ -17,7 +17,7 @@ triton.testing.do_bench):
 
 Prefill shapes (8192 tokens) and batch-1 ones (128 tokens, and 8: a few decode steps).
 
-GPU only. Usage: python3 benchmarks/epilogue_probe.py OUT.json
+GPU only. Usage: python3 benchmarks/probes/epilogue_probe.py OUT.json
 """
 
 from __future__ import annotations

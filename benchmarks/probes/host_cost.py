@@ -5,7 +5,7 @@ Hugging Face one, at a launch-bound shape (Llama-3.2-1B, batch 1 x seq 128).
 Why: in a launch-bound pass the host time of a call decides the speedup, not the kernel; the
 first H200 run lost 14 % at batch 1 x seq 128 with kernels that were each faster on the device.
 
-    python3 benchmarks/host_cost.py OUT.json
+    python3 benchmarks/probes/host_cost.py OUT.json
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: host_profile.py lives there
 
 import torch
 import triton
