@@ -1,0 +1,76 @@
+"""benchmarks/results/latest.json: the newest measured row per (model, workload, variant).
+
+    python3 benchmarks/results_table.py [PATH]   # print PATH (default: results/latest.json) as markdown
+
+From another script: `upsert(path, rows)` replaces the rows with the same (model, workload,
+variant) and adds the others; the file is written atomically (temp file, then os.replace).
+Stdlib only, so it runs anywhere the results are read.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+LATEST = Path(__file__).resolve().parent / "results" / "latest.json"
+MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
+           "transformers 5.17.0")
+VARIANTS = ("eager", "ours", "compile", "liger")
+
+
+def key(row: dict) -> tuple:
+    return row["model"], row["workload"], row["variant"]
+
+
+def load(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        return {"schema_version": 1, "machine": MACHINE, "rows": []}
+    data = json.loads(path.read_text())
+    if data.get("schema_version") != 1:
+        raise ValueError(f"{path}: schema_version {data.get('schema_version')!r}, expected 1")
+    return data
+
+
+def upsert(rows_path, new_rows: list[dict]) -> dict:
+    """Replace rows with the same (model, workload, variant), append the rest, write atomically."""
+    path = Path(rows_path)
+    data = load(path)
+    for row in new_rows:
+        if row["variant"] not in VARIANTS:
+            raise ValueError(f"variant {row['variant']!r} not one of {VARIANTS}")
+    fresh = {key(r) for r in new_rows}
+    rows = [r for r in data["rows"] if key(r) not in fresh] + list(new_rows)
+    rows.sort(key=lambda r: (r["model"], r["workload"], VARIANTS.index(r["variant"])))
+    data["rows"] = rows
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return data
+
+
+def markdown(data: dict) -> str:
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    lines = [f"Machine: {data['machine']}", "",
+             "| model | workload | variant | ms | over eager | 95 % CI | projected | commit | date |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        ci = "-" if not r.get("ci") else f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+        lines.append(f"| {r['model']} | {r['workload']} | {r['variant']} | {num(r['ms'], '.2f')} | "
+                     f"{num(r['over_eager'], '.3f')}x | {ci} | {num(r.get('projected'), '.3f')} | "
+                     f"{r['commit']} | {r['date']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(load(sys.argv[1] if len(sys.argv) > 1 else LATEST)))
