@@ -1,7 +1,7 @@
 """Launch a Triton kernel with less host time than `kernel[grid](...)`.
 
-Measured on the H200 machine's host (benchmarks/results/host_cost.json): a launch through
-Triton's JIT costs about 16 us of Python, against about 6 us for an aten op and 6 us for the
+Measured on the H200 machine's host (benchmarks/probes/host_cost.py): a launch through Triton's
+JIT costs about 16 us of Python, against about 6 us for an aten op and 6 us for the
 same compiled kernel launched directly; in a model forward the gap is larger still. Where
 the GPU waits for the host (batch 1 prefill, decode, and Qwen2.5-0.5B even at batch 8) that
 difference decides whether a fused kernel wins, so generated candidates launch through here.
@@ -14,9 +14,9 @@ differently never reuses a kernel built for another, and a decode step's growing
 length does not send every call back through the JIT. A call site's repeat launches find
 their kernel by an exact key instead (the scalars, each tensor's dtype, device kind and address
 modulo 16), which costs the host 4.7 against 13.1 us for the KV-cache append's 33 arguments
-(H200, benchmarks/results/host_profile/). On Triton 3.6 the launch skips its
+(H200, benchmarks/host_profile.py). On Triton 3.6 the launch skips its
 Python wrapper too (`_c_launch`), kernels with global scratch included (20.7 against 23.8 us
-per call for the TMA gated GEMM, H200, benchmarks/results/scratch_launch/); under the CPU
+per call for the TMA gated GEMM, H200, benchmarks/probes/scratch_launch.py); under the CPU
 interpreter, or with a Triton this does not know, every call goes through the JIT.
 """
 

@@ -55,7 +55,7 @@ def backend_configs(family: Family, case: Case, backend: str,
     "both" keeps both backends even with one config per case. Under Triton's CPU interpreter
     one config per case takes the widest tiles: timings mean nothing there, and the run time
     grows with the number of programs (rope's middle config, one head per program, spent 31 s
-    verifying tiny-llama's case; 2026-11-30)."""
+    verifying tiny-llama's case)."""
     backend = family_backend(family, backend)
     configs = []
     if backend in ("triton", "both"):

@@ -3,7 +3,7 @@
 The search times a kernel call against the family's reference function, alone. In the model
 the patched code is the module's whole replaced forward: the adapter, its allocations, the
 module calls it adds or removes (gate_proj and up_proj become one GEMM). Those differ. On
-Qwen2.5-0.5B b8 (H200 host, 2026-11-30, one call), us of host saved per call, in the model /
+Qwen2.5-0.5B b8 (H200 host, one call), us of host saved per call, in the model /
 search: rmsnorm +87 / +51, rope +108 / +101, gated_act -31 / -14, kv_cache -76 / -11. The pass
 turns nearly host-bound once its kernels are faster, so these numbers decide the projection:
 with the search's, an earlier call projected 1.486x for a measured 1.401x; with the in-model
@@ -17,14 +17,14 @@ count once. The unpatched model and a patched twin run interleaved; per pair, th
 of the summed windows, divided by the kernel calls the patched pass made, gives the delta per
 call; the median over pairs is kept. Each pair then runs again without hooks, and the time
 each pass takes to return gives a second reading (`pass_us_per_call`), recorded beside the
-first; on run 5's workloads it was not closer to the measured speedups, so the projection
+first; it was not closer to the measured speedups on the workloads tried, so the projection
 uses the windows (`HOST_BASIS`). Only host time is read here: no whole-model wall time.
 
 Each pair also yields its deltas as shares of that pair's own unpatched pass host time (its
 time to return, unhooked): `share_per_call`, `pass_share_per_call`. The projection
 multiplies the share by the profile's host time. The H200 host's speed moved
-from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within 15 s of one call (2026-11-30,
-run 7, the host-delta stage's own readings), so a host speed read apart from the pairs can
+from 12.5 to 20.7 ms per unpatched Llama-3.2-1B b1 pass within 15 s of one call (the
+host-delta stage's own readings), so a host speed read apart from the pairs can
 belong to another moment than the deltas. `base_enqueue_ms`, the median unhooked unpatched
 pass of the pairs, is recorded for the report and for the older rescaling (`host_drift`).
 
@@ -242,7 +242,7 @@ def spread_set_share(host_us: dict, alone: dict, together: dict | None,
     set or a family's share was not measured. Evenly, because the pass does not say which
     family the interaction belongs to. Replayed this way with the timing's own set saving, the
     22 committed batch-1 rows with traces came within 1.9 %; with this reading, taken before
-    integration, run 15's four within 4.9 %, against 5.9 % without it
+    integration, the four of one session within 4.9 %, against 5.9 % without it
     (benchmarks/host_share_check.py)."""
     fams = (together or {}).get("families") or []
     summed = summed_share(alone, fams)

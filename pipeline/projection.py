@@ -78,7 +78,7 @@ def rescaled_host(ranked: dict, measured: dict, basis: str | None = None) -> dic
 def host_drift(ranked: dict, measured: dict) -> float:
     """The profile's enqueue time over the one measured with the in-model delta: the same
     host, minutes apart, ran the unpatched Qwen2.5-0.5B decode step at 46 ms and at 22 ms within
-    one call (H200 host, 2026-11-30), and the replay's host chain is calibrated to the profile's
+    one call (H200 host), and the replay's host chain is calibrated to the profile's
     moment. 1 when either is unknown."""
     then = ranked.get("enqueue_ms")
     now = measured.get("base_enqueue_ms")

@@ -78,7 +78,7 @@ def slower_in_both(before: dict[str, float], after: dict[str, float], ours: set[
                    n: int = 3) -> list[dict]:
     """The kernels both passes ran (no family's) that took the longest extra time patched (at
     least 10 us and 2 % more): what the projection held constant and the model did not. On
-    the H200, Llama-3.2-1B b8, in one of two calls (run 10): cuBLAS's GEMMs 4-11 % slower in
+    the H200, Llama-3.2-1B b8, in one of two calls: cuBLAS's GEMMs 4-11 % slower in
     the patched pass; in the other they matched to 1 %."""
     grew = sorted(((after[k] - before[k], k) for k in before.keys() & after.keys()
                    if k not in ours and after[k] - before[k] >= max(10.0, 0.02 * before[k])),

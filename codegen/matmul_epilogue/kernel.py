@@ -8,10 +8,10 @@ the product written once, and one launch replaces three.
 
 Two kernels. The pointer kernel: one program per output tile, numbered in grouped order
 (GROUP_M row blocks share a column block before moving on), so programs running together reuse
-the same weight tiles from L2; the benchmarks/epilogue_probe.py kernel, specialised; it is the
-faster one at few rows. The TMA kernel (configs with "TMA"; prefill rows): tiles arrive through
-tensor descriptors made on the device, and one program per SM walks the tiles in the same
-order; on the H200 it beat cuBLAS's projections plus gated_act by 7-10 %.
+the same weight tiles from L2; the benchmarks/probes/epilogue_probe.py kernel, specialised; it
+is the faster one at few rows. The TMA kernel (configs with "TMA"; prefill rows): tiles arrive
+through tensor descriptors made on the device, and one program per SM walks the tiles in the
+same order; on the H200 it beat cuBLAS's projections plus gated_act by 7-10 %.
 
 HIDDEN and COLS are constexpr: the K loop's trip count is known, and the pointer kernel's
 masked tail exists only where BK does not divide HIDDEN. Its loads wrap rows and columns past
@@ -128,7 +128,7 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
     # unpatched model with it alone). `programs` programs (one per SM) walk the output tiles in
     # grouped order (`_tile`): on the H200 this
     # was 7.6 % faster than cuBLAS's gate and up GEMMs plus gated_act at Llama-3.2-1B's prefill
-    # shape (benchmarks/epilogue_probe.py).
+    # shape (benchmarks/probes/epilogue_probe.py).
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[n_rows, HIDDEN], strides=[x_row_stride, 1],
                                        block_shape=[BM, BK])
     wg_desc = tl.make_tensor_descriptor(wg_ptr, shape=[COLS, HIDDEN],
@@ -160,7 +160,7 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
 
 
 # (BM, BN, BK, num_warps, num_stages, GROUP_M), small tiles to large. Prefill rows: the probe's
-# tiles (benchmarks/epilogue_probe.py: 128 x 128 x 64 with 8 warps was its best on the H200 for
+# tiles (probes/epilogue_probe.py: 128 x 128 x 64 with 8 warps was its best on the H200 for
 # both models, 3 stages for Llama, 4 for Qwen; 128 x 64 and 64 x 128 were 20-25 % slower) and
 # their neighbours. Two accumulators per tile make 128 x 128 the
 # widest worth trying: 2 x 64 KiB of fp32 already fill half the register file of 8 warps.
@@ -213,15 +213,14 @@ def smem_bytes(config: dict, case: Case) -> int:
 # The TMA kernel's tiles, persistent (one program per SM): the probe's two best at both models'
 # prefill shapes; at 128 rows or fewer the pointer kernel was faster (30 against 54 us).
 # Each also with its output tile stored in two halves (SUBTILE): half the shared memory staging
-# it. On the H200 (run 11, benchmarks/kernels.py, every config side by side) that was 806 and
+# it. On the H200 (benchmarks/kernels.py, every config side by side) that was 806 and
 # 803 us against 833 and 817 at Llama-3.2-1B b8, and even (236-237 us) at Qwen2.5-0.5B's.
 # Measured and left out, on the same shapes (Triton 3.6):
 # - the tile loop flattened into the K loop (`tl.range(..., flatten=True)`, as Triton's
-#   persistent matmul tutorial does on Hopper): 1.026 and 1.029 ms against 0.845 and 0.842 ms
-#   (run 10);
+#   persistent matmul tutorial does on Hopper): 1.026 and 1.029 ms against 0.845 and 0.842 ms;
 # - the tile loop warp-specialized (`tl.range(..., warp_specialize=True)`, a loading and a
 #   computing partition): 830 and 823 us against 833 and 817 (Llama), 236 and 235 against 236
-#   and 235 (Qwen); with SUBTILE, 836 and 825 (run 11). Nothing gained, so not searched.
+#   and 235 (Qwen); with SUBTILE, 836 and 825. Nothing gained, so not searched.
 TMA_TILES = ((128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8))
 TMA_VARIANTS = ({}, {"SUBTILE": True})
 TMA_MIN_ROWS = 256

@@ -17,7 +17,7 @@ kernel spent its extra instructions (297 against Liger's 161 per program); the v
 tolerance, which counts the HF code's own rounding as slack, decides whether the result is
 acceptable. CI checks NATIVE in fp16 only: Triton's CPU interpreter gets bf16 arithmetic
 wrong. NATIVE launches without FMA contraction: contracted, x1 * c1 - x2 * s1 rounds once
-where HF rounds twice, and the verifier rejected NATIVE candidates on the H200 (run 5: the
+where HF rounds twice, and the verifier rejected NATIVE candidates on the H200 (the
 fastest screened one for Llama-1B b1 prefill in bf16; the fp16 test case on a stress input,
 -1156 against HF's -1160 and a float64 -1159.3, outside the allowed 3.01).
 Uncontracted, each product and the difference round as HF's do. The pass-through dims of
@@ -26,7 +26,7 @@ partial rotary are copied without conversion.
 Where the case says `equal_halves` (the model's rotary embedding is HF's, which builds each
 table row as cat(freqs, freqs)), the kernels read the first half of each cos/sin row and use it
 for both halves, as Liger-Kernel's does. The gain is small and near the timing's noise. On the
-H200 (run 12, `benchmarks/rope_probe.py`, bf16 b8 s1024, in place, two calls, best over 1-4
+H200 (`benchmarks/probes/rope_probe.py`, bf16 b8 s1024, in place, two calls, best over 1-4
 warps) a probe kernel went from 13.66/13.66 to 13.47/13.22 us on Qwen2.5-0.5B and from
 25.38/25.38 to 25.09/25.47 us on Llama-3.2-1B; same-byte copies took 12.8 and 24.6 us. With it
 in the search, `benchmarks/kernels.py` measured ours at 13.50 us against Liger's 13.70 (Qwen)
@@ -203,7 +203,7 @@ def search_space(case: Case) -> list[dict]:
     block's slots empty are skipped (Llama's 32 + 8 heads: 8 or 16, not 32).
     Split (SPLIT=1): every head of BLOCK_S positions, q and k as separate power-of-two tiles,
     Liger-Kernel's layout (one position per program there; Liger's kernel was 10 % faster than
-    our joint layout's best in run 3). On the H200 (run 4, all configs timed in one call) the
+    our joint layout's best). On the H200 (all configs timed in one call) the
     split layout's best was 27.3 us against the joint's 27.8 on Llama-1B b8, and tied at
     14.5 us on Qwen2.5-0.5B b8."""
     block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])

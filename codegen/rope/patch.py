@@ -20,7 +20,7 @@ Where the attention's forward is, statement for statement, one of the HF forward
 `_in_place_forwards` (Llama, Qwen2, Mistral, Gemma, Phi-3), the rotation is written over q and
 k themselves, as Liger-Kernel's does: those forwards build q and k from their projections and
 rebind both names to the result at once, so nothing else holds the unrotated tensors. On the
-H200 an in-place rotation took 26.4 us against 27.3 out of place at Llama-1B b8 (run 4), and
+H200 an in-place rotation took 26.4 us against 27.3 out of place at Llama-1B b8, and
 the verifier checks every candidate gives the same bits when `out` is its inputs (`in_place`).
 Any other forward gets new tensors, as HF's function returns.
 """
@@ -87,7 +87,7 @@ def tables_have_equal_halves(model: nn.Module) -> bool:
     HF ones listed in `_known_tables`, each of whose forwards builds the cos/sin rows as
     cat(freqs, freqs) (rope scaling only changes inv_freq): the kernel may then read half of
     each row. The list is per class, not Llama's alone: in transformers 5.17 Qwen2's forward
-    differs from Llama's by a `.float()` (found on the H200 in run 12, where the comparison
+    differs from Llama's by a `.float()` (found on the H200, where the comparison
     with Llama's alone left Qwen2.5-0.5B without the half-table kernel). A model without a
     rotary embedding (tables made elsewhere) or with other code: False."""
     tables = {type(m) for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")}

@@ -68,8 +68,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             measured[w.key] = (cases, allowed, m)
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
         # attached, and later launches of this process may cost more (profiling.capture).
-        # Run 6 timed after it and measured Llama-3.2-1B b1 prefill at 1.501x; run 7 timed
-        # first, 1.270x and 1.358x (other hosts, so not a controlled comparison).
+        # (Llama-3.2-1B b1 prefill measured 1.501x timed after it, 1.270x and 1.358x timed
+        # before it, on other hosts: not a controlled comparison, so time first.)
         effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
         shipped = {f: instead for f, instead in usable.items()
                    if any(f in m["kept"] for _, _, m in measured.values())}
