@@ -1,15 +1,14 @@
-"""Per-kernel table of issue 4: each memory-bound family under HF eager, torch.compile, Liger, ours.
+"""Per-kernel table: each memory-bound family under HF eager, torch.compile, Liger and ours.
 
     python benchmarks/kernels.py --out DIR [--models llama-3.2-1b,qwen2.5-0.5b]
         [--families rmsnorm,rope,...] [--contenders copy,eager,ours,liger,compile]
         [--run-dir RUN] [--max-configs N]
 
-Per model (zoo config, random weights, bf16, batch 8 x seq 1024) and family (rmsnorm; rope, q
-and k in one call; gated_act, SwiGLU; add_rmsnorm, residual add + RMSNorm; kv_cache, the
-prefill's append of k and v to an empty DynamicLayer; matmul_epilogue, on request, the gate and
-up projections with silu(gate) * up fused into one GEMM's epilogue: compute-bound, so its copy
-column is no ceiling, and its eager and Liger rows run cuBLAS for the projections), on the
-same inputs:
+Per model (zoo config, random weights, bf16, batch 8 x seq 1024) and family, on the same
+inputs. The families come from the registry: every family that declares its contenders
+(`Family.benchmark`, a `bench.py` in its folder: its case at the model's shape, HF's own code,
+Liger's kernel); those marked IN_TABLE = False (matmul_epilogue, compute-bound: its copy column
+is no ceiling) only on request with --families. Contenders:
 eager: the unmodified HF module or function; compile: torch.compile (default mode) of exactly
 that callable; liger: Liger-Kernel's kernel for the op (rope: in place); ours: every config of
 the family's search space rendered, screened and timed, in place where the family's adapter
@@ -46,7 +45,6 @@ if str(ROOT) not in sys.path:  # run as a script: sys.path[0] is benchmarks/, no
 MODELS = "llama-3.2-1b,qwen2.5-0.5b"
 CONTENDERS = ("copy", "eager", "ours", "liger", "compile")  # run order: the core first
 TIMED = ("eager", "compile", "liger", "ours")  # copy is the yardstick, never "best"
-FAMILIES = ("rmsnorm", "rope", "gated_act", "add_rmsnorm", "kv_cache")
 BATCH, SEQ, DTYPE = 8, 1024, "bfloat16"
 LARGE_COPY = 2 << 30  # bytes moved: 1 GiB read + 1 GiB written
 # Dry run: each model's structure at toy widths, 2 x 2 tokens (rows 4, hidden 64); short timing.
@@ -58,18 +56,35 @@ CPU_REFUSAL = ("benchmarks/kernels.py: no CUDA GPU here; per-kernel timings on t
                "nothing (--dry-run tests the flow on the CPU)")
 
 
-def model_setup(name: str, dry: bool) -> dict:
+def table_families(default_only: bool = True) -> list[str]:
+    """Families with per-kernel contenders (`Family.benchmark`), from the registry; by default
+    those in the table unless asked for (`IN_TABLE`)."""
+    import importlib
+
+    from codegen.registry import families
+
+    return [name for name, fam in families().items() if fam.benchmark and (
+        not default_only or importlib.import_module(fam.benchmark).IN_TABLE)]
+
+
+def bench_module(fam: str):
+    import importlib
+
+    from codegen.registry import get_family
+
+    family = get_family(fam)
+    if not family.benchmark:
+        raise LookupError(f"n/a: {fam} declares no per-kernel contenders")
+    return importlib.import_module(family.benchmark)
+
+
+def model_setup(name: str, dry: bool, fams: list[str]) -> dict:
     """The zoo config, its HF modeling module and class prefix, and the case of each family."""
     import importlib
     import warnings
 
     from transformers import AutoConfig
 
-    from codegen.gated_act.reference import make_case as gated_case
-    from codegen.kv_cache.reference import make_case as kv_case
-    from codegen.matmul_epilogue.reference import make_case as gemm_case
-    from codegen.rope.patch import builds_equal_halves
-    from codegen.rope.reference import make_case as rope_case
     from models.zoo import ZOO
 
     params = {**ZOO[name], **(TINY if dry else {})}
@@ -81,70 +96,9 @@ def model_setup(name: str, dry: bool) -> dict:
     prefix = next(n.removesuffix("PreTrainedModel") for n in vars(module)
                   if n.endswith("PreTrainedModel") and n != "PreTrainedModel")  # "Llama", "Qwen2"
     b, s = (TINY_BATCH, TINY_SEQ) if dry else (BATCH, SEQ)
-    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    norm = {"rows": b * s, "hidden": cfg.hidden_size, "dtype": DTYPE,
-            "eps": float(cfg.rms_norm_eps), "offset": 0.0, "cast_first": True}
-    # the model's rotary embedding decides the rope case, as in the pipeline's recorded case
-    halves = builds_equal_halves(getattr(module, prefix + "RotaryEmbedding"))
-    cases = {"rmsnorm": norm,
-             "rope": rope_case(b, s, heads, kv, head_dim, head_dim, DTYPE, equal_halves=halves),
-             "gated_act": gated_case(b * s, cfg.intermediate_size, DTYPE, "silu", "separate"),
-             "add_rmsnorm": dict(norm), "kv_cache": kv_case(b, kv, head_dim, 0, s, DTYPE),
-             "matmul_epilogue": gemm_case(b * s, cfg.hidden_size, cfg.intermediate_size, DTYPE,
-                                          "silu")}
-    return {"config": cfg, "module": module, "prefix": prefix, "cases": cases}
-
-
-def hf_callable(fam: str, setup: dict, inputs: tuple, device: str):
-    """The unmodified Hugging Face code for the op, taking the family's inputs."""
-    cfg, mod, prefix = setup["config"], setup["module"], setup["prefix"]
-    if fam == "rope":
-        return mod.apply_rotary_pos_emb
-    if fam == "kv_cache":  # a fresh layer per call, as each prefill of a new cache
-        from transformers.cache_utils import DynamicLayer
-
-        return lambda keys, values, k, v: DynamicLayer().update(k, v)
-    if fam in ("gated_act", "matmul_epilogue"):
-        with torch.device("meta"):  # the MLP's own act_fn; its Linear weights are not needed
-            act_fn = getattr(mod, prefix + "MLP")(cfg).act_fn
-        if fam == "matmul_epilogue":  # MLP.forward up to down_proj, cuBLAS for the projections
-            linear = torch.nn.functional.linear
-            return lambda x, wg, wu: act_fn(linear(x, wg)) * linear(x, wu)
-        return lambda gate, up: act_fn(gate) * up  # as MLP.forward: act_fn(gate_proj) * up_proj
-    norm = getattr(mod, prefix + "RMSNorm")(cfg.hidden_size, eps=cfg.rms_norm_eps)
-    norm = norm.to(device=device, dtype=inputs[-1].dtype)
-    norm.weight.data.copy_(inputs[-1])  # the reference's random weight, so outputs compare
-    if fam == "rmsnorm":
-        return lambda x, weight: norm(x)
-
-    def add_norm(x, residual, weight):
-        hidden = residual + x  # as the decoder layer: residual + attention output, then the norm
-        return hidden, norm(hidden)
-
-    return add_norm
-
-
-def liger_callable(fam: str, case: dict):
-    """Liger 0.8.5's kernel for the op, called as its HF patches call it (Triton paths)."""
-    import liger_kernel.ops as lk
-    from liger_kernel.transformers.rope import liger_rotary_pos_emb
-
-    if fam == "rope":  # rotates q and k in place (see the report); checked on copies
-        return liger_rotary_pos_emb
-    if fam == "kv_cache":
-        raise LookupError("n/a: Liger-Kernel has no KV-cache kernel")
-    if fam == "gated_act":  # LigerSwiGLUMLP's call
-        return lambda gate, up: lk.LigerSiLUMulFunction.apply(gate, up)
-    if fam == "matmul_epilogue":  # LigerSwiGLUMLP.forward up to down_proj
-        linear = torch.nn.functional.linear
-        return lambda x, wg, wu: lk.LigerSiLUMulFunction.apply(linear(x, wg), linear(x, wu))
-    eps = case["eps"]
-    if fam == "rmsnorm":  # LigerRMSNorm.forward with the settings of the Llama/Qwen2 patch
-        return lambda x, w: lk.LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", True, None)
-    # LigerFusedAddRMSNorm.forward; it returns (normed, sum), the family (sum, normed)
-    return lambda x, r, w: lk.LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama",
-                                                                 False)[::-1]
+    setup = {"config": cfg, "module": module, "prefix": prefix}
+    setup["cases"] = {f: bench_module(f).case(setup, b, s, DTYPE) for f in fams}
+    return setup
 
 
 def timing_us(t) -> dict:
@@ -227,18 +181,17 @@ def run_case(args, setup, fam: str, device: str, bench_kw: dict, tmp: Path) -> d
     if args.worker == "copy":
         t = copy_reference(family.min_bytes(case), device, **bench_kw)
         return {"status": "ok", **timing_us(t)}
+    contenders = bench_module(fam)
     inputs = family.make_inputs(case, device, torch.Generator(device=device).manual_seed(0))
-    if fam == "rope":  # cos/sin from the model's own rotary embedding at positions 0..seq-1
-        rotary = getattr(setup["module"], setup["prefix"] + "RotaryEmbedding")(setup["config"])
-        positions = torch.arange(case["seq"], device=device)[None]
-        inputs = (*inputs[:2], *rotary.to(device)(inputs[0], positions))
+    if hasattr(contenders, "model_inputs"):  # inputs the model itself makes (rope's cos/sin)
+        inputs = contenders.model_inputs(setup, case, inputs, device)
     params = case_params(family, case)
     job = SimpleNamespace(family=family, case=case, inputs=inputs, params=params, device=device,
                           ref=family.reference(*inputs, **params), bench_kw=bench_kw,
                           min_bytes=family.min_bytes(case))
     if args.worker == "ours":
         return ours(job, args, tmp)
-    fn, extra = hf_callable(fam, setup, inputs, device), {}
+    fn, extra = contenders.hf(setup, inputs, device), {}
     if args.worker == "compile":
         torch._dynamo.reset()  # each case compiles afresh, static shapes, as in a model's 1st call
         fn = torch.compile(fn)
@@ -248,11 +201,9 @@ def run_case(args, setup, fam: str, device: str, bench_kw: dict, tmp: Path) -> d
             torch.cuda.synchronize()
         extra["compile_s"] = time.perf_counter() - t
     elif args.worker == "liger":
-        from liger_kernel.backends import resolve_impl
-
-        fn = liger_callable(fam, case)
-        if fam == "rope":  # dispatched: say which implementation it chose
-            extra["impl"] = resolve_impl("rope", device=inputs[0].device).impl_name
+        fn = contenders.liger(case)
+        if hasattr(contenders, "impl"):  # dispatched: say which implementation it chose
+            extra["impl"] = contenders.impl(inputs[0].device)
     return {**measure(job, lambda inp: lambda: fn(*inp)), **extra}
 
 
@@ -301,7 +252,7 @@ def worker(args) -> int:
                                 **timing_us(copy_reference(n, device, **bench_kw))}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for name in args.models.split(","):
-            setup = model_setup(name, args.dry_run)
+            setup = model_setup(name, args.dry_run, args.families.split(","))
             for fam in args.families.split(","):
                 try:
                     r = run_case(args, setup, fam, device, bench_kw, Path(tmp))
@@ -444,7 +395,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="driver: folder for kernels.json, kernels.md and worker logs")
     p.add_argument("--models", default=MODELS)
-    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--families", default=None, help="default: every family in the table "
+                   f"({', '.join(table_families())})")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--worker", choices=CONTENDERS, help="internal: run one contender")
     p.add_argument("--json", help="internal: the worker's output file")
@@ -453,6 +405,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
     p.add_argument("--dry-run", action="store_true", help="CPU, toy widths: tests the flow")
     args = p.parse_args(argv)
+    args.families = args.families or ",".join(table_families())
     if args.worker:
         return worker(args)
     unknown = set(args.contenders.split(",")) - set(CONTENDERS)

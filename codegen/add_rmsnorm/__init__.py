@@ -38,4 +38,5 @@ FAMILY = Family(
     extras={
             "replaces": {"scope_ops": {"aten::add": 1},
                          "child_module": "post_attention_layernorm", "child_family": "rmsnorm"}},
+    benchmark="codegen.add_rmsnorm.bench",
 )

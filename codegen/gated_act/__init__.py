@@ -62,4 +62,5 @@ FAMILY = Family(
     cuda=CudaVariant(search_space=lazy("codegen.gated_act.cuda", "search_space"),
                      render=lazy("codegen.gated_act.cuda", "render")),
     rivals=("matmul_epilogue",),
+    benchmark="codegen.gated_act.bench",
 )

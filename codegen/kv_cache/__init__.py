@@ -71,4 +71,5 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::cat",),
     params=params,
+    benchmark="codegen.kv_cache.bench",
 )

@@ -103,4 +103,5 @@ FAMILY = Family(
     order_bound=order_bound,
     # replaces the ops gated_act replaces: one of the two is integrated
     rivals=("gated_act",),
+    benchmark="codegen.matmul_epilogue.bench",
 )

@@ -59,4 +59,5 @@ FAMILY = Family(
     cuda=CudaVariant(search_space=lazy("codegen.rmsnorm.cuda", "search_space"),
                      render=lazy("codegen.rmsnorm.cuda", "render")),
     extras={"forms": reference.FORMS},
+    benchmark="codegen.rmsnorm.bench",
 )

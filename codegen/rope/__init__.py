@@ -74,4 +74,5 @@ FAMILY = Family(
     params=params,
     stress_inputs=(0, 1),
     in_place=lambda inputs: inputs[:2],
+    benchmark="codegen.rope.bench",
 )

@@ -1,0 +1,34 @@
+"""Contenders for benchmarks/kernels.py's per-kernel table: this family's case at a model's
+prefill shape, the unmodified Hugging Face code taking the family's inputs, and Liger-Kernel's
+kernel for the op (0.8.5, called as its HF patches call it).
+
+`setup`: the model's config, its HF modeling module and class prefix ("Llama", "Qwen2").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.gated_act.bench import act_fn
+from codegen.matmul_epilogue.reference import make_case
+
+IN_TABLE = False  # compute-bound: on request only (its copy column is no ceiling)
+
+
+def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
+    rows = batch * seq
+    cfg = setup["config"]
+    return make_case(rows, cfg.hidden_size, cfg.intermediate_size, dtype, "silu")
+
+
+def hf(setup: dict, inputs: tuple, device: str):
+    act, linear = act_fn(setup), torch.nn.functional.linear
+    # MLP.forward up to down_proj, cuBLAS for the projections
+    return lambda x, wg, wu: act(linear(x, wg)) * linear(x, wu)
+
+
+def liger(case: dict):
+    import liger_kernel.ops as lk
+
+    linear = torch.nn.functional.linear  # LigerSwiGLUMLP.forward up to down_proj
+    return lambda x, wg, wu: lk.LigerSiLUMulFunction.apply(linear(x, wg), linear(x, wu))
