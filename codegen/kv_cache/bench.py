@@ -7,8 +7,6 @@ kernel for the op (0.8.5, called as its HF patches call it).
 
 from __future__ import annotations
 
-import torch
-
 from codegen.kv_cache.reference import make_case
 
 IN_TABLE = True
