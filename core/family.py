@@ -47,7 +47,6 @@ class Pattern:
     ops: dict[str, int] = field(default_factory=dict)
     extra_ok: tuple[str, ...] = ()
     family: str | None = None  # the kernel family that replaces it, if any
-    priority: int = 0  # higher claims first among patterns on the same scope
     # partial: claim only the listed ops and leave the rest of the scope to others (residual
     # adds in a decoder layer); otherwise any unlisted compute op means "not this pattern".
     partial: bool = False

@@ -32,16 +32,15 @@ ANY = -1  # in Pattern.ops: one or more
 
 BASE_PATTERNS: tuple[Pattern, ...] = (
     Pattern("linear", "matmul of an nn.Linear (bias included)", module_class=r"^(Linear|Conv1D)$",
-            ops={"aten::linear": 1}, priority=10),
+            ops={"aten::linear": 1}),
     Pattern("linear", "matmul of a GPT-2 Conv1D", module_class=r"^Conv1D$",
-            ops={"aten::addmm": 1}, priority=9),
+            ops={"aten::addmm": 1}),
     Pattern("embedding", "token embedding lookup", module_class=r"Embedding$",
-            ops={"aten::embedding": 1}, priority=5),
+            ops={"aten::embedding": 1}),
     Pattern("rotary_table", "cos/sin table of the rotary embedding",
-            module_class=r"RotaryEmbedding$", ops={}, priority=1),
+            module_class=r"RotaryEmbedding$", ops={}),
     Pattern("residual_add", "residual additions in a decoder block",
-            module_class=r"(DecoderLayer|Block)$", ops={"aten::add": ANY}, partial=True,
-            priority=-1),  # after the add_rmsnorm family, which claims these adds when fusable
+            module_class=r"(DecoderLayer|Block)$", ops={"aten::add": ANY}, partial=True),
 )
 
 
@@ -101,8 +100,7 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
             cls, path = info.get(key[1], (None, None))
         else:
             cls, path = None, scope["module"]
-        for pat in sorted((p for p in patterns if p.extends is None),
-                          key=lambda p: -p.priority):
+        for pat in sorted((p for p in patterns if p.extends is None), key=claim_order):
             if key[0] == "m" and (pat.module_class is None or cls is None
                                   or not re.search(pat.module_class, cls)):
                 continue
@@ -148,6 +146,16 @@ def alternatives(occurrences: list[Occurrence], patterns: list[Pattern]) -> list
                                     extends=o.pattern))
             break
     return found
+
+
+def claim_order(pat: Pattern) -> tuple:
+    """Which pattern tries a scope first. A pattern with op counts matches only a scope with
+    exactly those ops, so two of them never both fit one scope; they go first, the larger op
+    set first for a stable order. Then a whole-scope pattern (no ops: claims everything inside),
+    which must not take a scope a specific pattern fits; last a partial one, which claims only
+    its ops and leaves the rest (residual adds after add_rmsnorm, which claims them when
+    fusable)."""
+    return (pat.partial, not pat.ops, -sum(max(n, 1) for n in pat.ops.values()))
 
 
 def _check(pat: Pattern, names: list[str]) -> list[bool] | None:

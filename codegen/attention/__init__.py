@@ -53,7 +53,7 @@ PATTERNS = (
     Pattern(name="attention", family="attention",
             function=r"^(sdpa_attention_forward|eager_attention_forward)$",
             description="scaled dot-product attention (SDPA)",
-            ops={SDPA: 1}, extra_ok=("aten::to", "aten::repeat_interleave"), priority=5,
+            ops={SDPA: 1}, extra_ok=("aten::to", "aten::repeat_interleave"),
             cost=_cost),
 )
 

@@ -52,7 +52,7 @@ def _cost(ops: list[dict]) -> tuple[int, int]:
 PATTERNS = (
     Pattern(name="kv_cache", family="kv_cache", function=r"^(update|lazy_initialization)$",
             description="KV-cache update (model(input_ids) builds a cache by default)",
-            ops={}, priority=1, cost=_cost),
+            ops={}, cost=_cost),
 )
 
 

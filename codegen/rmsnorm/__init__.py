@@ -38,7 +38,6 @@ GEMMA_PATTERN = Pattern(
     extra_ok=_NESTED,
     family="rmsnorm",
     cost=streaming_cost(2, "aten::pow"),
-    priority=1,  # a superset of the Llama ops: try it first
 )
 
 FAMILY = Family(
