@@ -211,37 +211,55 @@ class StaticDecoder:
 
     Logits returned by `step` under graph=True are the graph's static output, overwritten by the
     next step. A decode loop of N tokens: `generate(ids, N)`, or `prefill` then `step` with
-    each argmax."""
+    each argmax.
 
-    def __init__(self, model, batch: int, max_len: int, *, graph: bool, warmup: int = 3):
+    step_model: a module over the same weights to run the steps with (torch.compile of the
+    model, say); the prefill stays eager on `model`, so the cache's lazy allocation happens
+    outside any compiled region, as transformers asks."""
+
+    def __init__(self, model, batch: int, max_len: int, *, graph: bool, warmup: int = 3,
+                 step_model=None):
         param = next(model.parameters())
         self._model = model
+        self._step_model = model if step_model is None else step_model
         self._device = param.device
         self.batch, self.max_len, self.graph, self._warmup = batch, max_len, graph, warmup
         self.cache = static_cache(model.config, batch, max_len, param.device, param.dtype)
         self._cache_arg = cache_argument(model)
         self._ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
+        # every layer's position as one element of a single tensor, so that setting it back is
+        # one fill, not one per layer (lazy initialisation's `.to(device)` keeps the view)
+        self._lengths = torch.zeros(len(self.cache.layers), dtype=torch.long,
+                                    device=param.device)
+        for i, layer in enumerate(self.cache.layers):
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length = self._lengths[i]
         self._graph = self._logits = None
         self.position: int = 0
         self.pool_bytes: int = 0
         self._filled = False
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._model(ids, use_cache=True, **{self._cache_arg: self.cache}).logits
+    def _forward(self, ids: torch.Tensor, model=None) -> torch.Tensor:
+        model = self._model if model is None else model
+        return model(ids, use_cache=True, **{self._cache_arg: self.cache}).logits
 
     def _step_forward(self) -> torch.Tensor:
-        return self._forward(self._ids)
+        return self._forward(self._ids, self._step_model)
 
     def _load(self, next_ids: torch.Tensor) -> None:
         self._ids.copy_(next_ids)
 
     def _set_position(self, position: int) -> None:
-        for layer in self.cache.layers:
-            length = getattr(layer, "cumulative_length", None)
-            if not isinstance(length, torch.Tensor):
-                raise RuntimeError("this transformers' StaticLayer keeps no on-device "
-                                   "`cumulative_length` (5.17 to 5.24 do); cannot step it")
-            length.fill_(position)
+        lengths = [getattr(layer, "cumulative_length", None) for layer in self.cache.layers]
+        if not all(isinstance(t, torch.Tensor) for t in lengths):
+            raise RuntimeError("this transformers' StaticLayer keeps no on-device "
+                               "`cumulative_length` (5.17 to 5.24 do); cannot step it")
+        base, size = self._lengths.data_ptr(), self._lengths.element_size()
+        if all(t.data_ptr() == base + i * size for i, t in enumerate(lengths)):
+            self._lengths.fill_(position)
+        else:  # a layer replaced its counter: set each
+            for t in lengths:
+                t.fill_(position)
         self.position = position
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
@@ -326,7 +344,7 @@ class StaticDecoder:
         return torch.cat(out, dim=1)
 
     def close(self) -> None:
-        self._graph = self._logits = self._ids = self._model = None
+        self._graph = self._logits = self._ids = self._model = self._step_model = None
         self.cache = None
         self.pool_bytes = 0
         _release(self._device)

@@ -351,3 +351,21 @@ def test_close_gives_the_pool_back():
 def graphed_slack(ids) -> int:
     """What may stay allocated after close: the test's own input ids and allocator rounding."""
     return ids.nbytes + (1 << 20)
+
+
+def test_setting_the_position_back_is_one_fill_for_all_layers(tiny):
+    decoder = StaticDecoder(tiny, 2, 32, graph=False)
+    decoder.prefill(tokens(tiny, (2, PROMPT), 0))
+    assert decoder._lengths.tolist() == [PROMPT] * len(decoder.cache.layers)
+    decoder.step(tokens(tiny, (2, 1), 1))
+    assert decoder._lengths.tolist() == [PROMPT + 1] * len(decoder.cache.layers)
+    ops = []
+
+    class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        decoder.rewind(3)
+    assert ops == ["fill_"] and decoder._lengths.tolist() == [3] * len(decoder.cache.layers)
