@@ -201,13 +201,17 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
             r.reset()
         return run
 
-    ours = plain = handle = None
-    if {"ours", "ours-graphs"} & set(variants):
-        ours = twin(model)
-        handle = apply_kernels(ours, run_dir, workload=workload.key)
-        owned.append(handle)
-    if {"graph", "eager-static"} & set(variants):
-        plain = twin(model)
+    made = {}
+
+    def ours_twin():  # built on first use, inside the variant's try: a run without kept
+        if "ours" not in made:  # kernels skips ours and ours-graphs, not the others
+            patched = twin(model)
+            owned.append(apply_kernels(patched, run_dir, workload=workload.key))
+            made["ours"] = patched  # only once patched: a failed apply_kernels fails again
+        return made["ours"]
+
+    def plain_twin():
+        return made.setdefault("plain", twin(model))
 
     def static_step(name, decoder):
         """The step at position `seq`, every call: the rewind is its untimed setup."""
@@ -225,7 +229,7 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
             if name == "eager":
                 calls[name] = runner_call(runner)
             elif name == "ours":
-                calls[name] = runner_call(make_runner(ours, workload))
+                calls[name] = runner_call(make_runner(ours_twin(), workload))
             elif name == "compile":
                 calls[name] = runner_call(make_runner(torch.compile(twin(model)), workload))
             elif name == "compile-reduce-overhead":
@@ -238,7 +242,7 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                 else:
                     calls[name] = mark_step(no_grad(lambda m=compiled: m(ids, use_cache=False)))
             elif name in ("graph", "ours-graphs"):
-                target = plain if name == "graph" else ours
+                target = plain_twin() if name == "graph" else ours_twin()
                 if decode:
                     dec = StaticDecoder(target, workload.batch, max_len, graph=True)
                     calls[name] = static_step(name, dec)
@@ -252,7 +256,7 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                     pools[name] = graphed.pool_bytes
             elif name == "eager-static":
                 calls[name] = static_step(
-                    name, StaticDecoder(plain, workload.batch, max_len, graph=False))
+                    name, StaticDecoder(plain_twin(), workload.batch, max_len, graph=False))
         except CaptureError as exc:
             skipped[name] = exc.reason
             calls.pop(name, None)

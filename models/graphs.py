@@ -123,6 +123,9 @@ def _capture(fn, device: torch.device, warmup: int):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
             torch.cuda.synchronize(device)
+            # torch.cuda.graph empties the allocator's cache on entry: empty it first, so the
+            # reserved memory it frees is not subtracted from the pool's
+            torch.cuda.empty_cache()
             allocated = torch.cuda.memory_allocated(device)
             reserved = torch.cuda.memory_reserved(device)
             with torch.cuda.graph(graph):
