@@ -1,16 +1,31 @@
-"""Ours against eager and torch.compile in one process, interleaved, no profiler (GPU).
+"""Ours against eager, torch.compile and CUDA graphs in one process, interleaved, no profiler
+(GPU).
 
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
+        [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
 moves within a call, and a patched set that waits on the host moves with it (Qwen2.5-0.5B b8,
 run 7: 21.5 ms in one call, 16.7 ms in another, against compile's 21.0 ms), so the two ratios
-can disagree by more than either CI. Here one process holds the model as built (eager), a twin
-patched with the run's kept kernels for the workload (`pipeline.api.apply_kernels`) and
-`torch.compile` of another twin (default mode). Each round times the three, synchronised, in
-an order that rotates; the per-round ratios get bootstrap CIs (`verify.stats`). Liger-Kernel
+can disagree by more than either CI. Here one process holds the model as built (eager) and
+twins over the same weights: patched with the run's kept kernels for the workload
+(`pipeline.api.apply_kernels`), `torch.compile` (default mode, and mode="reduce-overhead"),
+captured as CUDA graphs (`models.graphs`). Each round times every variant, synchronised, in an
+order that rotates; the per-round ratios get bootstrap CIs (`verify.stats`). Liger-Kernel
 patches module-level code, so it cannot share the process (contenders.py times it).
+
+Variants (`--variants`, eager always included; the default is the first three):
+- eager, ours, compile: the user's call as `pipeline profile` times it (`make_runner`): prefill
+  `model(ids)`, decode one token over the default dynamic cache cropped back to `seq`.
+- compile-reduce-overhead: torch.compile(mode="reduce-overhead") of a twin; prefill
+  `model(ids, use_cache=False)`, decode the static-cache step below.
+- graph / ours-graphs: the unpatched / patched twin captured (`GraphedPrefill` on
+  `use_cache=False`; `StaticDecoder(graph=True)`).
+- eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
+Static-cache decode variants time `rewind(seq)` then `step`, so every call writes position
+`seq` as the dynamic cache's does; the cache holds `--max-len` slots (default: seq + 1 rounded
+up to 16), which the mask spans. First calls (compiling, capturing) are warm-up, never timed.
 """
 
 from __future__ import annotations
@@ -19,24 +34,81 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from core.artifacts import read_json
+from core.errors import UserError
 from core.workload import Workload
+from models.graphs import CaptureError, GraphedPrefill, StaticDecoder, capture_reason
 from pipeline.api import apply_kernels
 from pipeline.patching import twin
 from profiling.capture import make_runner, sync
 from profiling.loader import build, resolve
 from verify.stats import bootstrap_ci
 
-VARIANTS = ("eager", "ours", "compile")
+VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has always run
+ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static")
+DECODE_ONLY = ("eager-static",)
 FAST_HOST = 1.1  # a round within 10 % of eager's fastest host time counts as a fast host
+# ratios beside those over eager: the graph's own gain, the kernels' share inside the graph,
+# and the contender the issue sets for graphed ours
+PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
+         ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"))
 
 
-def timed(call, device: str) -> tuple[float, float]:
-    """(wall ms, ms until the call returned: its host time, the GPU's wait aside)."""
+def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
+    """(variants to time, eager first; {variant: why it is not timed}) from `--variants`."""
+    names = [v.strip() for v in (text or ",".join(VARIANTS)).split(",") if v.strip()]
+    unknown = [v for v in names if v not in ALL_VARIANTS]
+    if unknown:
+        raise UserError(f"unknown variant(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(ALL_VARIANTS)}")
+    skipped = {v: "decode only: it times the static-cache step" for v in names
+               if v in DECODE_ONLY and mode != "decode"}
+    chosen = ["eager"] + [v for v in dict.fromkeys(names) if v != "eager" and v not in skipped]
+    return chosen, skipped
+
+
+def rotation(variants: list[str], i: int) -> list[str]:
+    """Round i's order: the list rotated by i, so each variant leads as often as the others."""
+    k = i % len(variants)
+    return variants[k:] + variants[:k]
+
+
+def static_len(seq: int) -> int:
+    """Static cache slots for a step at position `seq`: seq + 1 rounded up to 16."""
+    return -(-(seq + 1) // 16) * 16
+
+
+def kernel_count(events) -> int:
+    """Device kernels among profiler events (copies and memsets are not kernels)."""
+    return sum(1 for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")
+               and not e.name.startswith(("Memcpy", "Memset", "memcpy", "memset")))
+
+
+def kernels_per_pass(call: Callable[[], None], setup: Callable[[], None] | None = None
+                     ) -> int | None:
+    """Kernels one synchronised call launches, from torch.profiler (None when it sees none:
+    a graph replay's kernels are reported on some CUPTI versions only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if setup is not None:
+        setup()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return kernel_count(prof.events()) or None
+
+
+def timed(call, device: str, setup=None) -> tuple[float, float]:
+    """(wall ms, ms until the call returned: its host time, the GPU's wait aside); `setup`
+    runs first, untimed (a static-cache step's rewind)."""
+    if setup is not None:
+        setup()
     sync(device)
     t = time.perf_counter()
     call()
@@ -62,10 +134,138 @@ def by_host_speed(times: dict, host: dict) -> dict:
             "rounds": len(idx),
             "eager_host_ms": statistics.median(host["eager"][i] for i in idx),
             "median_ms": {k: statistics.median(v[i] for i in idx) for k, v in times.items()},
-            "ours_over_compile": statistics.median(times["compile"][i] / times["ours"][i]
-                                                   for i in idx),
         }
+        if "compile" in times and "ours" in times:
+            out[label]["ours_over_compile"] = statistics.median(
+                times["compile"][i] / times["ours"][i] for i in idx)
     return out
+
+
+def ratio(times: dict, a: str, b: str) -> dict:
+    """Speedup of b over a, per round, with its bootstrap CI."""
+    est, lo, hi = bootstrap_ci([x / y for x, y in zip(times[a], times[b], strict=True)])
+    return {"speedup": est, "ci": [lo, hi]}
+
+
+def ratios(times: dict) -> dict:
+    """Old keys (ours_over_eager, compile_over_eager, ours_over_compile) where their variants
+    ran, `over_eager` for every variant, and the PAIRS present."""
+    out = {"over_eager": {v: ratio(times, "eager", v) for v in times if v != "eager"}}
+    for v in ("ours", "compile"):
+        if v in times:
+            out[f"{v}_over_eager"] = out["over_eager"][v]
+    out["pairs"] = {f"{b}_over_{a}": ratio(times, a, b) for b, a in PAIRS
+                    if a in times and b in times}
+    if "ours_over_compile" in out["pairs"]:
+        out["ours_over_compile"] = out["pairs"]["ours_over_compile"]
+    return out
+
+
+def no_grad(call):
+    def run():
+        with torch.no_grad():
+            call()
+    return run
+
+
+def mark_step(call):
+    """reduce-overhead's cudagraph trees want each call marked as a new step when outputs of
+    the last are dropped (transformers' generate marks them likewise)."""
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+
+    def run():
+        if mark is not None:
+            mark()
+        call()
+    return run
+
+
+def build_variants(model, workload: Workload, variants: list[str], run_dir: Path,
+                   max_len: int) -> tuple[dict, dict, dict, dict, list]:
+    """({variant: timed call}, {variant: untimed setup before each call}, {variant: pool
+    bytes}, {variant: why skipped}, handles to undo or close). A variant that cannot be built
+    (a capture that fails) is skipped with its reason."""
+    calls, setups, pools, skipped, owned = {}, {}, {}, {}, []
+    runner = make_runner(model, workload)
+    decode = workload.mode == "decode"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (workload.batch, workload.seq), generator=gen)
+    prompt = prompt.to(workload.device)
+    ids = runner.input_ids
+
+    def runner_call(r):
+        def run():
+            with torch.no_grad():
+                r.call()
+            r.reset()
+        return run
+
+    made = {}
+
+    def ours_twin():  # built on first use, inside the variant's try: a run without kept
+        if "ours" not in made:  # kernels skips ours and ours-graphs, not the others
+            patched = twin(model)
+            owned.append(apply_kernels(patched, run_dir, workload=workload.key))
+            made["ours"] = patched  # only once patched: a failed apply_kernels fails again
+        return made["ours"]
+
+    def plain_twin():
+        return made.setdefault("plain", twin(model))
+
+    def static_step(name, decoder):
+        """The step at position `seq`, every call: the rewind is its untimed setup."""
+        owned.append(decoder)
+        decoder.prefill(prompt)
+        setups[name] = lambda: decoder.rewind(workload.seq)
+
+        def run():
+            with torch.no_grad():
+                decoder.step(ids)
+        return run
+
+    for name in variants:
+        try:
+            if name == "eager":
+                calls[name] = runner_call(runner)
+            elif name == "ours":
+                calls[name] = runner_call(make_runner(ours_twin(), workload))
+            elif name == "compile":
+                calls[name] = runner_call(make_runner(torch.compile(twin(model)), workload))
+            elif name == "compile-reduce-overhead":
+                base = twin(model)
+                compiled = torch.compile(base, mode="reduce-overhead")
+                if decode:
+                    dec = StaticDecoder(base, workload.batch, max_len, graph=False,
+                                        step_model=compiled)
+                    calls[name] = mark_step(static_step(name, dec))
+                else:
+                    calls[name] = mark_step(no_grad(lambda m=compiled: m(ids, use_cache=False)))
+            elif name in ("graph", "ours-graphs"):
+                target = plain_twin() if name == "graph" else ours_twin()
+                if decode:
+                    dec = StaticDecoder(target, workload.batch, max_len, graph=True)
+                    calls[name] = static_step(name, dec)
+                    setups[name]()
+                    calls[name]()  # captures the step now, so its pool is known
+                    pools[name] = dec.pool_bytes
+                else:
+                    graphed = GraphedPrefill(target, ids)
+                    owned.append(graphed)
+                    calls[name] = lambda g=graphed: g(ids)
+                    pools[name] = graphed.pool_bytes
+            elif name == "eager-static":
+                calls[name] = static_step(
+                    name, StaticDecoder(plain_twin(), workload.batch, max_len, graph=False))
+        except CaptureError as exc:
+            skipped[name] = exc.reason
+            calls.pop(name, None)
+            setups.pop(name, None)
+        except Exception as exc:  # a contender that cannot run here is reported, not fatal
+            skipped[name] = capture_reason(exc)
+            calls.pop(name, None)
+            setups.pop(name, None)
+    return calls, setups, pools, skipped, owned
 
 
 def main() -> None:
@@ -74,60 +274,76 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--workload", help="workload key [default: the run's first]")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--variants", help=f"comma-separated, from {', '.join(ALL_VARIANTS)} "
+                                       f"[default: {','.join(VARIANTS)}]")
+    ap.add_argument("--max-len", type=int, help="static cache slots for decode "
+                                                "[default: seq + 1 rounded up to 16]")
+    ap.add_argument("--no-kernel-count", action="store_true",
+                    help="skip counting kernels per pass (one profiled call per variant)")
     args = ap.parse_args()
     profile = read_json(args.run_dir / "profile.json", "profile")
     entry = next(w for w in profile["workloads"]
                  if args.workload in (None, w["key"]))
     workload = Workload.from_dict(entry["workload"])
+    variants, skipped = parse_variants(args.variants, workload.mode)
+    max_len = args.max_len or static_len(workload.seq)
     model = build(resolve(profile["model"]["id"]), workload.torch_dtype(), workload.device)
-    ours = twin(model)
-    handle = apply_kernels(ours, args.run_dir, workload=workload.key)
-    compiled = torch.compile(twin(model))
-    runners = {"eager": make_runner(model, workload), "ours": make_runner(ours, workload),
-               "compile": make_runner(compiled, workload)}
-
-    def call(name):
-        def run():
-            with torch.no_grad():
-                runners[name].call()
-            runners[name].reset()
-        return run
-
-    calls = {name: call(name) for name in VARIANTS}
+    calls, setups, pools, failed, owned = build_variants(model, workload, variants, args.run_dir,
+                                                 max_len)
+    skipped.update(failed)
+    if "eager" not in calls:
+        raise SystemExit(f"eager did not run: {skipped.get('eager')}")
+    names = [v for v in variants if v in calls]
+    first_call_s = {}
     t = time.perf_counter()
-    for _ in range(3):  # compiles, autotunes, warms the caching allocator
-        for name in VARIANTS:
+    for _ in range(3):  # compiles, captures, autotunes, warms the caching allocator
+        for name in names:
+            if name in setups:
+                setups[name]()
+            t1 = time.perf_counter()
             calls[name]()
+            sync(workload.device)
+            first_call_s.setdefault(name, time.perf_counter() - t1)
     warm_s = time.perf_counter() - t
-    times = {name: [] for name in VARIANTS}
-    host = {name: [] for name in VARIANTS}
+    times = {name: [] for name in names}
+    host = {name: [] for name in names}
     for i in range(args.rounds):
-        order = VARIANTS[i % 3:] + VARIANTS[:i % 3]
-        for name in order:
-            wall, returned = timed(calls[name], workload.device)
+        for name in rotation(names, i):
+            wall, returned = timed(calls[name], workload.device, setups.get(name))
             times[name].append(wall)
             host[name].append(returned)
-    handle.undo()
-
-    def ratio(a, b):  # speedup of b over a, per round
-        est, lo, hi = bootstrap_ci([x / y for x, y in zip(times[a], times[b])])
-        return {"speedup": est, "ci": [lo, hi]}
+    # after the timing: a profiler session leaves CUPTI attached and later launches slower
+    kernels = {}
+    if workload.device.startswith("cuda") and not args.no_kernel_count:
+        for name in names:
+            try:
+                kernels[name] = kernels_per_pass(calls[name], setups.get(name))
+            except Exception as exc:  # optional: a count the profiler cannot give is noted
+                kernels[name] = None
+                skipped.setdefault(f"kernels:{name}", capture_reason(exc))
+    kept = next((h.families for h in owned if hasattr(h, "families")), [])
+    for h in reversed(owned):
+        (h.undo if hasattr(h, "undo") else h.close)()
 
     result = {
-        "run_dir": str(args.run_dir), "workload": workload.key, "kept": handle.families,
+        "run_dir": str(args.run_dir), "workload": workload.key, "kept": kept,
         "torch": torch.__version__, "device": torch.cuda.get_device_name(0)
         if workload.device.startswith("cuda") else "cpu",
-        "rounds": args.rounds, "warmup_s": warm_s,
+        "rounds": args.rounds, "warmup_s": warm_s, "variants": names, "skipped": skipped,
         "note": None if workload.device.startswith("cuda") else
         "CPU: our kernels ran in the Triton interpreter; not a GPU timing",
         "median_ms": {k: statistics.median(v) for k, v in times.items()},
         # at about the wall time, that variant's GPU waits on the host
         "median_host_ms": {k: statistics.median(v) for k, v in host.items()},
-        "ours_over_eager": ratio("eager", "ours"),
-        "compile_over_eager": ratio("eager", "compile"),
-        "ours_over_compile": ratio("compile", "ours"),
+        **ratios(times),
         "by_host_speed": by_host_speed(times, host),
-        "method": "one process, rounds of eager / ours / compile in rotating order, each call "
+        "first_call_s": first_call_s,
+        "pool_bytes": pools,
+        "kernels_per_pass": kernels,
+        "kernels_note": "torch.profiler over one synchronised call after the timing; null "
+                        "where it saw no kernel (graph replays on some CUPTI versions)",
+        "static_cache_len": max_len if workload.mode == "decode" else None,
+        "method": "one process, rounds of every variant in rotating order, each call "
                   "synchronised; per-round ratios, median and percentile bootstrap 95 % CI",
         "times_ms": times, "host_ms": host,
     }
@@ -137,4 +353,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -1,13 +1,26 @@
-"""benchmarks/head_to_head.py's split of its rounds by the host's speed (the timing itself
-needs a GPU and a run directory; the split is plain arithmetic over its recorded rounds)."""
+"""benchmarks/head_to_head.py's pure parts: the split of its rounds by the host's speed, the
+variant list, the rotation, the ratios it records and its kernel count (the timing itself
+needs a GPU and a run directory)."""
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from core.errors import UserError
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from head_to_head import by_host_speed  # noqa: E402
+from head_to_head import (  # noqa: E402
+    ALL_VARIANTS,
+    VARIANTS,
+    by_host_speed,
+    kernel_count,
+    parse_variants,
+    ratios,
+    rotation,
+    static_len,
+)
 
 
 def test_rounds_split_by_eager_host_time_show_each_regime():
@@ -42,3 +55,57 @@ def test_a_steady_host_is_all_fast_and_a_short_fast_stretch_is_kept_apart():
                                   "compile": eager_host})
     assert split["fast_host"]["rounds"] == 4 and split["slow_host"]["rounds"] == 26
     assert split["fast_host"]["ours_over_compile"] > 1 > split["slow_host"]["ours_over_compile"]
+
+
+def test_variants_default_to_the_old_three_and_eager_always_leads():
+    assert parse_variants(None, "prefill") == (list(VARIANTS), {})
+    chosen, skipped = parse_variants("graph,ours-graphs,graph,eager-static", "prefill")
+    assert chosen == ["eager", "graph", "ours-graphs"]
+    assert list(skipped) == ["eager-static"]  # decode only
+    chosen, skipped = parse_variants(",".join(ALL_VARIANTS), "decode")
+    assert chosen == list(ALL_VARIANTS) and skipped == {}
+    with pytest.raises(UserError, match="unknown variant.*graphs"):
+        parse_variants("eager,graphs", "decode")
+
+
+def test_every_variant_leads_a_round_equally_often():
+    names = ["eager", "ours", "graph", "ours-graphs"]
+    orders = [rotation(names, i) for i in range(8)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert [o[0] for o in orders] == names * 2
+
+
+def test_the_static_cache_has_a_slot_for_the_step_rounded_to_16():
+    assert static_len(1024) == 1040 and static_len(15) == 16 and static_len(16) == 32
+
+
+def test_ratios_keep_the_old_keys_and_add_every_variant_over_eager():
+    times = {"eager": [10.0] * 5, "ours": [8.0] * 5, "compile": [5.0] * 5,
+             "graph": [4.0] * 5, "ours-graphs": [2.0] * 5, "compile-reduce-overhead": [2.5] * 5}
+    out = ratios(times)
+    assert out["ours_over_eager"]["speedup"] == pytest.approx(1.25)
+    assert out["compile_over_eager"]["speedup"] == pytest.approx(2.0)
+    assert out["ours_over_compile"]["speedup"] == pytest.approx(0.625)
+    assert set(out["over_eager"]) == set(times) - {"eager"}
+    assert out["over_eager"]["ours-graphs"]["speedup"] == pytest.approx(5.0)
+    assert out["pairs"]["ours-graphs_over_compile-reduce-overhead"]["speedup"] == \
+        pytest.approx(1.25)
+    assert out["pairs"]["ours-graphs_over_graph"]["speedup"] == pytest.approx(2.0)
+    only = ratios({"eager": [10.0] * 3, "graph": [5.0] * 3})
+    assert "ours_over_compile" not in only and "compile_over_eager" not in only
+    assert only["pairs"] == {}
+
+
+def test_the_host_split_without_compile_has_no_ours_over_compile():
+    times = {"eager": [30.0, 40.0], "graph": [3.0, 3.1]}
+    split = by_host_speed(times, {"eager": [25.0, 35.0], "graph": [0.1, 0.1]})
+    assert split["fast_host"]["median_ms"]["graph"] == 3.0
+    assert "ours_over_compile" not in split["fast_host"]
+
+
+def test_kernels_are_device_events_other_than_copies():
+    ev = [SimpleNamespace(device_type="DeviceType.CUDA", name=n)
+          for n in ("ampere_bf16_gemm", "Memcpy HtoD (Pageable -> Device)", "triton_rmsnorm",
+                    "Memset (Device)")]
+    ev.append(SimpleNamespace(device_type="DeviceType.CPU", name="aten::mm"))
+    assert kernel_count(ev) == 2

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 25 evidence on the H200: `pipeline profile` and `pipeline optimize --top 5` for one model
+# and workload, then head_to_head.py with every variant in one process (eager, ours, compile,
+# compile-reduce-overhead, the unpatched and the patched model as CUDA graphs, and for decode
+# eager over the static cache), then one tarball of what it made.
+# Env: M (model), B, S (workload), MODE (prefill or decode), TOP, MAXC (configs per case; "all":
+# the default exhaustive search), PAIRS, BACKEND, ROUNDS, VARIANTS, and the limits in seconds
+# T_PROFILE, T_OPTIMIZE, T_H2H. Each step runs under `timeout`, which (without --foreground)
+# puts itself and the step in one process group and signals the whole group on expiry, TERM
+# then KILL 15 s later: workers and compile subprocesses go with the step.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/runs
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPELINE_RUNS=/tmp/runs
+M=${M:-llama-3.2-1b} B=${B:-1} S=${S:-128} MODE=${MODE:-prefill} TOP=${TOP:-5} MAXC=${MAXC:-4}
+PAIRS=${PAIRS:-20} BACKEND=${BACKEND:-triton} ROUNDS=${ROUNDS:-30}
+VARIANTS=${VARIANTS:-eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static}
+# defaults sum to 550 s: the lent machine runs one command for 600 s at most
+T_PROFILE=${T_PROFILE:-90} T_OPTIMIZE=${T_OPTIMIZE:-240} T_H2H=${T_H2H:-220}
+case $MODE in prefill|decode) ;; *) echo "MODE must be prefill or decode, got $MODE" >&2; exit 2;; esac
+tag=$M-$MODE-b$B-s$S
+run=/tmp/runs/$tag
+logs=$OUT/logs-$tag; mkdir -p $logs
+
+step() {  # step NAME LIMIT CMD...: CMD under timeout, its output in $OUT/logs-$tag/NAME.log
+  local name=$1 limit=$2 t0; shift 2; t0=$(date +%s)
+  timeout -k 15 "$limit" "$@" > $logs/$name.log 2>&1
+  local rc=$?
+  [ $rc -ne 124 ] && [ $rc -ne 137 ] || echo "$name: killed at its ${limit}s limit" >&2
+  echo "$name $tag rc=$rc $(( $(date +%s) - t0 ))s"; tail -n 25 $logs/$name.log
+  return $rc
+}
+
+python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
+step profile $T_PROFILE python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 \
+  --mode $MODE --run-dir $run --top 8
+maxc="--max-configs $MAXC"; [ "$MAXC" != all ] || maxc=""
+[ -f $run/profile.json ] && step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline \
+  optimize $run --top $TOP $maxc --pairs $PAIRS --backend $BACKEND
+# without an optimize run, head_to_head skips ours and ours-graphs and says why
+[ -f $run/profile.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
+  $logs/h2h.json --rounds $ROUNDS --variants $VARIANTS
+tar -czf $OUT/graphs-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag -C $OUT logs-$tag

@@ -1,0 +1,353 @@
+"""A model's forward captured as a CUDA graph: prefill on a static input buffer, decode over a
+static KV cache, one step captured once and replayed at successive positions.
+
+How transformers 5.17 and 5.24 step a static cache (read from both releases' sources): the
+forward of Llama, Qwen2 and their kin takes no `cache_position` any more. Each `StaticLayer`
+keeps its write index on the device, `cumulative_length` (a 0-d int64 tensor), and `update`
+writes the new keys and values with `index_copy_` at `arange(n) + cumulative_length`, then
+adds n to it in place. When no `position_ids` are passed, the model derives them from
+`cache.get_seq_length()`, which for a static layer is that same tensor, and the causal mask's
+query offset (`get_query_offset`) is it too, against a key length of `max_cache_len`. For a
+one-token query over a compileable cache the mask is always materialised (the sdpa `is_causal`
+shortcut is refused), so the step reads no tensor value on the host and is capturable as it
+stands: replaying it advances the position on the device. Two consequences:
+
+- the cache's position is whatever `cumulative_length` says, so timing one step repeatedly
+  must set it back (`rewind`); without that every call advances it, and past `max_cache_len`
+  `index_copy_` indexes out of bounds (on a GPU, a device-side assert);
+- slots past the position keep stale keys and values; the mask hides them.
+
+`StaticCache`'s constructor in both releases is `(config, max_cache_len, offloading=False,
+offload_only_non_sliding=True, **kwargs)`: no batch size, device or dtype (older releases
+took `max_batch_size`/`batch_size`, `device`, `dtype`); the layers allocate on their first
+update. `static_cache` passes only the arguments the installed signature names.
+
+Capture follows PyTorch's recipe: warm-up calls on a side stream, then `torch.cuda.graph`, whose
+private memory pool holds every intermediate; outputs are static tensors that the next replay
+overwrites. Anything that reads a device value on the host inside the captured call (`.item()`,
+`bool(tensor)`, `nonzero`) makes capture fail; `CaptureError.reason` then names the op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# aten ops that read a device value on the host (or size their output by one): inside capture
+# they synchronise a capturing stream, which CUDA refuses
+HOST_READS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select",
+              "unique", "_unique2", "repeat_interleave")
+
+
+class CaptureError(RuntimeError):
+    """Capture failed; `.reason` is one line naming the op or cause (e.g. "aten::nonzero
+    synchronises the host inside capture")."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def capture_reason(exc: BaseException) -> str:
+    """One line from whatever capture raised: the first line of the earliest error in the
+    chain (torch.cuda.graph's exit raises "capture invalidated" over the op that broke it)."""
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    for err in reversed(seen):
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        if lines:
+            return f"{type(err).__name__}: {lines[0]}"
+    return type(seen[0]).__name__ if seen else "unknown error"
+
+
+class _HostReads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in HOST_READS:
+            self.ops.append(f"aten::{name}")
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads(fn, *, as_captured: bool = True) -> list[str]:
+    """The aten ops in `fn()` that read a device value on the host, in call order (runs it
+    once eagerly; on the CPU too, so a test can tell a step is capturable without a GPU).
+
+    as_captured: `torch.cuda.is_current_stream_capturing()` answers True meanwhile, so code
+    that backs off under capture does so here too (transformers' `is_tracing` skips its
+    packed-sequence check and the sdpa `is_causal` shortcut, both host reads, when capturing)."""
+    mode = _HostReads()
+    with contextlib.ExitStack() as stack:
+        if as_captured:
+            stack.enter_context(mock.patch.object(torch.cuda, "is_current_stream_capturing",
+                                                  lambda: True))
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(mode)
+        fn()
+    return mode.ops
+
+
+def _explain(exc: BaseException, fn) -> str:
+    """The failing op when an eager rerun shows a host read, else the error's own line."""
+    try:
+        torch.cuda.synchronize()
+        ops = host_reads(fn)
+    except Exception:  # the rerun is a diagnosis only; the capture's error stands
+        ops = []
+    if ops:
+        return f"{ops[0]} synchronises the host inside capture ({capture_reason(exc)})"
+    return capture_reason(exc)
+
+
+def _capture(fn, device: torch.device, warmup: int):
+    """Warm `fn` up on a side stream, capture it; (graph, its output, pool bytes)."""
+    if device.type != "cuda":
+        raise CaptureError(f"CUDA graphs need a CUDA device; the input is on {device}")
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.no_grad():
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+            # torch.cuda.graph empties the allocator's cache on entry: empty it first, so the
+            # reserved memory it frees is not subtracted from the pool's
+            torch.cuda.empty_cache()
+            allocated = torch.cuda.memory_allocated(device)
+            reserved = torch.cuda.memory_reserved(device)
+            with torch.cuda.graph(graph):
+                out = fn()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        del graph
+        raise CaptureError(_explain(exc, fn)) from exc
+    # the pool's segments are reserved, not allocated, once intermediates are freed inside it
+    pool = max(torch.cuda.memory_allocated(device) - allocated,
+               torch.cuda.memory_reserved(device) - reserved, 0)
+    return graph, out, pool
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # hands the graph pool's segments back to the driver
+
+
+class GraphedPrefill:
+    """`model(ids, use_cache=False).logits` for one (batch, seq), captured once as a CUDA graph on
+    a static input buffer and replayed. Warm-up on a side stream before capture (as PyTorch's
+    docs say); raises CaptureError on failure (the caller falls back to eager).
+
+    The logits a call returns are the graph's static output: the next call overwrites them
+    (clone to keep them)."""
+
+    def __init__(self, model, example_ids: torch.Tensor, *, warmup: int = 3):
+        self.shape: tuple[int, int] = tuple(example_ids.shape)
+        self._device = example_ids.device
+        self._model = model
+        self._ids = example_ids.clone()
+        self._graph, self._logits, pool = _capture(self._forward, self._device, warmup)
+        self.pool_bytes: int = pool + self._ids.nbytes
+
+    def _forward(self) -> torch.Tensor:
+        return self._model(self._ids, use_cache=False).logits
+
+    def _load(self, ids: torch.Tensor) -> None:
+        self._ids.copy_(ids)
+
+    def matches(self, ids: torch.Tensor) -> bool:
+        """Same shape, dtype and device as captured."""
+        return (self._graph is not None and tuple(ids.shape) == self.shape
+                and ids.dtype == self._ids.dtype and ids.device == self._device)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.matches(ids):
+            raise ValueError(f"graph captured for {self.shape} {self._ids.dtype} on "
+                             f"{self._device}; got {tuple(ids.shape)} {ids.dtype} on {ids.device}")
+        self._load(ids)
+        self._graph.replay()
+        return self._logits
+
+    def close(self) -> None:
+        """Frees the graph and its pool."""
+        self._graph = self._logits = self._ids = self._model = None
+        self.pool_bytes = 0
+        _release(self._device)
+
+
+def static_cache(config, batch: int, max_len: int, device, dtype):
+    """transformers' StaticCache built with the arguments its installed constructor names."""
+    from transformers import StaticCache
+
+    offered = {"config": config, "max_cache_len": max_len, "max_batch_size": batch,
+               "batch_size": batch, "device": device, "dtype": dtype}
+    params = inspect.signature(StaticCache.__init__).parameters
+    return StaticCache(**{k: v for k, v in offered.items() if k in params})
+
+
+def cache_argument(model) -> str:
+    """The forward's cache keyword: `cache` from transformers 5.2x, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
+
+class StaticDecoder:
+    """Decode over a static KV cache (transformers' StaticCache, stepped by its on-device
+    position, see the module's doc), so that one decode step can be captured once and replayed
+    at successive positions.
+    graph=False runs the same steps eagerly (works on the CPU: this is what CPU tests check);
+    graph=True captures the one-token step on first use (CUDA only; CaptureError on failure).
+
+    Logits returned by `step` under graph=True are the graph's static output, overwritten by the
+    next step. A decode loop of N tokens: `generate(ids, N)`, or `prefill` then `step` with
+    each argmax.
+
+    step_model: a module over the same weights to run the steps with (torch.compile of the
+    model, say); the prefill stays eager on `model`, so the cache's lazy allocation happens
+    outside any compiled region, as transformers asks."""
+
+    def __init__(self, model, batch: int, max_len: int, *, graph: bool, warmup: int = 3,
+                 step_model=None):
+        param = next(model.parameters())
+        self._model = model
+        self._step_model = model if step_model is None else step_model
+        self._device = param.device
+        self.batch, self.max_len, self.graph, self._warmup = batch, max_len, graph, warmup
+        self.cache = static_cache(model.config, batch, max_len, param.device, param.dtype)
+        self._cache_arg = cache_argument(model)
+        self._ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
+        # every layer's position as one element of a single tensor, so that setting it back is
+        # one fill, not one per layer (lazy initialisation's `.to(device)` keeps the view)
+        self._lengths = torch.zeros(len(self.cache.layers), dtype=torch.long,
+                                    device=param.device)
+        for i, layer in enumerate(self.cache.layers):
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length = self._lengths[i]
+        self._graph = self._logits = None
+        self.position: int = 0
+        self.pool_bytes: int = 0
+        self._filled = False
+
+    def _forward(self, ids: torch.Tensor, model=None) -> torch.Tensor:
+        model = self._model if model is None else model
+        return model(ids, use_cache=True, **{self._cache_arg: self.cache}).logits
+
+    def _step_forward(self) -> torch.Tensor:
+        return self._forward(self._ids, self._step_model)
+
+    def _load(self, next_ids: torch.Tensor) -> None:
+        self._ids.copy_(next_ids)
+
+    def _set_position(self, position: int) -> None:
+        lengths = [getattr(layer, "cumulative_length", None) for layer in self.cache.layers]
+        if not all(isinstance(t, torch.Tensor) for t in lengths):
+            raise RuntimeError("this transformers' StaticLayer keeps no on-device "
+                               "`cumulative_length` (5.17 to 5.24 do); cannot step it")
+        base, size = self._lengths.data_ptr(), self._lengths.element_size()
+        if all(t.data_ptr() == base + i * size for i, t in enumerate(lengths)):
+            self._lengths.fill_(position)
+        else:  # a layer replaced its counter: set each
+            for t in lengths:
+                t.fill_(position)
+        self.position = position
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Eager; fills positions [0, ids.shape[1]); returns logits."""
+        if ids.dim() != 2 or ids.shape[0] != self.batch or not 0 < ids.shape[1] <= self.max_len:
+            raise ValueError(f"prefill takes [{self.batch}, n] ids with 0 < n <= {self.max_len}; "
+                             f"got {list(ids.shape)}")
+        if self._filled:
+            self._set_position(0)
+        with torch.no_grad():
+            logits = self._forward(ids)
+        self._filled = True
+        self.position = ids.shape[1]
+        return logits
+
+    def step(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """One token [batch, 1] at `position` (graph replay when graph=True), position += 1;
+        returns logits [batch, 1, vocab]."""
+        if not self._filled:
+            raise ValueError("step before prefill: the static cache holds nothing yet")
+        if self.position >= self.max_len:
+            raise ValueError(f"position {self.position} is past the cache's {self.max_len} slots")
+        if tuple(next_ids.shape) != (self.batch, 1):
+            raise ValueError(f"step takes [{self.batch}, 1] ids; got {list(next_ids.shape)}")
+        self._load(next_ids)
+        if not self.graph:
+            with torch.no_grad():
+                logits = self._step_forward()
+        else:
+            if self._graph is None:
+                self._capture_step()
+            self._graph.replay()
+            logits = self._logits
+        self.position += 1
+        return logits
+
+    def _capture_step(self) -> None:
+        start = self.position
+
+        def from_start():
+            # each warm-up call writes slot `start` and advances the device position: set it
+            # back, so warm-up leaves the cache as it found it; the captured call is the bare
+            # step (a fill_ captured with it would pin every replay to `start`)
+            if not torch.cuda.is_current_stream_capturing():
+                self._set_position(start)
+            return self._step_forward()
+
+        try:
+            graph, logits, pool = _capture(from_start, self._device, self._warmup)
+        finally:
+            self._set_position(start)
+        self._graph, self._logits = graph, logits
+        self.pool_bytes = pool + self._ids.nbytes
+
+    @property
+    def cache_bytes(self) -> int:
+        """Device memory of the static keys and values (allocated by the prefill)."""
+        return sum(t.nbytes for layer in self.cache.layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                   if isinstance(t, torch.Tensor))
+
+    def rewind(self, position: int) -> None:
+        """Later steps overwrite from `position` (for timing one step repeatedly at the same
+        cache length)."""
+        if not self._filled or not 0 <= position < self.max_len:
+            raise ValueError(f"rewind to {position}: needs a prefilled cache and "
+                             f"0 <= position < {self.max_len}")
+        self._set_position(position)
+
+    def generate(self, ids: torch.Tensor, n_tokens: int) -> torch.Tensor:
+        """Greedy loop: prefill then steps; returns the n_tokens new token ids [batch, n_tokens]
+        (the first from the prefill's last logits, each later one from a step fed the one
+        before, so n_tokens - 1 steps)."""
+        if n_tokens < 1 or ids.shape[1] + n_tokens - 1 > self.max_len:
+            raise ValueError(f"{n_tokens} new tokens after {ids.shape[1]} do not fit "
+                             f"{self.max_len} cache slots")
+        token = self.prefill(ids)[:, -1:].argmax(-1)
+        out = [token]
+        for _ in range(n_tokens - 1):
+            token = self.step(token)[:, -1:].argmax(-1)
+            out.append(token)
+        return torch.cat(out, dim=1)
+
+    def close(self) -> None:
+        self._graph = self._logits = self._ids = self._model = self._step_model = None
+        self.cache = None
+        self.pool_bytes = 0
+        _release(self._device)
