@@ -109,6 +109,10 @@ def _explain(exc: BaseException, fn) -> str:
     return capture_reason(exc)
 
 
+class _HostRead(Exception):
+    pass
+
+
 def _capture(fn, device: torch.device, warmup: int):
     """Warm `fn` up on a side stream, capture it; (graph, its output, pool bytes)."""
     if device.type != "cuda":
@@ -123,6 +127,14 @@ def _capture(fn, device: torch.device, warmup: int):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
             torch.cuda.synchronize(device)
+        # A capture that fails inside torch.cuda.graph leaves the CUDA generator registered
+        # for capture, and every later random op of the process then fails ("Offset increment
+        # outside graph capture", seen on the H200): an op that reads the device from the host
+        # is found here, eagerly, before any capture starts.
+        ops = host_reads(fn)
+        if ops:
+            raise _HostRead(f"{ops[0]} synchronises the host inside capture")
+        with torch.no_grad():
             # torch.cuda.graph empties the allocator's cache on entry: empty it first, so the
             # reserved memory it frees is not subtracted from the pool's
             torch.cuda.empty_cache()
@@ -131,6 +143,8 @@ def _capture(fn, device: torch.device, warmup: int):
             with torch.cuda.graph(graph):
                 out = fn()
         torch.cuda.synchronize(device)
+    except _HostRead as exc:
+        raise CaptureError(str(exc)) from None
     except Exception as exc:
         del graph
         raise CaptureError(_explain(exc, fn)) from exc
