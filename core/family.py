@@ -115,6 +115,11 @@ class Family:
     # in a run, the one whose accepted kernels save more device time per call summed over its
     # cases (pipeline.policy.superseded); the other is tried where the winner does not ship
     rivals: tuple[str, ...] = ()
+    # declines(row) -> why the family does not act on one of its ranked rows (the rank stage's
+    # row: attainable_speedup, share, ...), or None where it does. A declined row is ranked
+    # without a family (never chosen, so never generated) and carries the reason; None: the
+    # family acts on every row of its patterns.
+    declines: Callable[[dict], str | None] | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 
