@@ -92,7 +92,9 @@ class Family:
     # render(config, case) -> Python source text of a specialised candidate (defines forward).
     render: Callable[[dict, Case], str]
     # patch(model, forward_by_case) -> undo callable: per-instance, reversible; dispatches each
-    # call to forward_by_case(case) (a callable or None = keep the original code).
+    # call to forward_by_case(case) (a callable or None = keep the original code). An undo
+    # may carry `extra_bytes`: memory the patch holds beyond the model's weights (padded
+    # copies built at patch time); the report shows it per model.
     patch: Callable[..., Callable[[], None]]
     # cases_from_model(model, workload) -> the cases this family sees in that model's forward.
     cases_from_model: Callable[..., list[Case]]

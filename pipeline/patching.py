@@ -53,6 +53,24 @@ def patched(model, accepted: dict, families: list[str], workload_cases: dict | N
         yield model
 
 
+def patch_memory(model, accepted: dict, families: list[str],
+                 workload_cases: dict | None = None) -> dict[str, int]:
+    """family -> bytes its patch holds beyond the model's own weights (copies it built when
+    patched, such as padded weights: the undo's `extra_bytes`, core.family), nonzero only;
+    each family is patched and undone once."""
+    out = {}
+    for name in families:
+        allowed = None if workload_cases is None else workload_cases.get(name, set())
+        undo = get_family(name).patch(model, make_chooser(accepted, name, allowed))
+        try:
+            held = int(getattr(undo, "extra_bytes", 0))
+        finally:
+            undo()
+        if held:
+            out[name] = held
+    return out
+
+
 def counting_chooser(inner, calls: dict, name: str):
     """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
     and call every time, so the wrapper, not the chooser, counts)."""
