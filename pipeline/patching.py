@@ -53,15 +53,14 @@ def patched(model, accepted: dict, families: list[str], workload_cases: dict | N
         yield model
 
 
-def patch_memory(model, accepted: dict, families: list[str],
-                 workload_cases: dict | None = None) -> dict[str, int]:
-    """family -> bytes its patch holds beyond the model's own weights (copies it built when
-    patched, such as padded weights: the undo's `extra_bytes`, core.family), nonzero only;
-    each family is patched and undone once."""
+def patch_memory(model, families: list[str]) -> dict[str, int]:
+    """family -> bytes its patch holds beyond the model's own weights (copies it builds when
+    patched, such as padded weights: the undo's `extra_bytes`, core.family), nonzero only.
+    Each family is patched and undone once, with a chooser that declines every call: what a
+    patch builds, it builds at patch time, before any call."""
     out = {}
     for name in families:
-        allowed = None if workload_cases is None else workload_cases.get(name, set())
-        undo = get_family(name).patch(model, make_chooser(accepted, name, allowed))
+        undo = get_family(name).patch(model, lambda case: None)
         try:
             held = int(getattr(undo, "extra_bytes", 0))
         finally:

@@ -7,12 +7,14 @@ of the pass with an attainable 3.0x and nothing acted on it, while torch.compile
 logits' leading dimension misaligned, and cuBLAS ran it about 8x under the measured peak.
 The candidates (kernel.py): cuBLAS on a weight padded to an aligned width once at patch time
 (patch.py; the caller sees the same shape and values), and a Triton GEMM searched per shape
-with the bias in its epilogue. Verified with the dot-product order bound, as matmul_epilogue.
+with the bias in its epilogue (masked stores, so it needs no padded output, only the weight). Verified with the dot-product order bound, as matmul_epilogue.
 
 Where GEMMs already run near their roofline (Llama, Qwen: every width a multiple of 64, cuBLAS
 near the peak) there is nothing to win and a measurement per shape would only cost time, so
 the family declines rows whose attainable speedup is under MIN_ATTAINABLE (`Family.declines`);
-the ranking then shows the row without a family and says why.
+the ranking then shows the row without a family and says why. Within a row it acts on, only
+the projections whose output width needs padding get cases and a patch (patch.projections):
+at aligned widths cuBLAS is the thing to beat and these candidates do not.
 
 Recognition: the two `linear` patterns moved here from profiling/patterns.py unchanged (a
 Linear or Conv1D module running aten::linear; a Conv1D running aten::addmm). matmul_epilogue's

@@ -1,9 +1,10 @@
-"""Patching projections: every plain nn.Linear (the LM head among them) and GPT-2's Conv1D,
-per instance, reversible, dispatched per input signature.
+"""Patching projections: every plain nn.Linear (the LM head among them) and GPT-2's Conv1D
+whose output width needs padding (reference.padded; `projections` says why only those), per
+instance, reversible, dispatched per input signature.
 
-The module's parameters are never touched. Where the output width needs padding
-(reference.padded), the adapter builds a zero-padded copy of the weight and bias ONCE, when
-the model is patched, and keeps it beside the module; undo drops it. So undo leaves the
+The module's parameters are never touched. The adapter builds a zero-padded copy of the
+weight and bias ONCE, when the model is patched, and keeps it beside the module; undo drops
+it. So undo leaves the
 weights bit for bit as they were, and a tied LM head stays tied (its Parameter is the
 embedding's, before, during and after). The copy's size is what the patch costs in memory:
 `extra_bytes` on the returned undo (`patch_memory` sums it per patched model).
@@ -13,9 +14,9 @@ needed, the module's weight and bias are still the Parameters seen at patch time
 same storage and version (a weight updated in place, reassigned, or moved with `.to()` since
 falls back to the module's own code: the padded copy would be stale), x has their dtype and
 device, and the chooser gives a kernel for the signature (asked once per signature,
-`core.family.kernel_by_signature`). With a padded weight the kernel writes an `n_pad`-wide
-buffer of the adapter's and the caller gets its first `n` columns: the same shape and values
-as before, as a view (row stride n_pad) rather than a fresh contiguous tensor.
+`core.family.kernel_by_signature`). The kernel writes an `n_pad`-wide buffer of the adapter's
+and the caller gets its first `n` columns: the same shape and values as before, as a view
+(row stride n_pad) rather than a fresh contiguous tensor.
 
 The forward wraps what ran before (`models.patching.wrap_instance_forwards`), so hooks the
 module's __call__ runs are unaffected and undos may come in any order.
@@ -47,19 +48,31 @@ def layout_of(module: nn.Module) -> str | None:
     return None
 
 
-def projections(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    return [(m, lay) for m in model.modules() if (lay := layout_of(m)) is not None]
-
-
 def widths(module: nn.Module, layout: str) -> tuple[int, int]:
     """(k, n): input and output widths."""
     w = module.weight
     return (w.shape[1], w.shape[0]) if layout == "linear" else (w.shape[0], w.shape[1])
 
 
+def projections(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """The projections this family replaces: those whose output width needs padding
+    (reference.padded). At aligned widths cuBLAS already runs near the measured peak (every
+    Llama-3.2-1B and Qwen2.5-0.5B GEMM: issue 26), a Triton GEMM without TMA loads did not beat
+    it there (matmul_epilogue's pointer kernel was 1-6 % slower), and wrapping every Linear
+    would only add an adapter's host time per call to host-bound passes; so those modules
+    keep their own code, unwrapped."""
+    out = []
+    for m in model.modules():
+        layout = layout_of(m)
+        if layout is not None and padded(widths(m, layout)[1]) != widths(m, layout)[1]:
+            out.append((m, layout))
+    return out
+
+
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
-    """One case per distinct (k, n, layout, bias) projection; each sees `workload.tokens` rows
-    (the LM head too: the pipeline's pass computes logits for every token)."""
+    """One case per distinct (k, n, layout, bias) projection this family replaces; each sees
+    `workload.tokens` rows (the LM head too: the pipeline's pass computes logits for every
+    token)."""
     cases = []
     for m, layout in projections(model):
         k, n = widths(m, layout)
@@ -117,13 +130,10 @@ def _wrapper(module: nn.Module, layout: str, forward_by_case: Callable,
     weight, bias = module.weight, module.bias
     stamp = (weight.data_ptr(), weight._version,
              None if bias is None else (bias.data_ptr(), bias._version))
-    if n_pad != n:
-        w_use, b_use = pad_weight(weight, bias, layout)
-        held.append((w_use, b_use))
-        extra = w_use.numel() * w_use.element_size() + (
-            0 if b_use is None else b_use.numel() * b_use.element_size())
-    else:
-        w_use, b_use, extra = weight, bias, 0
+    w_use, b_use = pad_weight(weight, bias, layout)
+    held.append((w_use, b_use))
+    extra = w_use.numel() * w_use.element_size() + (
+        0 if b_use is None else b_use.numel() * b_use.element_size())
     has_bias = bias is not None
 
     def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
@@ -149,7 +159,7 @@ def _wrapper(module: nn.Module, layout: str, forward_by_case: Callable,
                         lead = x.shape[:-1]
                         out = torch.empty((*lead, n_pad), dtype=x.dtype, device=x.device)
                         kernel(x, w_use, *(() if b_use is None else (b_use,)), out=out, **kw)
-                        return out if n_pad == n else out[..., :n]
+                        return out[..., :n]
             return below(*args, **kwargs)
 
         return forward

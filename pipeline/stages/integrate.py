@@ -83,7 +83,7 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
                 m["reprofile"] = ig.reprofile(model, accepted, m["kept"], w, allowed)
             result["workloads"][w.key] = {
                 "workload": w.to_dict(), "check": check, "patch_effect": effect, "cases": cases,
-                "patch_memory": patch_memory(model, accepted, m["kept"], allowed),
+                "patch_memory": patch_memory(model, m["kept"]),
                 # a family tried in place of another has its measurement, not a reason
                 "skipped": {f: why for f, why in skipped.items() if f not in m["per_family"]},
                 **({"fallback_checks": spare_checks} if spare_checks else {}), **m}

@@ -405,3 +405,17 @@ def test_headroom_no_family_acts_on_is_listed_and_patch_memory_shown(tmp_path):
     assert "No remedy yet" in pre and "| lm_head | 12.0% | 3.000x | matmul: test reason |" in pre
     assert "No remedy yet" not in dec
     assert "matmul 77.0 MiB" in pre and "MiB" not in dec
+
+
+def test_patch_memory_is_what_a_patch_holds_beyond_the_weights():
+    """What the integrate stage records for the report: tiny-gpt2's two c_fc (64 -> 176 wide,
+    padded to 192) held as fp32 copies, weight and bias, by the matmul family; nothing for a
+    family that builds no copies."""
+    import torch
+
+    from pipeline.patching import patch_memory
+    from profiling.loader import build, resolve
+
+    model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
+    assert patch_memory(model, ["matmul", "gelu"]) == {"matmul": 2 * (64 * 192 + 192) * 4}
+    assert not [n for n, m in model.named_modules() if "forward" in m.__dict__]  # undone
