@@ -7,7 +7,8 @@ of the pass with an attainable 3.0x and nothing acted on it, while torch.compile
 logits' leading dimension misaligned, and cuBLAS ran it about 8x under the measured peak.
 The candidates (kernel.py): cuBLAS on a weight padded to an aligned width once at patch time
 (patch.py; the caller sees the same shape and values), and a Triton GEMM searched per shape
-with the bias in its epilogue (masked stores, so it needs no padded output, only the weight). Verified with the dot-product order bound, as matmul_epilogue.
+with the bias in its epilogue (masked stores: any output strides). Verified with the
+dot-product order bound, as matmul_epilogue.
 
 Where GEMMs already run near their roofline (Llama, Qwen: every width a multiple of 64, cuBLAS
 near the peak) there is nothing to win and a measurement per shape would only cost time, so
