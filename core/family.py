@@ -91,7 +91,9 @@ class Family:
     # render(config, case) -> Python source text of a specialised candidate (defines forward).
     render: Callable[[dict, Case], str]
     # patch(model, forward_by_case) -> undo callable: per-instance, reversible; dispatches each
-    # call to forward_by_case(case) (a callable or None = keep the original code).
+    # call to forward_by_case(case) (a callable or None = keep the original code). An undo
+    # may carry `extra_bytes`: memory the patch holds beyond the model's weights (padded
+    # copies built at patch time); the report shows it per model.
     patch: Callable[..., Callable[[], None]]
     # cases_from_model(model, workload) -> the cases this family sees in that model's forward.
     cases_from_model: Callable[..., list[Case]]
@@ -117,6 +119,11 @@ class Family:
     # the module of the family's contenders in benchmarks/kernels.py's per-kernel table (its
     # case at a model's shape, HF's own code, Liger's kernel); None: not in that table
     benchmark: str | None = None
+    # declines(row) -> why the family does not act on one of its ranked rows (the rank stage's
+    # row: attainable_speedup, share, ...), or None where it does. A declined row is ranked
+    # without a family (never chosen, so never generated) and carries the reason; None: the
+    # family acts on every row of its patterns.
+    declines: Callable[[dict], str | None] | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -53,6 +53,23 @@ def patched(model, accepted: dict, families: list[str], workload_cases: dict | N
         yield model
 
 
+def patch_memory(model, families: list[str]) -> dict[str, int]:
+    """family -> bytes its patch holds beyond the model's own weights (copies it builds when
+    patched, such as padded weights: the undo's `extra_bytes`, core.family), nonzero only.
+    Each family is patched and undone once, with a chooser that declines every call: what a
+    patch builds, it builds at patch time, before any call."""
+    out = {}
+    for name in families:
+        undo = get_family(name).patch(model, lambda case: None)
+        try:
+            held = int(getattr(undo, "extra_bytes", 0))
+        finally:
+            undo()
+        if held:
+            out[name] = held
+    return out
+
+
 def counting_chooser(inner, calls: dict, name: str):
     """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
     and call every time, so the wrapper, not the chooser, counts)."""

@@ -113,7 +113,20 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["conditions"] = _conditions(w["wall_ms"], iw)
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
+    w.update(headroom(r, iw))
     return w
+
+
+def headroom(r: dict, iw: dict | None) -> dict:
+    """What the kernels leave: rows with headroom no family acts on ("no remedy yet", from the
+    ranking; rankings written before it existed are filled from their rows), and the memory
+    the kept patches hold beyond the model's weights (padded copies), per family."""
+    from pipeline.stages.rank import no_remedy
+
+    rows = r.get("rows") or []
+    listed = r["no_remedy"] if "no_remedy" in r else no_remedy(
+        [x for x in rows if x.get("attainable_speedup") is not None])
+    return {"no_remedy": listed, "patch_memory": (iw or {}).get("patch_memory") or {}}
 
 
 # The unpatched pass measured beside the patched one, against the profile's wall time: beyond

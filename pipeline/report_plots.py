@@ -362,6 +362,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
     b += [("h", 3, f"Top patterns (ranked by {w['ranked_by'] or 'share'})"), ("table", [
         "#", "pattern", "family", "occ", "share", "time", "attainable", "gain (Amdahl)",
         "gain (replay)", "target"], rows)]
+    b += _headroom_blocks(w)
     if f"cumulative/{k}" in plots:
         last = w["cumulative"][-1]
         b += [("img", plots[f"cumulative/{k}"], f"cumulative projection, {k}"),
@@ -437,6 +438,22 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
     if w["suggestions"]:
         b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
               ("ul", w["suggestions"])]
+    return b
+
+
+def _headroom_blocks(w: dict) -> list[tuple]:
+    """No silent headroom: every ranked row with attainable >= 1.2x that no family acts on,
+    and the memory the kept patches hold (padded weights)."""
+    b: list[tuple] = []
+    if w.get("no_remedy"):
+        b += [("h", 3, "No remedy yet (headroom no kernel family acts on)"), ("table", [
+            "pattern", "share", "attainable", "why"], [
+            [g["pattern"], pct(g["share"]), speed(g["attainable_speedup"]), g["why"]]
+            for g in w["no_remedy"]])]
+    held = w.get("patch_memory") or {}
+    if held:
+        b.append(("p", "Memory the patches hold beyond the model's weights: " + ", ".join(
+            f"{f} {n / 2**20:.1f} MiB" for f, n in held.items()) + "."))
     return b
 
 

@@ -6,9 +6,9 @@ claims its matmul before the MLP around it looks at what is left. Ops no pattern
 visible as rows of their own (`op:<name> @ <module class>`), so nothing is dropped and shares
 still sum to 1 with the rest row.
 
-Patterns without a kernel family (matmuls, embedding, the rotary frequency table, residual
-adds, casts) live here; family patterns (attention and the KV-cache update among them) come
-from the codegen registry.
+Patterns without a kernel family (embedding, the rotary frequency table, residual adds)
+live here; family patterns (the projections' `linear`, attention and the KV-cache update among
+them) come from the codegen registry.
 """
 
 from __future__ import annotations
@@ -31,10 +31,6 @@ VIEW_OPS = frozenset({
 ANY = -1  # in Pattern.ops: one or more
 
 BASE_PATTERNS: tuple[Pattern, ...] = (
-    Pattern("linear", "matmul of an nn.Linear (bias included)", module_class=r"^(Linear|Conv1D)$",
-            ops={"aten::linear": 1}),
-    Pattern("linear", "matmul of a GPT-2 Conv1D", module_class=r"^Conv1D$",
-            ops={"aten::addmm": 1}),
     Pattern("embedding", "token embedding lookup", module_class=r"Embedding$",
             ops={"aten::embedding": 1}),
     Pattern("rotary_table", "cos/sin table of the rotary embedding",

@@ -41,11 +41,15 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
     by_name = {p.name: p for p in pats}
     occ, unclaimed = match(ops, pats)
     groups: dict[str, dict] = defaultdict(lambda: {"occ": [], "extends": set()})
+    owner = {i: o.pattern for o in occ for i in o.ops}
     for o in occ + alternatives(occ, pats):
         g = groups[o.pattern]
         g["family"], g["occ"] = o.family, g["occ"] + [o]
         if o.extends:
-            g["extends"].add(o.extends)
+            # every row whose ops it repeats, the absorbed children's (a gated MLP's gate and
+            # up `linear` occurrences) as well as the extended pattern's
+            g["extends"].update({o.extends} | {owner[i] for i in o.ops if i in owner}
+                                - {o.pattern})
     for i in unclaimed:
         op = ops[i]
         key = f"op:{op['name']} @ {op['module_class'] or '(top)'}"
@@ -103,7 +107,40 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             # the rows this one overlaps (same ops): at most one of them is ever replaced
             "alternative_to": sorted(g["extends"]),
         })
+    for r in rows:
+        _apply_decline(r)
     return rows
+
+
+def _apply_decline(row: dict) -> None:
+    """A family that declines its row (`Family.declines`: GEMMs already at their roofline,
+    a kernel measured slower than the library everywhere) leaves it without a family, so it is
+    never chosen or generated; the row says which family and why."""
+    from codegen.registry import families
+
+    fam = families().get(row["family"]) if row["family"] else None
+    reason = fam.declines(row) if fam is not None and fam.declines is not None else None
+    if reason:
+        row["declined"] = {"family": row["family"], "reason": reason}
+        row["family"] = None
+
+
+NO_REMEDY_MIN = 1.2  # attainable speedup from which a row nothing acts on is reported
+
+
+def no_remedy(rows: list[dict]) -> list[dict]:
+    """Rows with headroom (attainable >= NO_REMEDY_MIN) that no family acts on: listed so the
+    gap is visible rather than silent, with why (a family declined it, or none replaces it)."""
+    out = []
+    for r in rows:
+        if r["family"] or r["attainable_speedup"] < NO_REMEDY_MIN:
+            continue
+        declined = r.get("declined")
+        why = (f"{declined['family']}: {declined['reason']}" if declined
+               else "no kernel family replaces it")
+        out.append({"pattern": r["pattern"], "share": r["share"],
+                    "attainable_speedup": r["attainable_speedup"], "why": why})
+    return sorted(out, key=lambda x: -x["share"])
 
 
 def project(w: dict, rows: list[dict], graph=None) -> None:
@@ -244,6 +281,7 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
         "enqueue_ms": w["wall"].get("enqueue_ms"), "time_basis": w["time_basis"],
         "gpu_busy_share": busy, "launch_bound": launch_bound,
         "regime": _regime(w, rows, launch_bound), "ranked_by": key, "rows": rows,
+        "no_remedy": no_remedy(rows),
         "cumulative": curve,
         "ceiling_amdahl": curve[-1]["amdahl"] if curve else 1.0,
         "ceiling_replay": curve[-1]["replay"] if curve else None,
@@ -312,6 +350,9 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
                       f"{r['amdahl_gain']:.3f}x",
                       f"{r['replay_gain']:.3f}x" if r["replay_gain"] else "-")
         console.print(t)
+        for g in w.get("no_remedy") or []:
+            console.print(f"  no remedy yet: {g['pattern']} ({g['share']:.1%} of the pass, "
+                          f"attainable {g['attainable_speedup']:.2f}x): {g['why']}")
         if w["cumulative"] and w["time_basis"] == "device":
             last = w["cumulative"][-1]
             rp = f", replay {last['replay']:.3f}x" if last["replay"] else ""

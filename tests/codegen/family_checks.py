@@ -99,10 +99,11 @@ def _family_patterns() -> list:
     from codegen.gated_act import FAMILY as gated_act
     from codegen.gelu import FAMILY as gelu
     from codegen.kv_cache import FAMILY as kv_cache
+    from codegen.matmul import FAMILY as matmul
     from codegen.rope import FAMILY as rope
     from codegen.softmax import FAMILY as softmax
 
-    return [p for f in (gated_act, gelu, rope, softmax, cross_entropy, kv_cache)
+    return [p for f in (gated_act, gelu, rope, softmax, cross_entropy, kv_cache, matmul)
             for p in f.patterns]
 
 

@@ -29,6 +29,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3MLP
 
 from codegen.gated_act import FAMILY as GATED_ACT
 from codegen.gated_act.reference import activation
+from codegen.matmul import FAMILY as MATMUL
 from codegen.matmul_epilogue import FAMILY, gated_gemm_cost
 from codegen.matmul_epilogue.reference import MAX_BLOCK_M, make_case
 from core.workload import Workload
@@ -352,7 +353,8 @@ def _profiled_alternatives(model, tmp_path):
     trace = tmp_path / "trace.json.gz"
     capture(runner, "cpu", trace)
     ops = [op.to_dict() for op in attribute(load_trace(trace), module_names(model, runner)).ops]
-    patterns = list(BASE_PATTERNS) + list(GATED_ACT.patterns) + list(FAMILY.patterns)
+    patterns = (list(BASE_PATTERNS) + list(GATED_ACT.patterns) + list(MATMUL.patterns)
+                + list(FAMILY.patterns))
     found, _ = match(ops, patterns)
     assert not any(o.family == "matmul_epilogue" for o in found)  # never a claimant
     return ops, alternatives(found, patterns)

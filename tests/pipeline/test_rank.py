@@ -13,6 +13,7 @@ import torch
 from codegen.registry import family_patterns
 from core.artifacts import SCHEMA_VERSION, read_json
 from core.workload import Workload
+from pipeline.policy import choose_families
 from pipeline.stages import rank as rank_stage
 from pipeline.stages.rank import amdahl, pattern_rows, rank_workload, run_rank
 from profiling.attribution import attribute
@@ -133,7 +134,10 @@ def test_pattern_rows_attainable_speedup_is_measured_over_roofline(factor):
     rows = {r["pattern"]: r for r in pattern_rows(w, H200)}
     assert set(rows) == {"swiglu_mlp", "linear"}
     mlp, head = rows["swiglu_mlp"], rows["linear"]
-    assert mlp["family"] == "gated_act" and head["family"] is None
+    # the matmul family acts on projections under their roofline and declines them at it
+    assert mlp["family"] == "gated_act"
+    assert head["family"] == (None if factor == 1.0 else "matmul")
+    assert ("declined" in head) == (factor == 1.0)
     assert mlp["op_calls"] == 2 and mlp["occurrences"] == 1
     assert mlp["roofline_us"] == pytest.approx(fused_mlp)
     assert head["roofline_us"] == pytest.approx(head_floor)
@@ -144,6 +148,48 @@ def test_pattern_rows_attainable_speedup_is_measured_over_roofline(factor):
         assert rank_stage.amdahl([(mlp["share"], mlp["attainable_speedup"])]) == \
             pytest.approx(1.0, abs=1e-12)
     assert sum(r["share"] for r in rows.values()) + w["rest_share"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("factor, ranked", [(3.0, True), (1.1, False), (1.0, False)])
+def test_linear_rows_under_the_roofline_rank_the_matmul_family(factor, ranked):
+    """GPT-2's LM head ran 8x under the peak: the matmul family acts there. Llama's projections
+    run near it: the family declines (never chosen, never searched), and the row says so."""
+    w, _, _ = _mlp_and_head(factor)
+    out = rank_workload(w, H200, None)
+    head = next(r for r in out["rows"] if r["pattern"] == "linear")
+    assert head["family"] == ("matmul" if ranked else None)
+    assert ("matmul" in choose_families({"workloads": [out]}, None)) == ranked
+    if not ranked:
+        assert head["declined"]["family"] == "matmul"
+        assert "roofline" in head["declined"]["reason"]
+    assert any(p["pattern"] == "linear" for p in out["cumulative"]) == ranked
+
+
+def test_rows_with_headroom_and_no_family_are_listed_as_no_remedy():
+    """No silent headroom: an unclaimed op 3x under its roofline and a row its family declines
+    (attention: SDPA is faster) are listed with share and attainable speedup; a family row and
+    a row at its roofline are not."""
+    wall = 10_000.0
+    big = [8, 1024, 2048]
+    sub = {"name": "aten::sub", "shapes": [big, big], "dtypes": [BF16, BF16]}
+    sub_floor = roofline_us(*op_cost(sub), H200)
+    q = [8, 32, 1024, 64]
+    sdpa = _op("aten::scaled_dot_product_attention", "model.layers.0.self_attn",
+               "LlamaAttention", [1, 7], [q, q, q], [BF16] * 3, 2000.0, wall)
+    sdpa["functions"] = [["sdpa_attention_forward", 70]]
+    w, _, _ = _mlp_and_head(2.5, wall)
+    w["ops"] += [_op("aten::sub", "model", "LlamaModel", [1], sub["shapes"], sub["dtypes"],
+                     3 * sub_floor, wall), sdpa]
+    out = rank_workload(w, H200, None)
+    listed = {g["pattern"]: g for g in out["no_remedy"]}
+    assert set(listed) == {"op:aten::sub @ LlamaModel", "attention"}
+    row = listed["op:aten::sub @ LlamaModel"]
+    assert row["attainable_speedup"] == pytest.approx(3.0)
+    assert row["share"] == pytest.approx(3 * sub_floor / wall)
+    assert row["why"] == "no kernel family replaces it"
+    assert listed["attention"]["why"].startswith("attention: no competitive kernel")
+    assert "attention" not in choose_families({"workloads": [out]}, None)
+    assert rank_stage.no_remedy([{**r, "attainable_speedup": 1.1} for r in out["rows"]]) == []
 
 
 def test_pattern_rows_faster_than_roofline_is_not_a_slowdown():
@@ -199,7 +245,8 @@ def test_alternative_rows_are_ranked_but_never_replaced_together():
     w = _workload(_mlp_with_projections(), 10_000.0)
     rows = {r["pattern"]: r for r in pattern_rows(w, H200)}
     alt, base = rows["gated_mlp_gemm"], rows["swiglu_mlp"]
-    assert alt["alternative_to"] == ["swiglu_mlp"] and base["alternative_to"] == []
+    # it repeats the gate and up projections' ops too, so it overlaps the `linear` row
+    assert alt["alternative_to"] == ["linear", "swiglu_mlp"] and base["alternative_to"] == []
     assert alt["time_us"] == pytest.approx(400 + 400 + 60 + 90)
     assert alt["flops"] == 2 * 2 * 8 * 1024 * 2048 * 8192
     ranked = rank_workload(w, H200, None)
@@ -462,7 +509,8 @@ def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
         assert sum(r["share"] for r in own) + rest[w["key"]] == pytest.approx(1.0, abs=1e-9)
         # the named tiny model has the matmul-epilogue alternative beside gated_act's row
         alt = next(r for r in w["rows"] if r["alternative_to"])
-        assert alt["family"] == "matmul_epilogue" and alt["alternative_to"] == ["swiglu_mlp"]
+        assert alt["family"] == "matmul_epilogue"
+        assert alt["alternative_to"] == ["linear", "swiglu_mlp"]
         pats = {r["pattern"] for r in w["rows"]}
         assert {"rmsnorm", "rope", "swiglu_mlp", "linear", "attention"} <= pats
 

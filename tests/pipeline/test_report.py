@@ -376,3 +376,46 @@ def test_the_report_shows_the_re_profiled_parts(tmp_path):
     assert "+0.500 ms" in line
     assert "kept the GPU busy 35.000 ms" in pre
     assert "took longer patched: gemm 29.000 ms -> 30.000 ms." in pre
+
+
+def test_headroom_no_family_acts_on_is_listed_and_patch_memory_shown(tmp_path):
+    """No silent headroom: a row 3x under its roofline with no family (here the LM head the
+    matmul family declined, in a ranking written before `no_remedy` existed: filled from the
+    rows) is listed with share and attainable speedup; rows at the roofline are not. The
+    memory a kept patch holds (padded weights) is shown per family."""
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    ranking = read_json(tmp_path / "ranking.json", "ranking")
+    for w in ranking["workloads"]:
+        w["rows"].append({**w["rows"][2], "pattern": "lm_head", "share": 0.12,
+                          "attainable_speedup": 3.0,
+                          "declined": {"family": "matmul", "reason": "test reason"}})
+    ranking["workloads"][1]["no_remedy"] = []  # the ranking's own list wins where it has one
+    write_json(tmp_path / "ranking.json", ranking)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    integ["workloads"][PRE]["patch_memory"] = {"matmul": 77 * 2**20}
+    write_json(tmp_path / "integration.json", integ)
+    out = write_report(tmp_path)
+    data = {w["key"]: w for w in read_json(out["json"])["workloads"]}
+    assert [g["pattern"] for g in data[PRE]["no_remedy"]] == ["lm_head"]
+    assert data[PRE]["no_remedy"][0]["why"] == "matmul: test reason"
+    assert data[DEC]["no_remedy"] == []
+    md = out["markdown"].read_text()
+    pre, dec = section(md, PRE), section(md, DEC)
+    assert "No remedy yet" in pre and "| lm_head | 12.0% | 3.000x | matmul: test reason |" in pre
+    assert "No remedy yet" not in dec
+    assert "matmul 77.0 MiB" in pre and "MiB" not in dec
+
+
+def test_patch_memory_is_what_a_patch_holds_beyond_the_weights():
+    """What the integrate stage records for the report: tiny-gpt2's two c_fc (64 -> 176 wide,
+    padded to 192) held as fp32 copies, weight and bias, by the matmul family; nothing for a
+    family that builds no copies."""
+    import torch
+
+    from pipeline.patching import patch_memory
+    from profiling.loader import build, resolve
+
+    model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
+    assert patch_memory(model, ["matmul", "gelu"]) == {"matmul": 2 * (64 * 192 + 192) * 4}
+    assert not [n for n, m in model.named_modules() if "forward" in m.__dict__]  # undone

@@ -1,0 +1,87 @@
+"""Matmul family: the projections of a model (nn.Linear, GPT-2's Conv1D, the LM head) where they
+run under the roofline, dispatched per profiled shape.
+
+Why it exists: on GPT-2 (124M) prefill b8 s1024 on the H200 the ranking put `linear` at 55 %
+of the pass with an attainable 3.0x and nothing acted on it, while torch.compile ran the pass
+2.34x faster than eager (FACTS.md). Most of that gap is the LM head: vocab 50257 leaves the
+logits' leading dimension misaligned, and cuBLAS ran it about 8x under the measured peak.
+The candidates (kernel.py): cuBLAS on a weight padded to an aligned width once at patch time
+(patch.py; the caller sees the same shape and values), and a Triton GEMM searched per shape
+with the bias in its epilogue (masked stores: any output strides). Verified with the
+dot-product order bound, as matmul_epilogue.
+
+Where GEMMs already run near their roofline (Llama, Qwen: every width a multiple of 64, cuBLAS
+near the peak) there is nothing to win and a measurement per shape would only cost time, so
+the family declines rows whose attainable speedup is under MIN_ATTAINABLE (`Family.declines`);
+the ranking then shows the row without a family and says why. Within a row it acts on, only
+the projections whose output width needs padding get cases and a patch (patch.projections):
+at aligned widths cuBLAS is the thing to beat and these candidates do not.
+
+Recognition: the two `linear` patterns moved here from profiling/patterns.py unchanged (a
+Linear or Conv1D module running aten::linear; a Conv1D running aten::addmm). matmul_epilogue's
+patterns absorb a gated MLP's gate and up `linear` occurrences; the rank stage marks its row an
+alternative to this one's for that reason (both replace those GEMMs).
+
+Not here (yet): GPT-2's c_fc + gelu_new in one epilogue (the kernel would have to replace the
+MLP's forward, as matmul_epilogue does; gelu's own family fuses the activation today), the
+other weight layout as a cuBLAS candidate (a second copy of every weight), and TMA loads.
+"""
+
+from __future__ import annotations
+
+from codegen.matmul.patch import cases_from_model, patch
+from codegen.matmul.reference import (
+    edge_cases,
+    flops,
+    linear,
+    make_inputs,
+    make_out,
+    min_bytes,
+    order_bound,
+    params,
+)
+from core.family import Family, Pattern, lazy
+
+# Under this attainable speedup (the ranking's roofline or measured time) a projection row is
+# left alone: what a padded or re-tiled GEMM could still win there is within what measurement
+# resolves, and every shape searched costs minutes.
+MIN_ATTAINABLE = 1.2
+
+
+def declines(row: dict) -> str | None:
+    speedup = row["attainable_speedup"]
+    if speedup < MIN_ATTAINABLE:
+        return (f"near the roofline already: attainable {speedup:.2f}x, under the "
+                f"{MIN_ATTAINABLE:.1f}x this family acts on")
+    return None
+
+
+PATTERNS = (
+    Pattern("linear", "matmul of an nn.Linear (bias included)", family="matmul",
+            module_class=r"^(Linear|Conv1D)$", ops={"aten::linear": 1}),
+    Pattern("linear", "matmul of a GPT-2 Conv1D", family="matmul", module_class=r"^Conv1D$",
+            ops={"aten::addmm": 1}),
+)
+
+
+FAMILY = Family(
+    name="matmul",
+    patterns=PATTERNS,
+    reference=linear,
+    make_inputs=make_inputs,
+    make_out=make_out,
+    edge_cases=edge_cases,
+    min_bytes=min_bytes,
+    flops=flops,
+    search_space=lazy("codegen.matmul.kernel", "search_space"),
+    render=lazy("codegen.matmul.kernel", "render"),
+    patch=patch,
+    cases_from_model=cases_from_model,
+    # no forbidden ops: the cuBLAS candidates run aten::mm/addmm by design
+    params=params,
+    # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
+    # order-dependent way (as matmul_epilogue)
+    stress_inputs=(0,),
+    order_bound=order_bound,
+    declines=declines,
+)

@@ -1,0 +1,135 @@
+"""A projection as Hugging Face computes it (nn.Linear, GPT-2's Conv1D, the LM head), on the
+weight the family's adapter holds, and the case side of the family.
+
+Two weight layouts occur: nn.Linear stores (out, in) and runs `F.linear(x, W, b)`; GPT-2's
+Conv1D stores (in, out) and runs `torch.addmm(b, x2d, W)`. A width no 64 divides (GPT-2's vocab
+50257) makes the output's leading dimension misaligned for cuBLAS's vector loads and stores;
+the adapter then holds a copy of the weight (and bias) padded with zeros to `n_pad` output
+columns, built once when the model is patched (patch.py), and the kernel computes into a
+buffer of `n_pad` columns that the caller sees sliced back to `n`. The reference takes that
+padded weight and computes exactly what the module computes: its first `n` output columns
+hold the module's own values (the slice of a zero-padded weight is the original weight,
+element for element), so it is bitwise the module's result (tests check it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from codegen.dtypes import element_size, torch_dtype
+from core.family import Case, distinct
+
+LAYOUTS = ("linear", "conv1d")
+# Output widths are padded to a multiple of this many elements (128 bytes of bf16): what
+# Inductor's pad_mm and nanoGPT's 50304-wide vocab do for the same reason.
+PAD_MULTIPLE = 64
+# The largest row block of kernel.search_space (edge cases go one row past it).
+MAX_BLOCK_M = 128
+
+
+def padded(n: int) -> int:
+    """The width the adapter pads `n` output columns to; `n` itself when already aligned."""
+    return n if n % PAD_MULTIPLE == 0 else n + PAD_MULTIPLE - n % PAD_MULTIPLE
+
+
+def effective_weight(w: torch.Tensor, n: int, layout: str) -> torch.Tensor:
+    """The module's own (in, out)-or-(out, in) weight inside the adapter's (maybe padded) one:
+    a view, no copy."""
+    return w[:n] if layout == "linear" else w[:, :n]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, n: int,
+           layout: str) -> torch.Tensor:
+    """x (..., k) times the module's weight plus its bias, as the module computes it: w is
+    (n_pad, k) for "linear", (k, n_pad) for "conv1d"; b is (n_pad,) or absent."""
+    weight = effective_weight(w, n, layout)
+    bias = None if b is None else b[:n]
+    if layout == "linear":
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.mm(x2, weight) if bias is None else torch.addmm(bias, x2, weight)
+    return out.view(*x.shape[:-1], n)
+
+
+FP32_UNIT = 2.0 ** -24  # unit roundoff of the fp32 accumulators
+
+
+def order_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, n: int,
+                layout: str) -> dict:
+    """Per output element (inputs in float64): the classic dot-product bound on what any fp32
+    summation order may change, k u / (1 - k u) * sum |x_k w_k|, plus an fp32 bias add's
+    rounding (2^-20 relative, 16 ulps). "overflow": where sum |x_k w_k| passes fp32's largest
+    value, so the accumulator may overflow in one order and not in another."""
+    k = x.shape[-1] * FP32_UNIT
+    weight = effective_weight(w, n, layout)
+    wt = weight.T if layout == "linear" else weight
+    mag = x.abs() @ wt.abs()
+    exact = x @ wt + (0 if b is None else b[:n])
+    bound = k / (1 - k) * mag + 2.0 ** -20 * exact.abs()
+    top = torch.finfo(torch.float32).max
+    return {"bound": bound, "overflow": (mag >= top) & mag.isfinite()}
+
+
+def make_case(rows: int, k: int, n: int, dtype: str, layout: str, bias: bool) -> Case:
+    """`rows` tokens of width `k` in, `n` out; `n_pad` is the width the adapter's weight has."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unsupported weight layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    return {"rows": int(rows), "k": int(k), "n": int(n), "n_pad": padded(int(n)),
+            "dtype": dtype, "layout": layout, "bias": bool(bias)}
+
+
+def params(case: Case) -> dict:
+    return {"n": case["n"], "layout": case["layout"]}
+
+
+def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
+    gen_device = generator.device if generator is not None else "cpu"
+    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
+    return (scale * x).to(device=device, dtype=torch_dtype(dtype))
+
+
+def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
+    """(x, w[, b]) as the adapter hands them to a kernel: the weight in the module's layout,
+    zero-padded to `n_pad` output columns, as is the bias. Weights scaled by k**-0.5 as trained
+    ones are. A `row_stride` wider than k makes x a column slice of wider rows."""
+    rows, k, n, n_pad, dtype = case["rows"], case["k"], case["n"], case["n_pad"], case["dtype"]
+    x = _randn((rows, case.get("row_stride", k)), device, generator, dtype, 1.0)[:, :k]
+    w = torch.zeros((n_pad, k) if case["layout"] == "linear" else (k, n_pad),
+                    dtype=torch_dtype(dtype), device=device)
+    effective_weight(w, n, case["layout"]).copy_(
+        _randn((n, k) if case["layout"] == "linear" else (k, n), device, generator, dtype,
+               k ** -0.5))
+    if not case["bias"]:
+        return x, w
+    b = torch.zeros(n_pad, dtype=torch_dtype(dtype), device=device)
+    b[:n] = _randn((n,), device, generator, dtype, 0.5)
+    return x, w, b
+
+
+def make_out(case: Case, inputs: tuple) -> torch.Tensor:
+    x = inputs[0]
+    return torch.empty((case["rows"], case["n"]), dtype=x.dtype, device=x.device)
+
+
+def edge_cases(case: Case) -> list[Case]:
+    """k, n and the layout are baked into a candidate; the rows stay free: one row (decode at
+    batch 1), a prime count, one row past the largest row block, and x as a column slice of
+    wider rows."""
+    cases = [
+        {**case, "rows": 1},
+        {**case, "rows": 37},
+        {**case, "rows": MAX_BLOCK_M + 1},
+        {**case, "rows": 5, "row_stride": case["k"] + 64},
+    ]
+    return distinct(case, cases)
+
+
+def min_bytes(case: Case) -> int:
+    """Read x and the weight once, write the output once."""
+    rows, k, n = case["rows"], case["k"], case["n"]
+    return (rows * k + k * n + rows * n + (n if case["bias"] else 0)) * element_size(case)
+
+
+def flops(case: Case) -> int:
+    return 2 * case["rows"] * case["k"] * case["n"]
