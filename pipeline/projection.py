@@ -53,6 +53,7 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
             **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
             "host_set": together,
+            "graphs": project_graphs(run_dir, w, speed, on_gpu, only=fams),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
@@ -108,6 +109,23 @@ def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bo
                    if rows else 1.0) if on_gpu else None,
         "patterns": [r["pattern"] for r in rows],
     }
+
+
+def project_graphs(run_dir: Path, ranked: dict, speed: dict, on_gpu: bool,
+                   only: list[str] | None = None) -> dict:
+    """The CUDA-graph projection of one workload, frozen with the families' (kernel numbers
+    alone): `unpatched`, the unpatched model replayed as one graph, and `kept`, the families in
+    `speed` (or `only`) at their measured kernel speedups, then graphed ("kernels + graph");
+    gains over the eager unpatched pass (`rank.project_graphs_with`)."""
+    from pipeline.stages.rank import project_graphs_with
+
+    if not on_gpu:
+        return {"unpatched": None, "kept": None, "patterns": [],
+                "note": "CPU run: no GPU trace to replay"}
+    rows = [r for r in ranked["rows"] if r["family"] in speed
+            and (only is None or r["family"] in only)]
+    return project_graphs_with(run_dir, ranked["key"],
+                               {r["pattern"]: speed[r["family"]] for r in rows})
 
 
 def project_kept(run_dir: Path, on_gpu: bool) -> None:

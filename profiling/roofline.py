@@ -79,8 +79,8 @@ def measure_ceilings(device: str) -> dict:
         **graph,
         "method": f"median of timed runs after warm-up: copy of {n_copy} bytes (read+write "
                   f"counted), {n_mm}^3 matmul on random data, 100 back-to-back 1-element adds"
-                  + ("; CUDA graphs of 1 and {0} 1-element adds replayed, wall time to the "
-                     "synchronise".format(GRAPH_NODES) if graph else ""),
+                  + (f"; CUDA graphs of 1 and {GRAPH_NODES} 1-element adds replayed, wall "
+                     "time to the synchronise" if graph else ""),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

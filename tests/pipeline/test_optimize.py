@@ -1109,8 +1109,15 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     replays = []
     monkeypatch.setattr(rank_stage, "project_with",
                         lambda run_dir, key, speed, host: replays.append(speed) or 1.1)
+    graphed = []
+    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed: (
+        graphed.append(speed) or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed),
+                                  "note": None}))
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
     proj = projection.freeze_projection(tmp_path, summary, fams, on_gpu=True)
+    # the graphs projection is frozen with the same set and kernel speedups
+    assert graphed == [{"rms": 5.0, "mlp_gemm": 1.5}]
+    assert proj["workloads"]["w"]["graphs"]["kept"] == 3.5
     assert set(proj["kernel_speedups"]) == set(fams)
     pw = proj["workloads"]["w"]
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
