@@ -181,3 +181,70 @@ def test_stage_writes_records_and_a_failing_workload_does_not_end_the_run(tmp_pa
     assert dec["shipped"] is False and dec["captured"] is False
     assert dec["error"] == "RuntimeError: CUDA error: operation not permitted when stream is " \
                            "capturing"
+
+
+# the API ------------------------------------------------------------------------------------
+
+def _run_dir(tmp_path, graphs: dict[str, dict]) -> None:
+    write_json(tmp_path / "verification" / "summary.json", {"accepted": {}, "rejected": []})
+    write_json(tmp_path / "integration.json", {"families": [], "workloads": {
+        w.key: {"workload": w.to_dict(), "kept": [], "cases": {}, "graphs": graphs[w.key]}
+        for w in (PREFILL, DECODE) if w.key in graphs}})
+
+
+def test_api_replays_the_graph_for_its_shape_falls_through_otherwise_and_undo_frees(
+        tiny, fakes, tmp_path):
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {PREFILL.key: {"shipped": True, "decision": "graphs ship"}})
+    handle = apply_kernels(model, tmp_path, workload=PREFILL.key, graphs=True)
+    graph = handle.graph
+    assert isinstance(graph, fake_graphs.GraphedPrefill) and graph.shape == (2, 8)
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    other = torch.randint(0, model.config.vocab_size, (1, 5))
+    with torch.no_grad():
+        out = handle(ids)
+        assert out is graph.out  # the graph's static buffer: replayed, not run eagerly
+        assert torch.allclose(out, model(ids).logits, atol=1e-5)
+        eager = handle(other)
+        assert eager is not graph.out and eager.shape[:2] == (1, 5)
+        assert torch.equal(eager, model(other).logits)
+    handle.undo()
+    assert graph.closed and handle.graph is None
+
+
+def test_api_decode_handle_has_a_graphed_static_decoder(tiny, fakes, tmp_path):
+    from pipeline.api import DECODE_HEADROOM, apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {DECODE.key: {"shipped": True}})
+    with apply_kernels(model, tmp_path, workload=DECODE.key, graphs=True) as handle:
+        dec = handle.decoder
+        assert dec.graph is True and dec.max_len == DECODE.seq + DECODE_HEADROOM
+        prompt = torch.randint(0, model.config.vocab_size, (1, DECODE.seq))
+        new = dec.generate(prompt, 4)
+        assert new.shape == (1, 4) and dec.position == DECODE.seq + 4
+    assert dec.closed
+
+
+def test_api_graphs_where_they_did_not_ship_is_a_one_line_error(tiny, fakes, tmp_path):
+    from core.errors import UserError
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {PREFILL.key: {"skipped": gs.NO_GPU},
+                        DECODE.key: {"shipped": False, "decision": "eager: capture failed "
+                                     "(aten::item synchronises)"}})
+    with pytest.raises(UserError, match=gs.NO_GPU) as e:
+        apply_kernels(model, tmp_path, workload=PREFILL.key, graphs=True)
+    assert "\n" not in str(e.value) and "graphs=False" in str(e.value)
+    with pytest.raises(UserError, match="aten::item"):
+        apply_kernels(model, tmp_path, workload=DECODE.key, graphs=True)
+    with pytest.raises(UserError, match="needs a workload"):
+        apply_kernels(model, tmp_path, graphs=True)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    # graphs=False: the kernels alone, as before, no graph
+    handle = apply_kernels(model, tmp_path, workload=PREFILL.key)
+    assert handle.graph is None and handle.decoder is None
+    handle.undo()
