@@ -248,3 +248,40 @@ def test_api_graphs_where_they_did_not_ship_is_a_one_line_error(tiny, fakes, tmp
     handle = apply_kernels(model, tmp_path, workload=PREFILL.key)
     assert handle.graph is None and handle.decoder is None
     handle.undo()
+
+
+# the report ---------------------------------------------------------------------------------
+
+def _brief(est, low, high):
+    return {"estimate": est, "ci_low": low, "ci_high": high, "verdict": "faster",
+            "meaningful": True, "reason": None, "pairs": 30}
+
+
+def test_report_block_shows_timings_decision_projection_pool_and_kernel_counts():
+    from pipeline import report_plots as rp
+
+    row = {"pattern": "host: CUDA graph capture", "share": 0.85, "replay_gain": 5.1,
+           "graph_with_kernels_gain": 6.2, "why": "launch-bound pass: GPU busy 15% of wall",
+           "note": None}
+    g = {"captured": True, "reason": None, "decision": "graphs ship", "shipped": True,
+         "medians": {"eager_ms": 18.9, "graphed_ms": 2.91, "eager_kept_ms": 12.0,
+                     "graphed_kept_ms": 2.5},
+         "graphed_vs_eager": _brief(2.5 / 18.9, 0.12, 0.14),
+         "graphed_vs_eager_kept": _brief(2.5 / 12.0, 0.2, 0.22),
+         "graphed_unpatched_vs_eager": _brief(2.91 / 18.9, 0.15, 0.16),
+         "projected": {"unpatched": 6.0, "kept": 7.0}, "measured_speedup": 18.9 / 2.5,
+         "verification": {"trials": [{"passed": True}] * 3, "passed": True},
+         "pool_bytes": {"kept": 3 * 2**20, "unpatched": 2 * 2**20},
+         "kernels_per_pass": {"unpatched": 700, "kept": 420}}
+    md = rp.to_markdown(rp.graphs_blocks({"graph_row": row, "graphs": g}))
+    for text in ("share 85.0%", "5.100x", "6.200x", "GPU busy 15%", "18.900 ms", "2.910 ms",
+                 "12.000 ms", "2.500 ms", "graphs ship", "6.000x / 7.000x", "7.560x",
+                 "3/3 trials passed", "kept 3.0 MiB / unpatched 2.0 MiB", "700 -> 420"):
+        assert text in md, text
+    failed = rp.to_markdown(rp.graphs_blocks({"graph_row": None, "graphs": {
+        "captured": False, "reason": "aten::item synchronises", "decision": "eager"}}))
+    assert "Not captured (aten::item synchronises)" in failed and "ms" not in failed
+    skipped = rp.to_markdown(rp.graphs_blocks({"graph_row": None,
+                                               "graphs": {"skipped": gs.NO_GPU}}))
+    assert gs.NO_GPU in skipped
+    assert rp.graphs_blocks({"graph_row": None, "graphs": None}) == []
