@@ -176,11 +176,13 @@ class _Sides:
         if self.decode:
             from models.graphs import StaticDecoder
 
-            eager = StaticDecoder(self.variant, self.w.batch, self.w.seq + DECODE_STEPS,
-                                  graph=False)
-            self.open.append(eager)
+            # the unpatched error is the unpatched model's over the same static-cache path
+            eager, base_dec = (StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS,
+                                             graph=False) for m in (self.variant, self.model))
+            self.open += [eager, base_dec]
             prompt = self.ids(0)
             eager.prefill(prompt)
+            base_dec.prefill(prompt)
             self.graph_kept.rewind(self.w.seq)
             seen = prompt
         for t in range(TRIALS):
@@ -191,7 +193,7 @@ class _Sides:
                 want = eager.step(step)
                 seen = torch.cat([seen, step], dim=1)
                 ref_out = ref(seen).logits[:, -1:]
-                base = self.model(seen).logits[:, -1:]
+                base = base_dec.step(step)
                 where = {"position": pos}
             else:
                 ids = self.ids(100 + t)

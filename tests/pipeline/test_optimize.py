@@ -206,6 +206,24 @@ def test_optimize_runs_end_to_end(optimized, run_data):
         assert (run_dir / "acceptance" / f"{fam}.md").is_file()
 
 
+def test_cpu_run_ranks_the_graph_remedy_and_the_graphs_stage_says_why_it_skipped(optimized,
+                                                                                   run_data):
+    from pipeline.stages.graphs import NO_GPU
+    from pipeline.stages.rank import GRAPH_PATTERN
+
+    _, run_dir, _ = optimized
+    for w in run_data["ranking"]["workloads"]:
+        [row] = [r for r in w["rows"] if r.get("remedy") == "cuda_graph"]
+        assert row["pattern"] == GRAPH_PATTERN and row["family"] is None
+        assert row["replay_gain"] is None and "CPU profile" in row["why"]
+    for rec in run_data["integration"]["workloads"].values():
+        assert rec["graphs"] == {"skipped": NO_GPU}
+    proj = read_json(run_dir / "projection.json")
+    assert all(p["graphs"]["kept"] is None for p in proj["workloads"].values())
+    md = (run_dir / "report.md").read_text()
+    assert "### CUDA graphs (the host's remedy)" in md and f"Skipped: {NO_GPU}." in md
+
+
 def test_report_labels_cpu_timings_and_shows_no_speedup(optimized, run_data):
     _, run_dir, _ = optimized
     md = (run_dir / "report.md").read_text()

@@ -639,3 +639,19 @@ def test_device_bound_prefill_gets_the_graph_row_only_where_replay_says_it_helps
         busy_us = device_busy_us(rank_stage.workload_graph(w, PREFILL))
         assert row["graphed_pass_us"] >= busy_us
         assert row["replay_gain"] <= w["wall"]["median_ms"] * 1e3 / busy_us + 1e-9
+
+
+def test_frozen_graphs_projection_unpatched_and_kernels_plus_graph(decode, tmp_path):
+    from core.artifacts import write_json
+
+    w, _ = decode
+    write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
+                                           "workloads": [{**w, "trace": str(DECODE)}]})
+    row = _graph_row(rank_workload(w, GRAPHED, DECODE))
+    proj = rank_stage.project_graphs_with(tmp_path, w["key"], {"rmsnorm": 2.0, "rope": 3.0})
+    assert proj["unpatched"] == pytest.approx(row["replay_gain"])
+    # faster kernels inside the graph shorten it: kernel time decides once the host is gone
+    assert proj["kept"] > proj["unpatched"]
+    assert proj["patterns"] == ["rmsnorm", "rope"] and proj["note"] is None
+    none = rank_stage.project_graphs_with(tmp_path, w["key"], {})
+    assert none["kept"] == pytest.approx(none["unpatched"])
