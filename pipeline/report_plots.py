@@ -490,6 +490,8 @@ def graphs_blocks(w: dict) -> list[tuple]:
         ("graphed kept kernels vs eager kept kernels", vs("graphed_vs_eager_kept")),
         ("projected (frozen): unpatched graphed / kernels + graph",
          f"{speed(proj.get('unpatched'))} / {speed(proj.get('kept'))}"),
+        *([("projected for the set that shipped: kernels + graph",
+            speed(g["projected_for_kept"].get("kept")))] if g.get("projected_for_kept") else []),
         ("measured: graphed kept kernels vs eager", speed(g.get("measured_speedup"))),
         ("verification (graph vs eager, fp32 rule)",
          f"{sum(t['passed'] for t in trials)}/{len(trials)} trials passed"),

@@ -1141,9 +1141,13 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
     assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
     write_json(tmp_path / "integration.json", {"workloads": {"w": {
-        "kept": ["rmsnorm", "gated_act"]}}})
+        "kept": ["rmsnorm", "gated_act"], "graphs": {"captured": True}}}})
     projection.project_kept(tmp_path, on_gpu=True)
-    kept = read_json(tmp_path / "integration.json")["workloads"]["w"]["projection_for_kept"]
+    integrated = read_json(tmp_path / "integration.json")["workloads"]["w"]
+    # the graph ran the set that shipped: its kernels + graph projection from the same numbers
+    assert graphed[-1] == {"rms": 5.0, "act": 2.0}
+    assert integrated["graphs"]["projected_for_kept"]["patterns"] == ["act", "rms"]
+    kept = integrated["projection_for_kept"]
     assert kept["patterns"] == ["rms", "act"]
     assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
 
