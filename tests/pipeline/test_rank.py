@@ -459,8 +459,11 @@ def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
     rest = {w["key"]: w["rest_share"] for w in profile["workloads"]}
     for w in on_disk["workloads"]:
         assert w["time_basis"] == "cpu" and w["ranked_by"] == "amdahl_gain"
-        own = [r for r in w["rows"] if not r["alternative_to"]]  # alternatives repeat ops
+        own = [r for r in w["rows"] if not r["alternative_to"] and not r.get("remedy")]
         assert sum(r["share"] for r in own) + rest[w["key"]] == pytest.approx(1.0, abs=1e-9)
+        # a CPU profile lists the host's remedy with the rest row's share and no projection
+        [host] = [r for r in w["rows"] if r.get("remedy") == "cuda_graph"]
+        assert host["share"] == pytest.approx(rest[w["key"]]) and host["replay_gain"] is None
         # the named tiny model has the matmul-epilogue alternative beside gated_act's row
         alt = next(r for r in w["rows"] if r["alternative_to"])
         assert alt["family"] == "matmul_epilogue" and alt["alternative_to"] == ["swiglu_mlp"]
