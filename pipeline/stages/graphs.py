@@ -148,6 +148,10 @@ class _Sides:
             dec = StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS, graph=True)
             self.open.append(dec)
             dec.prefill(self.ids(0))
+            # the step is captured on its first call: make that happen here, where a failure
+            # is a capture failure, then set the position back to the prompt's end
+            dec.step(self.ids(1, 1))
+            dec.rewind(self.w.seq)
             return dec
         g = GraphedPrefill(m, self.ids(0))
         self.open.append(g)
