@@ -110,6 +110,8 @@ class Projection(Record):
 class IntegratedWorkload(Record):
     kept: list[str]
     cases: dict[str, list[str]] = {}
+    # the graphs stage's record (pipeline.stages.graphs); absent in runs from before it
+    graphs: dict | None = None
 
 
 class Integration(Record):

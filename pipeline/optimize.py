@@ -1,4 +1,5 @@
-"""`pipeline optimize`: rank -> generate -> verify -> host -> project -> integrate -> report.
+"""`pipeline optimize`: rank -> generate -> verify -> host -> project -> integrate -> graphs ->
+report.
 
 Each stage writes its artifact atomically; with `--resume` a stage whose artifact exists is
 skipped, and inside generate/verify every (family, case) already done is skipped too. The
@@ -23,6 +24,7 @@ from pipeline.policy import backfill, choose_families
 from pipeline.projection import freeze_projection, project_kept
 from pipeline.report import write_report
 from pipeline.stages.generate import generate_stage
+from pipeline.stages.graphs import graphs_stage
 from pipeline.stages.host import host_stage
 from pipeline.stages.integrate import integrate_stage
 from pipeline.stages.rank import run_rank
@@ -86,6 +88,8 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3),
                         built={(workloads[0].dtype, device): model})
+        del model  # integration freed its copy; the graphs stage builds its own
+        graphs_stage(run_dir, spec, workloads, summary, say, pairs or (30 if on_gpu else 3))
         project_kept(run_dir, on_gpu)
     say("report")
     return write_report(run_dir)

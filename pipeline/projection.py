@@ -53,6 +53,7 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
             **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
             "host_set": together,
+            "graphs": project_graphs(run_dir, w, speed, on_gpu, only=fams),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
@@ -110,6 +111,23 @@ def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bo
     }
 
 
+def project_graphs(run_dir: Path, ranked: dict, speed: dict, on_gpu: bool,
+                   only: list[str] | None = None) -> dict:
+    """The CUDA-graph projection of one workload, frozen with the families' (kernel numbers
+    alone): `unpatched`, the unpatched model replayed as one graph, and `kept`, the families in
+    `speed` (or `only`) at their measured kernel speedups, then graphed ("kernels + graph");
+    gains over the eager unpatched pass (`rank.project_graphs_with`)."""
+    from pipeline.stages.rank import project_graphs_with
+
+    if not on_gpu:
+        return {"unpatched": None, "kept": None, "patterns": [],
+                "note": "CPU run: no GPU trace to replay"}
+    rows = [r for r in ranked["rows"] if r["family"] in speed
+            and (only is None or r["family"] in only)]
+    return project_graphs_with(run_dir, ranked["key"],
+                               {r["pattern"]: speed[r["family"]] for r in rows})
+
+
 def project_kept(run_dir: Path, on_gpu: bool) -> None:
     """After integration: the projection for the set each workload shipped, computed from the
     kernel numbers frozen in projection.json before integration (kernel speedups and host
@@ -125,6 +143,10 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
             w["projection_for_kept"] = {"families": kept, **project_set(
                 run_dir, ranking[key], proj["kernel_speedups"], host_of(proj, key),
                 on_gpu, only=kept)}
+            if (w.get("graphs") or {}).get("captured"):
+                # the graph ran the shipped set: its kernels + graph projection, same numbers
+                w["graphs"]["projected_for_kept"] = project_graphs(
+                    run_dir, ranking[key], proj["kernel_speedups"], on_gpu, only=kept)
             changed = True
     if changed:
         write_json(run_dir / "integration.json", integ)

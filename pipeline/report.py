@@ -99,11 +99,13 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         "launch_bound": launch_bound, "regime": r.get("regime") or _regime(basis, busy),
         "rest_share": rest, "shares": _share_rows(rows, rest), "ranked_by": r.get("ranked_by"),
         "top_patterns": [{k: x.get(k) for k in (
-            "pattern", "family", "occurrences", "share", "time_us", "launches",
+            "pattern", "family", "remedy", "occurrences", "share", "time_us", "launches",
             "attainable_speedup", "target_source", "achieved_GBps", "amdahl_gain",
             "replay_gain")} for x in rows[:TOP]],
         "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
         "ceiling_replay": r.get("ceiling_replay")}
+    w["graph_row"] = next((x for x in r.get("rows") or [] if x.get("remedy")), None)
+    w["graphs"] = (iw or {}).get("graphs")
     w["projected"] = _projected(key, proj, fam_of)
     w.update(_integration(iw, w["projected"], (proj or {}).get("kernel_speedups")))
     basis = w["compared_projection"] or w["projected"] or {}
@@ -180,7 +182,8 @@ def _regime(basis, busy) -> str:
 
 def _own(rows: list[dict]) -> list[dict]:
     """The rows whose ops no other row holds: shares of these sum to 1 with the rest row."""
-    return [x for x in rows if not x.get("alternative_to")]
+    # the CUDA-graph row's share is the rest row's: a remedy for it, not more time
+    return [x for x in rows if not x.get("alternative_to") and not x.get("remedy")]
 
 
 def _share_rows(rows: list[dict], rest: float) -> list[dict]:

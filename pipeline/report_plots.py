@@ -354,7 +354,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         b.append(("p", f"Regime: {w['regime']}."))
     if f"share/{k}" in plots:
         b.append(("img", plots[f"share/{k}"], f"time share by pattern, {k}"))
-    rows = [[i + 1, r["pattern"], r.get("family") or "-", r.get("occurrences"), pct(r["share"]),
+    rows = [[i + 1, r["pattern"], r.get("family") or r.get("remedy") or "-",
+             r.get("occurrences"), pct(r["share"]),
              ms((r.get("time_us") or 0) / 1e3), speed(r.get("attainable_speedup")),
              speed(r.get("amdahl_gain")), speed(r.get("replay_gain")),
              r.get("target_source") or "-"] for i, r in enumerate(w["top_patterns"])]
@@ -435,6 +436,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         if w["rollbacks"]:
             b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"
                              for r in w["rollbacks"]]))
+    b += graphs_blocks(w)
     if w["suggestions"]:
         b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
               ("ul", w["suggestions"])]
@@ -454,6 +456,66 @@ def _headroom_blocks(w: dict) -> list[tuple]:
     if held:
         b.append(("p", "Memory the patches hold beyond the model's weights: " + ", ".join(
             f"{f} {n / 2**20:.1f} MiB" for f, n in held.items()) + "."))
+    return b
+
+
+def graphs_blocks(w: dict) -> list[tuple]:
+    """The host's remedy on this workload: its ranking row, then what the graphs stage did
+    (captured or why not, the four timings, decision, projected vs measured, pool memory,
+    kernels per pass)."""
+    row, g = w.get("graph_row"), w.get("graphs")
+    if row is None and g is None:
+        return []
+    b: list[tuple] = [("h", 3, "CUDA graphs (the host's remedy)")]
+    if row is not None:
+        b.append(("p", (f"Ranked as '{row['pattern']}': share {pct(row['share'])} (the rest "
+                        f"row: host, launches, idle), projected {speed(row.get('replay_gain'))} "
+                        "by the replay with every host edge removed, "
+                        f"{speed(row.get('graph_with_kernels_gain'))} with the candidate "
+                        f"kernels first. {row.get('why') or ''}."
+                        + (f" {row['note']}." if row.get("note") else ""))))
+    if g is None:
+        return b + [("p", "Not run here: optimized before the graphs stage existed, or not "
+                          "optimized yet.")]
+    if g.get("skipped"):
+        return b + [("note", f"Skipped: {g['skipped']}.")]
+    if not g.get("captured"):
+        return b + [("note", f"Not captured ({g.get('reason') or g.get('error')}): this "
+                             f"workload stays eager. {g.get('decision') or ''}")]
+    med = g.get("medians") or {}
+
+    def vs(key):
+        r = g.get(key) or {}
+        if not r.get("estimate"):
+            return "-"
+        band = ci((1 / r["ci_high"], 1 / r["ci_low"])) if r.get("ci_low") else ""
+        return f"{speed(1 / r['estimate'])} {band}".strip()
+    rows = [("eager (the user's call)", ms(med.get("eager_ms")), "1.000x"),
+            ("graphed, unpatched", ms(med.get("graphed_ms")), vs("graphed_unpatched_vs_eager")),
+            ("eager, kept kernels", ms(med.get("eager_kept_ms")), "-"),
+            ("graphed, kept kernels", ms(med.get("graphed_kept_ms")), vs("graphed_vs_eager"))]
+    if "eager_static_ms" in med:
+        rows.insert(1, ("eager over the static cache", ms(med["eager_static_ms"]),
+                        vs("eager_static_vs_eager")))
+    b.append(("table", ["variant", "median", "speedup vs eager [95% CI]"], rows))
+    proj, ver = g.get("projected") or {}, g.get("verification") or {}
+    pool = g.get("pool_bytes") or {}
+    kpp = g.get("kernels_per_pass") or {}
+    trials = ver.get("trials") or []
+    b.append(("table", ["", "value"], [
+        ("decision", g.get("decision")),
+        ("graphed kept kernels vs eager kept kernels", vs("graphed_vs_eager_kept")),
+        ("projected (frozen): unpatched graphed / kernels + graph",
+         f"{speed(proj.get('unpatched'))} / {speed(proj.get('kept'))}"),
+        *([("projected for the set that shipped: kernels + graph",
+            speed(g["projected_for_kept"].get("kept")))] if g.get("projected_for_kept") else []),
+        ("measured: graphed kept kernels vs eager", speed(g.get("measured_speedup"))),
+        ("verification (graph vs eager, fp32 rule)",
+         f"{sum(t['passed'] for t in trials)}/{len(trials)} trials passed"),
+        ("graph pool memory", " / ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in pool.items()
+                                         if v is not None) or "-"),
+        ("kernels per pass (eager, unpatched -> kept)",
+         f"{kpp['unpatched']} -> {kpp['kept']}" if kpp else "-")]))
     return b
 
 

@@ -448,3 +448,48 @@ def calibrate_host(graph: nx.DiGraph, target_us: float) -> tuple[nx.DiGraph, flo
         else:
             lo = mid
     return scale_host(graph, hi), hi
+
+
+# Edges between two device events that a CUDA graph keeps: stream order and cross-stream waits.
+GRAPH_EDGES = frozenset({"stream", "wait"})
+
+
+def graphed(graph: nx.DiGraph, node_us: float, launch_us: float) -> float:
+    """The step's length in µs if it were replayed as one CUDA graph.
+
+    The device work keeps its stream order and cross-stream waits; every host node, launch and
+    sync leaves, and with them every lag the host imposed (a graph's nodes start when their
+    dependencies finish). Each device event costs `node_us` more, the graph's own per-node
+    overhead, and the pass once `launch_us`, the graph launch; both are measured
+    (`roofline.measure_ceilings`)."""
+    dev = nx.DiGraph()
+    for n, a in graph.nodes(data=True):
+        if a["kind"] == "device":
+            dev.add_node(n, dur=a["dur"] + node_us)
+    for a, b, e in graph.edges(data=True):
+        if a in dev and b in dev and e["kind"] in GRAPH_EDGES:
+            dev.add_edge(a, b)
+    finish: dict = {}
+    for n in nx.topological_sort(dev):
+        start = max((finish[p] for p in dev.predecessors(n)), default=0.0)
+        finish[n] = start + dev.nodes[n]["dur"]
+    return launch_us + max(finish.values(), default=0.0)
+
+
+def graphed_with(graph: nx.DiGraph, replacements: Iterable, node_us: float, launch_us: float,
+                 *, ids: str = "correlation") -> float:
+    """"Kernels + graph": `replacements` applied first (`apply_replacements`; host savings
+    do not matter, the host leaves anyway), then the step replayed as one CUDA graph."""
+    return graphed(apply_replacements(graph, replacements, ids=ids), node_us, launch_us)
+
+
+def device_busy_us(graph: nx.DiGraph) -> float:
+    """Union of the device events' intervals in the traced step: the GPU's busy time."""
+    spans = sorted((a["ts"], a["ts"] + a["dur"]) for _, a in graph.nodes(data=True)
+                   if a["kind"] == "device")
+    busy, end = 0.0, float("-inf")
+    for s, f in spans:
+        if f > end:
+            busy += f - max(s, end)
+            end = f
+    return busy

@@ -69,18 +69,64 @@ def measure_ceilings(device: str) -> dict:
 
     # back-to-back launches: the per-launch cost a fused kernel saves, not one launch's latency
     launch_s = _time(launches, cuda) / 100
+    graph = graph_costs(device) if cuda else {}
     return {
         "device": device_name(device),
         "bandwidth_GBps": 2 * n_copy / copy_s / 1e9,
         "matmul_TFLOPs": 2 * n_mm**3 / mm_s / 1e12,
         "matmul_dtype": str(dtype).replace("torch.", ""),
         "launch_us": launch_s * 1e6,
+        **graph,
         "method": f"median of timed runs after warm-up: copy of {n_copy} bytes (read+write "
-                  f"counted), {n_mm}^3 matmul on random data, 100 back-to-back 1-element adds",
+                  f"counted), {n_mm}^3 matmul on random data, 100 back-to-back 1-element adds"
+                  + (f"; CUDA graphs of 1 and {GRAPH_NODES} 1-element adds replayed, wall "
+                     "time to the synchronise" if graph else ""),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
+GRAPH_NODES = 201
+
+
+def graph_costs(device: str, nodes: int = GRAPH_NODES) -> dict:
+    """The two costs a pass replayed as one CUDA graph pays beyond its kernels' own time:
+    `graph_node_us` per node (the slope between a graph of `nodes` tiny kernels and one of a
+    single kernel) and `graph_launch_us` once (the single-kernel graph's wall time, launch to
+    synchronise, less one node). Wall time, not device events: the launch is host work."""
+    import torch
+
+    tiny = torch.zeros(1, device=device)
+    walls = []
+    for n in (1, nodes):
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the capture, as torch's docs ask
+            tiny.add_(1)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                tiny.add_(1)
+        walls.append(_wall(g.replay, reps=50))
+        del g
+    node_s = (walls[1] - walls[0]) / (nodes - 1)
+    return {"graph_node_us": max(0.0, node_s * 1e6),
+            "graph_launch_us": max(0.0, (walls[0] - node_s) * 1e6)}
+
+
+def _wall(fn, reps: int = 50) -> float:
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def _time(fn, cuda: bool, reps: int = 20) -> float:

@@ -20,6 +20,13 @@ from profiling.roofline import op_cost, roofline_us
 
 RANKING = "ranking.json"
 LAUNCH_BOUND_BUSY = 0.5  # below this GPU-busy share of the wall time a pass is launch-bound
+# A device-bound pass lists the CUDA-graph row only when the replay projects more than this:
+# below it the graph's own node and launch costs are within the replay's error of its saving.
+GRAPH_MIN_GAIN = 1.02
+GRAPH_PATTERN = "host: CUDA graph capture"
+NOT_CALIBRATED = ("CUDA graph costs not calibrated on this device (ceilings measured before "
+                  "`graph_node_us`/`graph_launch_us` existed): run `pipeline calibrate` again; "
+                  "no projection")
 
 
 def amdahl(parts: list[tuple[float, float]]) -> float:
@@ -198,6 +205,85 @@ def _replay_gain(graph, rows: list[dict]) -> float:
     return base / what_if(graph, reps)
 
 
+def _replacements(graph, rows: list[dict]) -> list:
+    """Each row's occurrences as replacements at the row's target time, no host saving (the
+    graph projections remove the host anyway)."""
+    from profiling.replay import Replacement, kernel_table
+
+    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
+    reps = []
+    for r in rows:
+        scale = r["target_us"] / r["time_us"] if r["time_us"] else 1.0
+        for corr in r["kernel_correlations"]:
+            present = [c for c in corr if c in dur]
+            if present:
+                reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
+    return reps
+
+
+def graph_projection(graph, ceil: dict, rows: list[dict] | None = None) -> dict:
+    """The pass replayed as one CUDA graph (`profiling.replay.graphed`): `pass_us` and the
+    gain over the replayed eager pass, for the unpatched model or (`rows`) with those rows'
+    kernels at their target times first ("kernels + graph"). None with a note where the
+    device's graph costs were never measured."""
+    from profiling.replay import graphed, graphed_with, replay
+
+    node, launch = ceil.get("graph_node_us"), ceil.get("graph_launch_us")
+    if graph is None:
+        return {"pass_us": None, "gain": None, "note": "no GPU trace: no replay projection"}
+    if node is None or launch is None:
+        return {"pass_us": None, "gain": None, "note": NOT_CALIBRATED}
+    base = graph.graph.setdefault("_base_len", replay(graph))
+    reps = _replacements(graph, rows) if rows else []
+    us = graphed_with(graph, reps, node, launch) if reps else graphed(graph, node, launch)
+    return {"pass_us": us, "gain": base / us, "base_us": base, "note": None}
+
+
+def graph_row(w: dict, graph, ceil: dict, candidates: list[dict]) -> dict | None:
+    """The host's remedy row: CUDA graph capture of the whole pass. Its share is the rest
+    row's (host, launches, idle over the wall time), its gain the replay with every host edge
+    removed. Never a family (the family chooser passes it by): the graphs stage applies it
+    after integration. A device-bound pass lists it only when the replay says it helps more
+    than GRAPH_MIN_GAIN; a launch-bound or CPU one always does, with its projection or why
+    there is none."""
+    busy = w.get("gpu_busy_share")
+    launch_bound = busy is not None and busy < LAUNCH_BOUND_BUSY
+    alone = graph_projection(graph, ceil)
+    with_kernels = graph_projection(graph, ceil, candidates) if candidates else alone
+    gain = alone["gain"]
+    if w["time_basis"] == "device" and not launch_bound and (gain is None
+                                                              or gain <= GRAPH_MIN_GAIN):
+        return None
+    wall_us = w["wall"]["median_ms"] * 1e3
+    share = w["rest_share"]
+    rest_us = share * wall_us
+    attainable = amdahl_gain = None
+    if alone["pass_us"] is not None:
+        # what is left of the rest once graphed: the projected pass minus the device work kept
+        left = max(alone["pass_us"] - (wall_us - rest_us), 1e-3)
+        attainable = rest_us / left if rest_us > 0 else 1.0
+        amdahl_gain = amdahl([(share, attainable)])
+    if w["time_basis"] != "device":
+        why = "CPU profile: no GPU trace to replay; graphs are decided on a GPU run"
+    else:
+        why = (f"{'launch-bound' if launch_bound else 'device-bound'} pass: GPU busy "
+               f"{busy:.0%} of wall; a CUDA graph replays the pass's kernels in their order "
+               "without the host's dispatch and launches")
+    return {
+        "pattern": GRAPH_PATTERN, "family": None, "remedy": "cuda_graph", "occurrences": 1,
+        "modules": [], "time_us": rest_us, "share": share, "host_us": 0.0, "launches": 0,
+        "op_calls": 0, "min_bytes": 0, "flops": 0, "roofline_us": 0.0,
+        "target_us": rest_us / attainable if attainable else None,
+        "target_source": "replay, host removed",
+        "attainable_speedup": attainable, "achieved_GBps": None, "host_share": share,
+        "alternative_to": [], "amdahl_gain": amdahl_gain, "replay_gain": gain,
+        "graphed_pass_us": alone["pass_us"], "graph_with_kernels_gain": with_kernels["gain"],
+        "graph_with_kernels_pass_us": with_kernels["pass_us"],
+        "with_kernels": [r["pattern"] for r in candidates], "why": why,
+        "note": alone["note"],
+    }
+
+
 def workload_graph(w: dict, trace_path: Path | None):
     """The replay graph of the profiled step, host time calibrated to the unprofiled wall."""
     if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
@@ -241,6 +327,23 @@ def enqueue_factor(traced, enqueue_ms: float | None) -> float | None:
     return min(1.0, enqueue_ms * 1e3 / host_us) if host_us > 0 else None
 
 
+def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float]) -> dict:
+    """The frozen "graphs" projection of one profiled workload: the unpatched model graphed,
+    and the patterns in `speedups` sped up (measured kernel speedups) then graphed. Gains over
+    the replayed eager pass; None with a note where there is no trace or no calibration."""
+    profile = read_json(run_dir / "profile.json", "profile")
+    w = next(x for x in profile["workloads"] if x["key"] == key)
+    graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
+    ceil = profile["ceilings"]
+    rows = [r for r in pattern_rows(w, ceil) if r["pattern"] in speedups]
+    for r in rows:
+        r["target_us"] = r["time_us"] / speedups[r["pattern"]]
+    alone = graph_projection(graph, ceil)
+    kept = graph_projection(graph, ceil, rows) if rows and graph is not None else alone
+    return {"unpatched": alone["gain"], "kept": kept["gain"], "patterns": sorted(speedups),
+            "note": alone["note"]}
+
+
 def project_with(run_dir: Path, key: str, speedups: dict[str, float],
                  host_delta_us: dict[str, float | None] | None = None) -> float | None:
     """Replay gain of one profiled workload with the given patterns sped up (measured), each
@@ -263,7 +366,13 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
     graph = workload_graph(w, trace_path)
     project(w, rows, graph)
     key = "replay_gain" if graph is not None else "amdahl_gain"
-    rows.sort(key=lambda r: -((r[key] or 1.0) if r["family"] else 0) - r["share"] * 1e-9)
+    candidates = exclusive(sorted([r for r in rows if r["family"]], key=lambda r: (
+        -(r[key] or 1.0), -r["share"])))
+    host = graph_row(w, graph, ceil, candidates)
+    if host is not None:
+        rows.append(host)
+    rows.sort(key=lambda r: -((r[key] or 1.0) if r["family"] or r.get("remedy") else 0)
+              - r["share"] * 1e-9)
     candidates = exclusive([r for r in rows if r["family"]])
     curve = []
     for n in range(1, len(candidates) + 1):
@@ -345,10 +454,9 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
         for r in w["rows"][:top]:
             alt = r.get("alternative_to")
             t.add_row(r["pattern"] + (f" (or {', '.join(alt)})" if alt else ""),
-                      r["family"] or "-", str(r["occurrences"]),
-                      f"{r['share']:.1%}", f"{r['attainable_speedup']:.2f}x",
-                      f"{r['amdahl_gain']:.3f}x",
-                      f"{r['replay_gain']:.3f}x" if r["replay_gain"] else "-")
+                      r["family"] or r.get("remedy") or "-", str(r["occurrences"]),
+                      f"{r['share']:.1%}", _x(r["attainable_speedup"], 2),
+                      _x(r["amdahl_gain"], 3), _x(r["replay_gain"], 3))
         console.print(t)
         for g in w.get("no_remedy") or []:
             console.print(f"  no remedy yet: {g['pattern']} ({g['share']:.1%} of the pass, "
@@ -358,3 +466,7 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
             rp = f", replay {last['replay']:.3f}x" if last["replay"] else ""
             console.print(f"  replacing all {last['n']} candidate families: Amdahl "
                           f"{last['amdahl']:.3f}x{rp} (projected ceiling of kernel work)")
+
+
+def _x(v: float | None, digits: int) -> str:
+    return f"{v:.{digits}f}x" if v else "-"

@@ -206,6 +206,24 @@ def test_optimize_runs_end_to_end(optimized, run_data):
         assert (run_dir / "acceptance" / f"{fam}.md").is_file()
 
 
+def test_cpu_run_ranks_the_graph_remedy_and_the_graphs_stage_says_why_it_skipped(optimized,
+                                                                                   run_data):
+    from pipeline.stages.graphs import NO_GPU
+    from pipeline.stages.rank import GRAPH_PATTERN
+
+    _, run_dir, _ = optimized
+    for w in run_data["ranking"]["workloads"]:
+        [row] = [r for r in w["rows"] if r.get("remedy") == "cuda_graph"]
+        assert row["pattern"] == GRAPH_PATTERN and row["family"] is None
+        assert row["replay_gain"] is None and "CPU profile" in row["why"]
+    for rec in run_data["integration"]["workloads"].values():
+        assert rec["graphs"] == {"skipped": NO_GPU}
+    proj = read_json(run_dir / "projection.json")
+    assert all(p["graphs"]["kept"] is None for p in proj["workloads"].values())
+    md = (run_dir / "report.md").read_text()
+    assert "### CUDA graphs (the host's remedy)" in md and f"Skipped: {NO_GPU}." in md
+
+
 def test_report_labels_cpu_timings_and_shows_no_speedup(optimized, run_data):
     _, run_dir, _ = optimized
     md = (run_dir / "report.md").read_text()
@@ -1109,16 +1127,27 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     replays = []
     monkeypatch.setattr(rank_stage, "project_with",
                         lambda run_dir, key, speed, host: replays.append(speed) or 1.1)
+    graphed = []
+    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed: (
+        graphed.append(speed) or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed),
+                                  "note": None}))
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
     proj = projection.freeze_projection(tmp_path, summary, fams, on_gpu=True)
+    # the graphs projection is frozen with the same set and kernel speedups
+    assert graphed == [{"rms": 5.0, "mlp_gemm": 1.5}]
+    assert proj["workloads"]["w"]["graphs"]["kept"] == 3.5
     assert set(proj["kernel_speedups"]) == set(fams)
     pw = proj["workloads"]["w"]
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
     assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
     write_json(tmp_path / "integration.json", {"workloads": {"w": {
-        "kept": ["rmsnorm", "gated_act"]}}})
+        "kept": ["rmsnorm", "gated_act"], "graphs": {"captured": True}}}})
     projection.project_kept(tmp_path, on_gpu=True)
-    kept = read_json(tmp_path / "integration.json")["workloads"]["w"]["projection_for_kept"]
+    integrated = read_json(tmp_path / "integration.json")["workloads"]["w"]
+    # the graph ran the set that shipped: its kernels + graph projection from the same numbers
+    assert graphed[-1] == {"rms": 5.0, "act": 2.0}
+    assert integrated["graphs"]["projected_for_kept"]["patterns"] == ["act", "rms"]
+    kept = integrated["projection_for_kept"]
     assert kept["patterns"] == ["rms", "act"]
     assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
 

@@ -395,7 +395,8 @@ def test_prefill_fixture_every_occurrence_found_once(prefill):
 def test_fixture_shares_and_rest_sum_to_one(which, request):
     w, ranked = request.getfixturevalue(which)
     assert sum(o["share"] for o in w["ops"]) + w["rest_share"] == pytest.approx(1.0, abs=1e-9)
-    own = [r for r in ranked["rows"] if not r["alternative_to"]]  # alternatives repeat ops
+    # alternatives repeat ops; the CUDA-graph row is the rest row's remedy, not more time
+    own = [r for r in ranked["rows"] if not r["alternative_to"] and not r.get("remedy")]
     assert sum(r["share"] for r in own) + w["rest_share"] == pytest.approx(1.0, abs=1e-9)
     assert all(r["share"] >= 0 for r in ranked["rows"])
     assert w["rest_share"] >= 0
@@ -406,7 +407,7 @@ def test_prefill_rank_is_device_bound_and_by_replay(prefill):
     assert ranked["ranked_by"] == "replay_gain"
     assert ranked["launch_bound"] is False
     assert ranked["regime"].startswith("device-bound")
-    rows = ranked["rows"]
+    rows = [r for r in ranked["rows"] if not r.get("remedy")]
     fam = [r for r in rows if r["family"]]
     assert {r["pattern"] for r in fam} >= {"rmsnorm", "rope", "swiglu_mlp"}
     # candidates first, by replay gain, each with a replay gain
@@ -505,8 +506,11 @@ def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
     rest = {w["key"]: w["rest_share"] for w in profile["workloads"]}
     for w in on_disk["workloads"]:
         assert w["time_basis"] == "cpu" and w["ranked_by"] == "amdahl_gain"
-        own = [r for r in w["rows"] if not r["alternative_to"]]  # alternatives repeat ops
+        own = [r for r in w["rows"] if not r["alternative_to"] and not r.get("remedy")]
         assert sum(r["share"] for r in own) + rest[w["key"]] == pytest.approx(1.0, abs=1e-9)
+        # a CPU profile lists the host's remedy with the rest row's share and no projection
+        [host] = [r for r in w["rows"] if r.get("remedy") == "cuda_graph"]
+        assert host["share"] == pytest.approx(rest[w["key"]]) and host["replay_gain"] is None
         # the named tiny model has the matmul-epilogue alternative beside gated_act's row
         alt = next(r for r in w["rows"] if r["alternative_to"])
         assert alt["family"] == "matmul_epilogue"
@@ -623,3 +627,82 @@ def test_replay_takes_exactly_the_measured_host_delta_off_a_launch_bound_pass(de
         zero = base - base / rank_stage._replay_gain(graph, [dict(r, host_delta_us=0.0)])
         saved = base - base / rank_stage._replay_gain(graph, [dict(r, host_delta_us=3.0)])
         assert saved - zero == pytest.approx(3.0 * calls, rel=0.02), r["pattern"]
+
+
+# ------------------------------------------------------------------ the host's remedy row
+
+# graph costs of the kind `measure_ceilings` records on a GPU (per node, once per launch)
+GRAPHED = {**H200, "graph_node_us": 1.5, "graph_launch_us": 8.0}
+
+
+def _graph_row(ranked):
+    rows = [r for r in ranked["rows"] if r.get("remedy") == "cuda_graph"]
+    assert len(rows) <= 1
+    return rows[0] if rows else None
+
+
+def test_launch_bound_decode_gets_the_graph_row_removing_host_keeping_gpu(decode):
+    from profiling.replay import device_busy_us
+
+    w, _ = decode
+    ranked = rank_workload(w, GRAPHED, DECODE)
+    row = _graph_row(ranked)
+    assert row is not None and row["family"] is None
+    assert row["pattern"] == rank_stage.GRAPH_PATTERN
+    assert row["share"] == pytest.approx(w["rest_share"])
+    wall_us = w["wall"]["median_ms"] * 1e3
+    busy_us = device_busy_us(rank_stage.workload_graph(w, DECODE))
+    assert busy_us <= row["graphed_pass_us"] < wall_us
+    assert row["replay_gain"] == pytest.approx(wall_us / row["graphed_pass_us"], rel=0.02)
+    assert row["amdahl_gain"] == pytest.approx(row["replay_gain"], rel=0.02)
+    # kernels + graph: the candidates' kernels at their targets, then graphed, never slower
+    assert row["graph_with_kernels_gain"] >= row["replay_gain"] - 1e-9
+    assert "launch-bound" in row["why"] and "GPU busy" in row["why"]
+    # ranked beside the kernel rows by its replay gain: the largest here
+    assert ranked["rows"][0] is row
+    # the family chooser never picks it, and the cumulative curve holds only families
+    from pipeline.policy import choose_families
+
+    assert None not in choose_families({"workloads": [ranked]}, None)
+    assert row["pattern"] not in [p["pattern"] for p in ranked["cumulative"]]
+
+
+def test_uncalibrated_graph_costs_give_no_projection(decode):
+    w, _ = decode
+    row = _graph_row(rank_workload(w, H200, DECODE))
+    assert row is not None  # launch-bound: listed, with why it has no projection
+    assert row["replay_gain"] is None and row["graphed_pass_us"] is None
+    assert row["note"] == rank_stage.NOT_CALIBRATED
+
+
+def test_device_bound_prefill_gets_the_graph_row_only_where_replay_says_it_helps(prefill):
+    from profiling.replay import device_busy_us
+
+    w, _ = prefill
+    assert _graph_row(rank_workload(w, H200, PREFILL)) is None  # no calibration: no claim
+    # graph costs that eat the idle time it removes: not listed
+    costly = {**H200, "graph_node_us": 50.0, "graph_launch_us": 8.0}
+    assert _graph_row(rank_workload(w, costly, PREFILL)) is None
+    row = _graph_row(rank_workload(w, GRAPHED, PREFILL))
+    if row is not None:
+        assert row["replay_gain"] > rank_stage.GRAPH_MIN_GAIN
+        # a graph removes at most the time the GPU is not busy
+        busy_us = device_busy_us(rank_stage.workload_graph(w, PREFILL))
+        assert row["graphed_pass_us"] >= busy_us
+        assert row["replay_gain"] <= w["wall"]["median_ms"] * 1e3 / busy_us + 1e-9
+
+
+def test_frozen_graphs_projection_unpatched_and_kernels_plus_graph(decode, tmp_path):
+    from core.artifacts import write_json
+
+    w, _ = decode
+    write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
+                                           "workloads": [{**w, "trace": str(DECODE)}]})
+    row = _graph_row(rank_workload(w, GRAPHED, DECODE))
+    proj = rank_stage.project_graphs_with(tmp_path, w["key"], {"rmsnorm": 2.0, "rope": 3.0})
+    assert proj["unpatched"] == pytest.approx(row["replay_gain"])
+    # faster kernels inside the graph shorten it: kernel time decides once the host is gone
+    assert proj["kept"] > proj["unpatched"]
+    assert proj["patterns"] == ["rmsnorm", "rope"] and proj["note"] is None
+    none = rank_stage.project_graphs_with(tmp_path, w["key"], {})
+    assert none["kept"] == pytest.approx(none["unpatched"])

@@ -9,7 +9,10 @@ from profiling.replay import (
     apply_replacements,
     build_graph,
     critical_path,
+    device_busy_us,
     device_event_ids,
+    graphed,
+    graphed_with,
     kernel_table,
     replay,
     what_if,
@@ -174,3 +177,42 @@ def test_synthetic_total_host_saving_pays_the_removed_calls_and_pools_the_rest()
     costs = fuse(host_saving_total_us=-40.0)
     assert costs.graph["host_removed_us"] == pytest.approx(-40.0)
     assert replay(costs) > replay(fuse(host_saving_total_us=0.0))
+
+
+# ------------------------------------------------------------------ replayed as one CUDA graph
+
+def test_synthetic_graphed_pass_is_the_stream_chain_plus_graph_costs():
+    g = build_graph(_synthetic_trace())
+    # K1 50 + K2 100 + K3 100 in stream order, each node 2 us more, one launch of 10 us: the
+    # 1000 us host gap, the launches and the sync are gone
+    assert graphed(g, 2.0, 10.0) == pytest.approx(10.0 + 250.0 + 3 * 2.0)
+    assert graphed(g, 0.0, 0.0) == pytest.approx(device_busy_us(g))
+    # kernels + graph: K2 and K3 fused into one 150 us kernel, then graphed
+    assert graphed_with(g, [({2, 3}, 150.0)], 2.0, 10.0) == pytest.approx(
+        10.0 + 50.0 + 150.0 + 2 * 2.0)
+
+
+def test_synthetic_graphed_keeps_a_cross_stream_wait():
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_node(("host", 0), kind="host", dur=500.0)
+    for i, (dur, stream) in enumerate(((10.0, 1), (5.0, 1), (7.0, 2))):
+        g.add_node(("device", i), kind="device", dur=dur, ts=float(i), stream=stream)
+        g.add_edge(("host", 0), ("device", i), kind="launch", lag=3.0)
+    g.add_edge(("device", 0), ("device", 1), kind="stream", lag=40.0)
+    g.add_edge(("device", 0), ("device", 2), kind="wait", lag=40.0)
+    # the longer branch after the wait: 10 then 7 (not 10 then 5), lags and host gone
+    assert graphed(g, 1.0, 4.0) == pytest.approx(4.0 + 11.0 + 8.0)
+
+
+@pytest.mark.parametrize("path", [DECODE, PREFILL])
+def test_fixture_graphed_keeps_gpu_time_and_removes_host(path):
+    g = build_graph(load_trace(path))
+    busy, wall = device_busy_us(g), replay(g)
+    one_stream = graphed(g, 0.0, 0.0)
+    assert busy - 1e-6 <= one_stream < wall
+    n = sum(1 for _, a in g.nodes(data=True) if a["kind"] == "device")
+    # every kernel pays its node cost, once on the critical chain, when it is one stream
+    assert graphed(g, 1.0, 5.0) <= one_stream + n * 1.0 + 5.0 + 1e-6
+    assert graphed(g, 1.0, 5.0) > one_stream

@@ -1,0 +1,316 @@
+"""The graphs stage: the host's remedy, applied after integration like a kernel family.
+
+Per workload, on a GPU, the unpatched model and the model with the workload's kept kernels are
+captured as CUDA graphs (prefill: `models.graphs.GraphedPrefill` on the workload's input shape;
+decode: `models.graphs.StaticDecoder(graph=True)` over a static KV cache, one step replayed at
+successive positions). The patched graph is verified against the eager patched model on fresh
+inputs copied into the static buffers (decode: at successive positions, against the same
+model's eager static-cache decoder) and by the whole-model check (fp32 reference, the 1.5x
+rule); then timed, paired and interleaved, against the user's eager call and against the eager
+shipped set. Graphs ship for a workload only where both paired 95 % intervals say the graphed
+patched model is faster. A capture that fails records its one-line reason and the workload
+stays eager; nothing here ends the run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from core.artifacts import read_json, write_json
+from pipeline.patching import patched, twin
+
+NO_GPU = "CUDA graphs need a GPU"
+TRIALS = 3
+# Graph replay against the eager model it captured: the same kernels run, so their logits agree
+# to rounding (relative norm error); a graph reading a stale input or position is off by O(1).
+GRAPH_TOL = 1e-3
+DECODE_STEPS = TRIALS + 1  # static-cache room beyond the prompt: one position per trial
+
+
+def graphs_stage(run_dir: Path, spec, workloads, summary: dict, say: Callable[[str], None],
+                 pairs: int, timer=None) -> dict:
+    """Add workloads[key]["graphs"] to integration.json for every measured workload."""
+    integ = read_json(run_dir / "integration.json", "integration")
+    proj_path = run_dir / "projection.json"
+    proj = read_json(proj_path, "projection") if proj_path.exists() else {"workloads": {}}
+    measured = [w for w in workloads if w.key in integ["workloads"]]
+    if not measured:
+        return integ
+    if not can_graph(measured[0].device):
+        for w in measured:
+            integ["workloads"][w.key]["graphs"] = {"skipped": NO_GPU}
+        write_json(run_dir / "integration.json", integ)
+        return integ
+    from pipeline.integrate import fp32_reference
+    from profiling.loader import build
+    from verify.timing import paired_ratio
+
+    timer = timer or partial(paired_ratio, max_n=2 * pairs)
+    by_dtype: dict[str, list] = {}
+    for w in measured:
+        by_dtype.setdefault(w.dtype, []).append(w)
+    for _dtype, ws in by_dtype.items():
+        say(f"building {spec.model_id} for CUDA graphs")
+        model = build(spec, ws[0].torch_dtype(), ws[0].device)
+        ref = fp32_reference(model)
+        for w in ws:
+            say(f"graphs {w.key}")
+            rec = integ["workloads"][w.key]
+            projected = (proj["workloads"].get(w.key) or {}).get("graphs")
+            try:
+                rec["graphs"] = graph_workload(model, ref, w, summary["accepted"], rec["kept"],
+                                               rec.get("cases") or {}, pairs, timer, projected,
+                                               count_kernels=w.device.startswith("cuda"))
+            except Exception as e:  # noqa: BLE001 - the host's remedy must not end the run
+                rec["graphs"] = {"captured": False, "error": _one_line(e),
+                                 "decision": "eager: the graphs stage failed here",
+                                 "shipped": False, "projected": projected}
+            if w.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        del model, ref
+    write_json(run_dir / "integration.json", integ)
+    return integ
+
+
+def can_graph(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases: dict,
+                   pairs: int, timer, projected: dict | None = None,
+                   count_kernels: bool = False) -> dict:
+    """Capture, verify, time and decide graphs for one workload (see the module docstring).
+    `timer(fn_a, fn_b, n=, device=)`: a paired ratio b / a (verify.timing.paired_ratio)."""
+    allowed = {f: set(v) for f, v in cases.items()}
+    variant = twin(model)
+    with torch.no_grad(), patched(variant, accepted, kept, allowed):
+        sides = _Sides(model, variant, workload)
+        try:
+            rec = {"kept": list(kept), "projected": projected}
+            rec.update(sides.capture())
+            if not rec["captured"]:
+                rec.update(decision=f"eager: capture failed ({rec['reason']})", shipped=False)
+                return rec
+            rec["verification"] = sides.verify(ref)
+            if not rec["verification"]["passed"]:
+                rec.update(decision="eager: the graph's output does not match the eager "
+                                    "patched model", shipped=False)
+                return rec
+            rec.update(sides.time(timer, pairs))
+            rec["decision"], rec["shipped"] = decide(rec["graphed_vs_eager"],
+                                                     rec["graphed_vs_eager_kept"])
+            if count_kernels:
+                rec["kernels_per_pass"] = sides.kernels_per_pass()
+            rec["measured_speedup"] = _speedup(rec["graphed_vs_eager"])
+            return rec
+        finally:
+            sides.close()
+
+
+def decide(vs_eager: dict, vs_kept: dict) -> tuple[str, bool]:
+    """Graphs ship only where the paired 95 % CI says the graphed patched model is faster than
+    the user's eager call and than the eager shipped set; never a regression."""
+    for r, what in ((vs_eager, "the eager model"), (vs_kept, "the eager shipped set")):
+        if not r.get("meaningful"):
+            return f"eager: timing not meaningful here ({r.get('reason')})", False
+        if r["verdict"] != "faster":
+            return (f"eager: graphed is not faster than {what} "
+                    f"({r['verdict']}, ratio {r['estimate']:.3f})"), False
+    return "graphs ship", True
+
+
+class _Sides:
+    """The four ways to run one workload: eager and graphed, unpatched and patched."""
+
+    def __init__(self, model, variant, workload):
+        self.model, self.variant, self.w = model, variant, workload
+        self.decode = workload.mode == "decode"
+        self.device = workload.device
+        self.vocab = model.config.vocab_size
+        self.graph_base = self.graph_kept = None
+        self.base_reason = None
+        self.open: list = []
+
+    def ids(self, seed: int, length: int | None = None) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        n = self.w.seq if length is None else length
+        return torch.randint(0, self.vocab, (self.w.batch, n), generator=gen).to(self.device)
+
+    def _graph(self, m):
+        from models.graphs import GraphedPrefill, StaticDecoder
+
+        if self.decode:
+            dec = StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS, graph=True)
+            self.open.append(dec)
+            dec.prefill(self.ids(0))
+            # the step is captured on its first call: make that happen here, where a failure
+            # is a capture failure, then set the position back to the prompt's end
+            dec.step(self.ids(1, 1))
+            dec.rewind(self.w.seq)
+            return dec
+        g = GraphedPrefill(m, self.ids(0))
+        self.open.append(g)
+        return g
+
+    def capture(self) -> dict:
+        from models.graphs import capture_reason
+
+        try:
+            self.graph_kept = self._graph(self.variant)
+        except Exception as e:  # noqa: BLE001 - a failed capture falls back to eager
+            return {"captured": False, "reason": _reason(capture_reason, e)}
+        try:
+            self.graph_base = self._graph(self.model)
+        except Exception as e:  # noqa: BLE001 - only the unpatched graph's timing is lost
+            self.base_reason = _reason(capture_reason, e)
+        pool = {"kept": self.graph_kept.pool_bytes,
+                "unpatched": getattr(self.graph_base, "pool_bytes", None)}
+        return {"captured": True, "reason": None, "unpatched_captured": self.graph_base
+                is not None, "unpatched_reason": self.base_reason, "pool_bytes": pool}
+
+    def verify(self, ref) -> dict:
+        from pipeline.integrate import ERROR_FLOOR, ERROR_RATIO, logits_error
+
+        trials = []
+        if self.decode:
+            from models.graphs import StaticDecoder
+
+            # the unpatched error is the unpatched model's over the same static-cache path
+            eager, base_dec = (StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS,
+                                             graph=False) for m in (self.variant, self.model))
+            self.open += [eager, base_dec]
+            prompt = self.ids(0)
+            eager.prefill(prompt)
+            base_dec.prefill(prompt)
+            self.graph_kept.rewind(self.w.seq)
+            seen = prompt
+        for t in range(TRIALS):
+            if self.decode:
+                step = self.ids(200 + t, 1)
+                pos = self.graph_kept.position
+                out = self.graph_kept.step(step).clone()
+                want = eager.step(step)
+                seen = torch.cat([seen, step], dim=1)
+                ref_out = ref(seen).logits[:, -1:]
+                base = base_dec.step(step)
+                where = {"position": pos}
+            else:
+                ids = self.ids(100 + t)
+                out = self.graph_kept(ids).clone()
+                want = self.variant(ids, use_cache=False).logits
+                ref_out, base = ref(ids).logits, self.model(ids).logits
+                where = {"seed": 100 + t}
+            e_graph = logits_error(out, want)
+            e_new, e_base = logits_error(out, ref_out), logits_error(base, ref_out)
+            limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
+            trials.append({**where, "graph_vs_eager": e_graph, "error_graphed": e_new,
+                           "error_unpatched": e_base, "limit": limit,
+                           "passed": e_graph <= GRAPH_TOL and e_new <= limit})
+        return {"trials": trials, "tolerance": GRAPH_TOL,
+                "passed": all(t["passed"] for t in trials)}
+
+    def runners(self) -> dict[str, Callable[[], object]]:
+        from profiling.capture import make_runner
+
+        def eager(m):
+            runner = make_runner(m, self.w)
+            return runner.once
+
+        def graphed(g):
+            if g is None:
+                return None
+            if self.decode:
+                nxt = self.ids(300, 1)
+
+                def step():
+                    g.rewind(self.w.seq)  # every timed step at the profiled cache length
+                    g.step(nxt)
+                return step
+            ids = self.ids(300)
+            return lambda: g(ids)
+
+        out = {"eager": eager(self.model), "eager_kept": eager(self.variant),
+               "graphed": graphed(self.graph_base), "graphed_kept": graphed(self.graph_kept)}
+        if self.decode:
+            from models.graphs import StaticDecoder
+
+            static = StaticDecoder(self.model, self.w.batch, self.w.seq + DECODE_STEPS,
+                                   graph=False)
+            self.open.append(static)
+            static.prefill(self.ids(0))
+            out["eager_static"] = graphed(static)
+        return out
+
+    def time(self, timer, pairs: int) -> dict:
+        run = self.runners()
+
+        def pair(a, b):
+            return timer(run[a], run[b], n=pairs, device=self.device).to_dict()
+
+        main = pair("eager", "graphed_kept")
+        vs_kept = pair("eager_kept", "graphed_kept")
+        medians = {"eager_ms": _median(main, "a"), "graphed_kept_ms": _median(main, "b"),
+                   "eager_kept_ms": _median(vs_kept, "a"), "graphed_ms": None}
+        out = {"graphed_vs_eager": _brief(main), "graphed_vs_eager_kept": _brief(vs_kept)}
+        if run["graphed"] is not None:
+            base = pair("eager", "graphed")
+            medians["graphed_ms"] = _median(base, "b")
+            out["graphed_unpatched_vs_eager"] = _brief(base)
+        if "eager_static" in run:
+            static = pair("eager", "eager_static")
+            medians["eager_static_ms"] = _median(static, "b")
+            out["eager_static_vs_eager"] = _brief(static)
+        return {"medians": medians, **out}
+
+    def kernels_per_pass(self) -> dict:
+        """Device kernels one eager pass launches, unpatched and patched (torch.profiler)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from profiling.capture import make_runner
+
+        counts = {}
+        for name, m in (("unpatched", self.model), ("kept", self.variant)):
+            runner = make_runner(m, self.w)
+            runner.once()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                runner.once()
+                torch.cuda.synchronize()
+            counts[name] = sum(1 for e in prof.events()
+                               if e.device_type == torch.autograd.DeviceType.CUDA
+                               and not e.name.startswith(("Memcpy", "Memset")))
+        return counts
+
+    def close(self) -> None:
+        while self.open:
+            self.open.pop().close()
+
+
+def _median(ratio: dict, side: str) -> float | None:
+    times = ratio.get(f"times_{side}_ms")
+    return statistics.median(times) if times else None
+
+
+def _brief(ratio: dict) -> dict:
+    return {k: ratio.get(k) for k in ("estimate", "ci_low", "ci_high", "verdict", "meaningful",
+                                      "reason")} | {"pairs": len(ratio.get("ratios") or [])}
+
+
+def _speedup(ratio: dict) -> float | None:
+    return 1.0 / ratio["estimate"] if ratio.get("estimate") else None
+
+
+def _reason(capture_reason, exc: BaseException) -> str:
+    try:
+        return _one_line(capture_reason(exc))
+    except Exception:  # noqa: BLE001 - the reason of a failure must not fail in turn
+        return _one_line(exc)
+
+
+def _one_line(x) -> str:
+    text = x if isinstance(x, str) else f"{type(x).__name__}: {x}"
+    return (text.strip().splitlines() or [""])[0][:300]

@@ -1,0 +1,121 @@
+"""Fakes of models.graphs with its interface, for CPU tests: the "graph" runs the model eagerly
+on its static input buffer (what a correct replay computes); `Stale*` variants read a stale
+input or position, as a wrong capture would; `Failing*` raise a CaptureError."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+
+
+class CaptureError(RuntimeError):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def capture_reason(exc) -> str:
+    return getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+
+
+class GraphedPrefill:
+    def __init__(self, model, example_ids, *, warmup=3):
+        self.model, self.shape = model, tuple(example_ids.shape)
+        self.static = example_ids.clone()
+        with torch.no_grad():
+            self.out = model(self.static, use_cache=False).logits.clone()
+        self.pool_bytes = self.out.numel() * self.out.element_size()
+        self.closed = False
+
+    def matches(self, ids) -> bool:
+        return tuple(ids.shape) == self.shape and ids.dtype == self.static.dtype
+
+    def __call__(self, ids):
+        self.static.copy_(ids)
+        with torch.no_grad():
+            self.out.copy_(self.model(self.static, use_cache=False).logits)
+        return self.out
+
+    def close(self):
+        self.closed = True
+
+
+class StalePrefill(GraphedPrefill):
+    """Replays what it captured: ignores the input copied into its buffer."""
+
+    def __call__(self, ids):
+        return self.out
+
+
+class FailingPrefill(GraphedPrefill):
+    def __init__(self, model, example_ids, *, warmup=3):
+        raise CaptureError("aten::nonzero synchronises the host during capture")
+
+
+def _cache_kw(model) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
+
+class StaticDecoder:
+    """Eager decode over a dynamic cache cropped on rewind: positions as a static one."""
+
+    def __init__(self, model, batch, max_len, *, graph: bool):
+        self.model, self.batch, self.max_len, self.graph = model, batch, max_len, graph
+        self.position, self.pool_bytes, self.cache, self.closed = 0, 4096 if graph else 0, \
+            None, False
+
+    def prefill(self, ids):
+        with torch.no_grad():
+            out = self.model(ids, use_cache=True)
+        self.cache = getattr(out, "cache", None) or out.past_key_values
+        self.position = ids.shape[1]
+        return out.logits
+
+    def step(self, next_ids):
+        if self.position >= self.max_len:
+            raise ValueError("static cache full")
+        with torch.no_grad():
+            out = self.model(next_ids, use_cache=True, **{_cache_kw(self.model): self.cache})
+        self.position += 1
+        return out.logits[:, -1:]
+
+    def rewind(self, position):
+        extra = self.cache.get_seq_length() - position
+        if extra > 0:
+            self.cache.crop(-extra)
+        self.position = position
+
+    def generate(self, ids, n_tokens):
+        logits = self.prefill(ids)[:, -1:]
+        new = []
+        for _ in range(n_tokens):
+            nxt = logits.argmax(-1)
+            new.append(nxt)
+            logits = self.step(nxt)
+        return torch.cat(new, dim=1)
+
+    def close(self):
+        self.closed = True
+
+
+class StaleDecoder(StaticDecoder):
+    """A graphed step that always writes and reads at the prompt's position."""
+
+    def prefill(self, ids):
+        self.start = ids.shape[1]
+        return super().prefill(ids)
+
+    def step(self, next_ids):
+        if self.graph:
+            StaticDecoder.rewind(self, self.start)
+        return super().step(next_ids)
+
+
+def module(prefill=GraphedPrefill, decoder=StaticDecoder) -> types.ModuleType:
+    m = types.ModuleType("models.graphs")
+    m.CaptureError, m.capture_reason = CaptureError, capture_reason
+    m.GraphedPrefill, m.StaticDecoder = prefill, decoder
+    return m

@@ -1,0 +1,287 @@
+"""The graphs stage on the CPU, with fakes of models.graphs (tests/pipeline/fake_graphs.py):
+the decision rule, capture failure falling back with a one-line reason, stale inputs and stale
+positions failing verification, the records written, and the API's graph handle."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from core.artifacts import read_json, write_json
+from core.workload import Workload
+from pipeline.stages import graphs as gs
+from tests.pipeline import fake_graphs
+from verify.timing import PairedRatio
+
+PREFILL = Workload(2, 8, "float32", "cpu", "prefill")
+DECODE = Workload(1, 8, "float32", "cpu", "decode")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from pipeline.integrate import fp32_reference
+    from profiling.loader import build, resolve
+
+    torch.manual_seed(0)
+    model = build(resolve("tiny-llama"), torch.float32, "cpu").eval()
+    return model, fp32_reference(model)
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    def use(**kw):
+        monkeypatch.setitem(sys.modules, "models.graphs", fake_graphs.module(**kw))
+    use()
+    return use
+
+
+def ratio(verdict: str, estimate: float = None, meaningful: bool = True) -> PairedRatio:
+    est = estimate or {"faster": 0.5, "slower": 1.5, "same": 1.0}[verdict]
+    low, high = {"faster": (est - 0.05, est + 0.05), "slower": (est - 0.05, est + 0.05),
+                 "same": (0.9, 1.1)}[verdict]
+    return PairedRatio(ratios=[est] * 4, statistic="median", estimate=est, ci_low=low,
+                       ci_high=high, confidence=0.95, verdict=verdict, meaningful=meaningful,
+                       reason=None if meaningful else "CPU", times_a_ms=[2.0] * 4,
+                       times_b_ms=[2.0 * est] * 4)
+
+
+def timer_of(*verdicts):
+    """A paired timer answering in call order (graphed_kept vs eager, vs eager_kept, graphed
+    unpatched vs eager, eager static vs eager); it runs each side once, as a real one would."""
+    calls = []
+
+    def timer(fn_a, fn_b, n, device):
+        fn_a()
+        fn_b()
+        calls.append(n)
+        return verdicts[len(calls) - 1] if len(calls) <= len(verdicts) else ratio("same")
+    timer.calls = calls
+    return timer
+
+
+def run(tiny, workload, timer, **kw):
+    model, ref = tiny
+    return gs.graph_workload(model, ref, workload, {}, [], {}, 3, timer, **kw)
+
+
+def test_decision_ships_only_where_faster_than_eager_and_the_shipped_set():
+    fast = ratio("faster").to_dict()
+    assert gs.decide(fast, fast) == ("graphs ship", True)
+    for main, kept in ((fast, ratio("same").to_dict()), (ratio("same").to_dict(), fast),
+                       (fast, ratio("slower").to_dict()), (ratio("slower").to_dict(), fast),
+                       (fast, ratio("faster", meaningful=False).to_dict())):
+        why, shipped = gs.decide(main, kept)
+        assert shipped is False and why.startswith("eager:")
+    assert "shipped set" in gs.decide(fast, ratio("slower").to_dict())[0]
+
+
+def test_prefill_graph_is_captured_verified_timed_and_shipped(tiny, fakes):
+    timer = timer_of(ratio("faster", 0.4), ratio("faster", 0.6), ratio("faster", 0.45))
+    rec = run(tiny, PREFILL, timer, projected={"unpatched": 2.0, "kept": 2.5})
+    assert rec["captured"] is True and rec["reason"] is None
+    assert rec["pool_bytes"]["kept"] > 0 and rec["pool_bytes"]["unpatched"] > 0
+    trials = rec["verification"]["trials"]
+    assert len(trials) == gs.TRIALS and rec["verification"]["passed"]
+    assert all(t["graph_vs_eager"] <= gs.GRAPH_TOL and t["error_graphed"] <= t["limit"]
+               for t in trials)
+    assert len(timer.calls) == 3  # graphed-patched vs eager, vs eager-patched, unpatched graphed
+    med = rec["medians"]
+    assert med["eager_ms"] == 2.0 and med["graphed_kept_ms"] == pytest.approx(0.8)
+    assert med["eager_kept_ms"] == 2.0 and med["graphed_ms"] == pytest.approx(0.9)
+    assert rec["decision"] == "graphs ship" and rec["shipped"] is True
+    assert rec["measured_speedup"] == pytest.approx(2.5)
+    assert rec["projected"] == {"unpatched": 2.0, "kept": 2.5}
+
+
+def test_graph_not_faster_than_the_eager_shipped_set_stays_eager(tiny, fakes):
+    rec = run(tiny, PREFILL, timer_of(ratio("faster"), ratio("same")))
+    assert rec["verification"]["passed"] and rec["shipped"] is False
+    assert "eager shipped set" in rec["decision"]
+
+
+def test_capture_failure_falls_back_to_eager_with_one_line_reason(tiny, fakes):
+    fakes(prefill=fake_graphs.FailingPrefill)
+    timer = timer_of()
+    rec = run(tiny, PREFILL, timer)
+    assert rec["captured"] is False and rec["shipped"] is False
+    assert rec["reason"] == "aten::nonzero synchronises the host during capture"
+    assert "\n" not in rec["decision"] and rec["reason"] in rec["decision"]
+    assert timer.calls == []  # nothing timed for a graph that does not exist
+
+
+def test_stale_input_graph_fails_verification(tiny, fakes):
+    fakes(prefill=fake_graphs.StalePrefill)
+    timer = timer_of(ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer)
+    assert rec["verification"]["passed"] is False and rec["shipped"] is False
+    trials = rec["verification"]["trials"]
+    assert all(t["graph_vs_eager"] > gs.GRAPH_TOL for t in trials)
+    assert all(t["error_graphed"] > t["limit"] for t in trials)  # the fp32 rule catches it too
+    assert timer.calls == []
+
+
+def test_decode_steps_at_successive_positions_and_records_static_eager(tiny, fakes):
+    timer = timer_of(ratio("faster"), ratio("faster"), ratio("faster"), ratio("same"))
+    rec = run(tiny, DECODE, timer)
+    trials = rec["verification"]["trials"]
+    assert [t["position"] for t in trials] == [DECODE.seq + i for i in range(gs.TRIALS)]
+    assert rec["verification"]["passed"]
+    assert len(timer.calls) == 4 and rec["medians"]["eager_static_ms"] == 2.0
+    assert rec["shipped"] is True
+
+
+def test_stale_position_decoder_fails_verification(tiny, fakes):
+    fakes(decoder=fake_graphs.StaleDecoder)
+    rec = run(tiny, DECODE, timer_of(ratio("faster"), ratio("faster")))
+    trials = rec["verification"]["trials"]
+    assert trials[0]["passed"]  # the first step is at the prompt's position: right by luck
+    assert not all(t["passed"] for t in trials[1:])
+    assert rec["verification"]["passed"] is False and rec["shipped"] is False
+
+
+def _integration(tmp_path, workloads):
+    write_json(tmp_path / "integration.json", {"stage": "integrate", "families": [],
+               "workloads": {w.key: {"workload": w.to_dict(), "kept": [], "cases": {}}
+                             for w in workloads}})
+
+
+def test_stage_on_the_cpu_records_why_it_skipped(tmp_path):
+    from profiling.loader import resolve
+
+    _integration(tmp_path, [PREFILL])
+    gs.graphs_stage(tmp_path, resolve("tiny-llama"), [PREFILL], {"accepted": {}}, print, 3)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    assert integ["workloads"][PREFILL.key]["graphs"] == {"skipped": gs.NO_GPU}
+
+
+def test_stage_writes_records_and_a_failing_workload_does_not_end_the_run(tmp_path, fakes,
+                                                                        monkeypatch):
+    from profiling.loader import resolve
+
+    monkeypatch.setattr(gs, "can_graph", lambda device: True)
+    real = gs.graph_workload
+
+    def flaky(model, ref, workload, *args, **kw):
+        if workload.mode == "decode":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\n"
+                               "  more lines of traceback")
+        return real(model, ref, workload, *args, **kw)
+    monkeypatch.setattr(gs, "graph_workload", flaky)
+    write_json(tmp_path / "projection.json", {"kernel_speedups": {}, "families": [],
+               "workloads": {PREFILL.key: {"amdahl": 1.0, "replay": 1.0, "patterns": [],
+                                           "graphs": {"unpatched": 3.0, "kept": 3.0}}}})
+    _integration(tmp_path, [PREFILL, DECODE])
+    gs.graphs_stage(tmp_path, resolve("tiny-llama"), [PREFILL, DECODE], {"accepted": {}},
+                    lambda _: None, 3, timer=timer_of(ratio("faster"), ratio("faster")))
+    integ = read_json(tmp_path / "integration.json", "integration")
+    pre, dec = (integ["workloads"][w.key]["graphs"] for w in (PREFILL, DECODE))
+    assert pre["shipped"] is True and pre["projected"] == {"unpatched": 3.0, "kept": 3.0}
+    assert dec["shipped"] is False and dec["captured"] is False
+    assert dec["error"] == "RuntimeError: CUDA error: operation not permitted when stream is " \
+                           "capturing"
+
+
+# the API ------------------------------------------------------------------------------------
+
+def _run_dir(tmp_path, graphs: dict[str, dict]) -> None:
+    write_json(tmp_path / "verification" / "summary.json", {"accepted": {}, "rejected": []})
+    write_json(tmp_path / "integration.json", {"families": [], "workloads": {
+        w.key: {"workload": w.to_dict(), "kept": [], "cases": {}, "graphs": graphs[w.key]}
+        for w in (PREFILL, DECODE) if w.key in graphs}})
+
+
+def test_api_replays_the_graph_for_its_shape_falls_through_otherwise_and_undo_frees(
+        tiny, fakes, tmp_path):
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {PREFILL.key: {"shipped": True, "decision": "graphs ship"}})
+    handle = apply_kernels(model, tmp_path, workload=PREFILL.key, graphs=True)
+    graph = handle.graph
+    assert isinstance(graph, fake_graphs.GraphedPrefill) and graph.shape == (2, 8)
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    other = torch.randint(0, model.config.vocab_size, (1, 5))
+    with torch.no_grad():
+        out = handle(ids)
+        assert out is graph.out  # the graph's static buffer: replayed, not run eagerly
+        assert torch.allclose(out, model(ids).logits, atol=1e-5)
+        eager = handle(other)
+        assert eager is not graph.out and eager.shape[:2] == (1, 5)
+        assert torch.equal(eager, model(other).logits)
+    handle.undo()
+    assert graph.closed and handle.graph is None
+
+
+def test_api_decode_handle_has_a_graphed_static_decoder(tiny, fakes, tmp_path):
+    from pipeline.api import DECODE_HEADROOM, apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {DECODE.key: {"shipped": True}})
+    with apply_kernels(model, tmp_path, workload=DECODE.key, graphs=True) as handle:
+        dec = handle.decoder
+        assert dec.graph is True and dec.max_len == DECODE.seq + DECODE_HEADROOM
+        prompt = torch.randint(0, model.config.vocab_size, (1, DECODE.seq))
+        new = dec.generate(prompt, 4)
+        assert new.shape == (1, 4) and dec.position == DECODE.seq + 4
+    assert dec.closed
+
+
+def test_api_graphs_where_they_did_not_ship_is_a_one_line_error(tiny, fakes, tmp_path):
+    from core.errors import UserError
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {PREFILL.key: {"skipped": gs.NO_GPU},
+                        DECODE.key: {"shipped": False, "decision": "eager: capture failed "
+                                     "(aten::item synchronises)"}})
+    with pytest.raises(UserError, match=gs.NO_GPU) as e:
+        apply_kernels(model, tmp_path, workload=PREFILL.key, graphs=True)
+    assert "\n" not in str(e.value) and "graphs=False" in str(e.value)
+    with pytest.raises(UserError, match="aten::item"):
+        apply_kernels(model, tmp_path, workload=DECODE.key, graphs=True)
+    with pytest.raises(UserError, match="needs a workload"):
+        apply_kernels(model, tmp_path, graphs=True)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    # graphs=False: the kernels alone, as before, no graph
+    handle = apply_kernels(model, tmp_path, workload=PREFILL.key)
+    assert handle.graph is None and handle.decoder is None
+    handle.undo()
+
+
+# the report ---------------------------------------------------------------------------------
+
+def _brief(est, low, high):
+    return {"estimate": est, "ci_low": low, "ci_high": high, "verdict": "faster",
+            "meaningful": True, "reason": None, "pairs": 30}
+
+
+def test_report_block_shows_timings_decision_projection_pool_and_kernel_counts():
+    from pipeline import report_plots as rp
+
+    row = {"pattern": "host: CUDA graph capture", "share": 0.85, "replay_gain": 5.1,
+           "graph_with_kernels_gain": 6.2, "why": "launch-bound pass: GPU busy 15% of wall",
+           "note": None}
+    g = {"captured": True, "reason": None, "decision": "graphs ship", "shipped": True,
+         "medians": {"eager_ms": 18.9, "graphed_ms": 2.91, "eager_kept_ms": 12.0,
+                     "graphed_kept_ms": 2.5},
+         "graphed_vs_eager": _brief(2.5 / 18.9, 0.12, 0.14),
+         "graphed_vs_eager_kept": _brief(2.5 / 12.0, 0.2, 0.22),
+         "graphed_unpatched_vs_eager": _brief(2.91 / 18.9, 0.15, 0.16),
+         "projected": {"unpatched": 6.0, "kept": 7.0}, "measured_speedup": 18.9 / 2.5,
+         "verification": {"trials": [{"passed": True}] * 3, "passed": True},
+         "pool_bytes": {"kept": 3 * 2**20, "unpatched": 2 * 2**20},
+         "kernels_per_pass": {"unpatched": 700, "kept": 420}}
+    md = rp.to_markdown(rp.graphs_blocks({"graph_row": row, "graphs": g}))
+    for text in ("share 85.0%", "5.100x", "6.200x", "GPU busy 15%", "18.900 ms", "2.910 ms",
+                 "12.000 ms", "2.500 ms", "graphs ship", "6.000x / 7.000x", "7.560x",
+                 "3/3 trials passed", "kept 3.0 MiB / unpatched 2.0 MiB", "700 -> 420"):
+        assert text in md, text
+    failed = rp.to_markdown(rp.graphs_blocks({"graph_row": None, "graphs": {
+        "captured": False, "reason": "aten::item synchronises", "decision": "eager"}}))
+    assert "Not captured (aten::item synchronises)" in failed and "ms" not in failed
+    skipped = rp.to_markdown(rp.graphs_blocks({"graph_row": None,
+                                               "graphs": {"skipped": gs.NO_GPU}}))
+    assert gs.NO_GPU in skipped
+    assert rp.graphs_blocks({"graph_row": None, "graphs": None}) == []
