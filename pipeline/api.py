@@ -124,6 +124,7 @@ def _graphs_shipped(measured: dict, workload: str | None) -> None:
 
 def _capture(handle: KernelHandle, model, spec: dict, max_len: int | None) -> None:
     import torch
+
     from models.graphs import GraphedPrefill, StaticDecoder
 
     device = next(model.parameters()).device
