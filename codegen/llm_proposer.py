@@ -226,10 +226,12 @@ def rejected(entries: list[dict]) -> list[dict]:
             == "rejected"]
 
 
-def _figures(e: dict) -> str:
+def _figures(e: dict, rnd: int) -> str:
     """What a rejected candidate failed, for the next prompt."""
     v = e.get("verification") or {}
-    lines = [f"- {Path(e['path']).name}: screen: {e['screen']}"]
+    said = "passed the screen, rejected by verification" if e["screen"].startswith(
+        "rejected by verification") else f"screen: {e['screen']}"
+    lines = [f"- round {rnd}, {Path(e['path']).name}: {said}"]
     lines += [f"  failed check {r}" for r in v.get("reasons") or []]
     if e.get("trace") and e["screen"].startswith("error"):
         lines.append("  traceback tail:\n" + "\n".join("    " + t for t in
@@ -371,6 +373,6 @@ def run_llm_proposer(run_dir: Path, log: dict, device: str, say: Callable[[str],
                 rank_entries(search)
                 write_json(run_dir / "candidates" / "search_log.json", log)
             for e in rejected(done["entries"]):
-                feedback.append(f"round {rnd}:\n" + _figures(e))
+                feedback.append(_figures(e, rnd))
     write_json(run_dir / "candidates" / "search_log.json", log)
     return log

@@ -18,18 +18,17 @@ def _source(c: dict) -> str:
 
 
 def _why(c: dict, verify_reasons: dict[str, str]) -> str | None:
-    """The short reason a candidate was rejected, or None when it was not."""
+    """The short reason a candidate was rejected (its screen first), or None."""
+    screen = c.get("screen") or "not run"
     v = c.get("verification") or {}
-    if v.get("verdict") == "rejected" or c["path"] in verify_reasons:
+    if screen.startswith("rejected by verification: ") or v.get("verdict") == "rejected" \
+            and screen == "pass" or c["path"] in verify_reasons:
         reason = (v.get("reasons") or [verify_reasons.get(c["path"], "verification")])[0]
         return "verification: " + reason.split(":", 1)[0].split(" in ", 1)[0]
-    screen = c.get("screen") or "not run"
     if screen == "pass":
         return None
-    if screen.startswith("rejected by verification: "):
-        return "verification: " + screen.split(": ", 1)[1].split(":", 1)[0].split(" in ")[0]
-    return "screen: " + screen.split(":", 2)[1].strip() if screen.startswith("error:") \
-        else "screen: " + screen
+    return "screen: " + (screen.split(":", 2)[1].strip() if screen.startswith("error:")
+                         else screen)
 
 
 def _effect(family: str, workloads: list[dict]) -> list[str]:
