@@ -5,10 +5,11 @@ so OPENAI_BASE_URL and OPENAI_API_KEY mean what they mean to that client (a loca
 llama.cpp or Ollama server needs no key: a placeholder is sent when none is set). The model
 comes from the options (`--llm-model`) or PIPELINE_LLM_MODEL.
 
-For every searched (family, case) it writes the proposer task folder (codegen.proposer.write_task)
-and runs up to `rounds` rounds. A round sends one prompt (the contract, reference.py, the case,
-best.py with its time against the roofline and the copy bandwidth, and what was rejected so far
-with the checks it failed and their figures) and reads every fenced code block of the reply as
+For every searched (family, case) it writes the proposer task folder
+(codegen.proposal_task.write_task) and runs up to `rounds` rounds. A round sends one prompt
+(the contract, reference.py, the case, best.py with its time against the roofline and the
+copy bandwidth, and what was rejected so far with the checks it failed and their figures) and
+reads every fenced code block of the reply as
 one candidate, `out/r<round>_<n>.py`. Each is screened and timed like a generated candidate
 (codegen.search.screen_and_time: a spawned worker process) and, unless it failed to load,
 verified by verify.harness.verify_candidate (the isolated worker, records under verification/);
@@ -44,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from codegen.proposal_task import write_task
 from codegen.registry import get_family
 from codegen.search import rank_entries, screen_and_time, spread
 from core.artifacts import read_json, write_json, write_text
@@ -303,8 +305,6 @@ def run_llm_proposer(run_dir: Path, log: dict, device: str, say: Callable[[str],
                      options: LLMOptions | None = None, client=None) -> dict:
     """Up to `options.rounds` rounds for every searched case; candidates join the search log
     with their source ("llm <model> round N"). `client`: an openai.OpenAI-like object."""
-    from codegen.proposer import write_task
-
     options = (options or load_options(run_dir)).resolved()
     started = time.monotonic()
     rec = log.setdefault("llm", {})
