@@ -273,6 +273,9 @@ def prompt(task: Path, feedback: list[str], rnd: int, rounds: int) -> list[dict]
                     f"{spec['min_bytes']} bytes that must move"
                     + (f"; the copy bandwidth is {copy:.0f} GB/s, so the floor is "
                        f"{floor_ms:.4f} ms" if floor_ms else "") + ".")
+        base = (spec.get("baseline") or {}).get("median_ms")
+        if base:
+            roofline += f" The code it replaces (the reference) takes {base:.4f} ms."
     if t and not t.get("meaningful", True):
         roofline += " (These timings come from the CPU interpreter and mean nothing.)"
     best_src = (task / "best.py").read_text() if (task / "best.py").is_file() else ""

@@ -24,6 +24,8 @@ import pytest
 
 from core.artifacts import read_json
 
+pytest.importorskip("openai")  # the `llm` extra (also in `test`)
+
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-loopback-7f3a9c1e5b2d4f60a8e1"
 MODEL = "loopback-coder"
@@ -361,6 +363,23 @@ def test_an_endpoint_failure_is_one_line_and_the_run_finishes(llm_run, tmp_path,
     assert summary["accepted"]  # the conventional search's kernel still goes on
     assert [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()
             ] == []
+
+
+def test_a_spent_wall_budget_asks_nothing_and_says_so_once(llm_run, tmp_path, monkeypatch):
+    from codegen.llm_proposer import LLMOptions, run_llm_proposer
+
+    log = copy.deepcopy(llm_run["log"])
+    log.pop("llm")
+    for s in searches(log):
+        s["candidates"] = [c for c in s["candidates"] if c["origin"] != "proposer"]
+    with Loopback(prepared) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        lines: list[str] = []
+        log = run_llm_proposer(tmp_path, log, "cpu", lines.append,
+                               LLMOptions(MODEL, wall_s=1e-9))
+    assert server.bodies == []
+    assert log["llm"]["events"] == lines and len(lines) == 1 and "wall budget" in lines[0]
+    assert log["llm"]["budgets"]["wall_s"] == 1e-9
 
 
 def test_no_model_named_is_one_line(llm_run):
