@@ -7,7 +7,9 @@ screen, not the verification), and timed with the verify stage's harness beside 
 in a worker process: a config that crashes or hangs the worker is logged as such and the search
 resumes with the next one. A file the user edited is kept and searched as it is.
 
-The log keeps every candidate tried, its time and spread, kept or discarded, and why.
+The log keeps every candidate tried, its time and spread, kept or discarded, and why, and
+where it came from (`source`: "search" here; a proposer's name, and for the built-in language
+model proposer its round, for proposals: codegen/proposer.py, codegen/llm_proposer.py).
 
 Backends: "triton" searches `family.search_space`; "cuda" the family's CUDA C++ space
 (`Family.cuda`, configs marked {"backend": "cuda"} so their folders differ), or
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from core.family import Case, Family
 
+SEARCH_SOURCE = "search"
 SCREEN_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
@@ -180,7 +183,7 @@ def search(family: Family, case: Case, root: Path, device: str, max_configs: int
         # what was screened: a later edit of the file makes a resumed run search the case again
         sha1 = hashlib.sha1(path.read_bytes()).hexdigest()
         jobs.append({"path": str(path), "config": cfg, "backend": config_backend(cfg),
-                     "origin": origin, "sha1": sha1})
+                     "origin": origin, "sha1": sha1, "source": SEARCH_SOURCE})
     baseline, entries = screen_and_time(family, case, jobs, device, timeout_s)
     entry = {"family": family.name, "case": case, "case_key": case_key(case), "device": device,
              "backend": family_backend(family, backend), "baseline": baseline,

@@ -126,7 +126,20 @@ def rank(run_dir):
               help="Generate exactly these kernel families (e.g. rmsnorm,rope) instead of "
                    "the top N of the ranking.")
 @click.option("--proposer", default=None, metavar="CMD",
-              help="External program that proposes candidate sources (see README).")
+              help="External program that proposes candidate sources (see README), or "
+                   "`llm` for the built-in proposer: a model behind an OpenAI-compatible "
+                   "endpoint (OPENAI_BASE_URL, OPENAI_API_KEY), e.g. "
+                   "`--proposer llm --llm-model qwen2.5-coder --llm-rounds 3`.")
+@click.option("--llm-model", default=None, metavar="NAME",
+              help="Model for --proposer llm [default: $PIPELINE_LLM_MODEL].")
+@click.option("--llm-rounds", type=int, default=3, show_default=True,
+              help="Feedback rounds per (family, case) for --proposer llm.")
+@click.option("--llm-max-tokens", type=int, default=8192, show_default=True,
+              help="Tokens per reply for --proposer llm.")
+@click.option("--llm-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds per request for --proposer llm.")
+@click.option("--llm-wall", type=float, default=3600.0, show_default=True,
+              help="Seconds --proposer llm may spend in all; no round starts after that.")
 @click.option("--resume", is_flag=True, help="Skip stages and candidates already written.")
 @click.option("--max-configs", type=int, default=None,
               help="Configs searched per case [default: all on a GPU, 1 on the CPU].")
@@ -136,7 +149,8 @@ def rank(run_dir):
                    "estimate.")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Run directory for a new profile (when TARGET is a model id).")
-def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer, resume,
+def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer,
+             llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume,
              max_configs, pairs, run_dir):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
     a model id. TARGET defaults to the latest run under ./runs.
@@ -146,6 +160,8 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
       pipeline optimize --top 5                     # on the latest profiled run
       pipeline optimize runs/llama-3.2-1b-... --resume
       pipeline optimize tiny-llama --top 3 --batch 2 --seq 32   # profile, then optimize
+      OPENAI_BASE_URL=http://127.0.0.1:8000/v1 pipeline optimize --proposer llm \\
+          --llm-model Qwen/Qwen2.5-Coder-32B-Instruct --llm-rounds 2
     """
     from codegen.cuda_build import resolve_backend
     from pipeline.optimize import run_optimize
@@ -155,6 +171,13 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
     if top < 1:
         raise UserError("--top must be at least 1")
     only = _family_list(families)
+    llm = None
+    if proposer is not None and proposer.strip() == "llm":
+        from codegen.llm_proposer import LLMOptions
+
+        # checked before any stage runs: no model named is one line, not a failure later
+        llm = LLMOptions(llm_model, llm_rounds, llm_max_tokens, llm_timeout,
+                         llm_wall).resolved()
     if target is not None and not Path(target).is_dir():
         # a GPU that cannot build CUDA C++ fails before the profile, not after it
         resolve_backend(backend, _defaults(dtype, device)[1])
@@ -163,6 +186,10 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
         target = str(run_dir or latest_run())
     run = load_run(target)
+    if llm is not None:
+        from codegen.llm_proposer import save_options
+
+        save_options(run, llm)
     if backend != "triton":
         from core.artifacts import read_json
 

@@ -16,6 +16,7 @@ from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
 from pipeline import report_plots as rp
 from pipeline.projection_gap import gap
+from pipeline.report_sources import source_tables
 from pipeline.stages.rank import LAUNCH_BOUND_BUSY
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
@@ -43,7 +44,7 @@ def write_report(run_dir: Path) -> dict:
             f"# Acceptance record: {fam}\n\n```text\n{records[fam]}\n```\n"))
     data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
     data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
-    blocks = rp.document(data, records)
+    blocks = rp.document(data, records) + source_tables(arts, data)
     md = write_text(run_dir / "report.md", rp.to_markdown(blocks))
     html = write_text(run_dir / "report.html",
                       rp.to_html(blocks, f"Kernel report: {data['model'].get('id')}"))

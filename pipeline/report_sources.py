@@ -1,0 +1,105 @@
+"""The report's per-source tables: what each source of candidates found, per kernel family.
+
+Sources are the search log's `source` of each candidate: "search" (the conventional search),
+"proposer <program>" (an external proposer) and "llm <model> round N" (the built-in proposer,
+one row per round). Logs written before sources were recorded count proposals as "proposer"
+and everything else as "search".
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from pipeline.report_plots import ci, ms, speed
+
+
+def _source(c: dict) -> str:
+    return c.get("source") or ("proposer" if c.get("origin") == "proposer" else "search")
+
+
+def _why(c: dict, verify_reasons: dict[str, str]) -> str | None:
+    """The short reason a candidate was rejected (its screen first), or None."""
+    screen = c.get("screen") or "not run"
+    v = c.get("verification") or {}
+    if screen.startswith("rejected by verification: ") or v.get("verdict") == "rejected" \
+            and screen == "pass" or c["path"] in verify_reasons:
+        reason = (v.get("reasons") or [verify_reasons.get(c["path"], "verification")])[0]
+        return "verification: " + reason.split(":", 1)[0].split(" in ", 1)[0]
+    if screen == "pass":
+        return None
+    return "screen: " + (screen.split(":", 2)[1].strip() if screen.startswith("error:")
+                         else screen)
+
+
+def _effect(family: str, workloads: list[dict]) -> list[str]:
+    """What the family's shipped kernels did to the whole model, per workload."""
+    out = []
+    for w in workloads:
+        per = next((p for p in w.get("per_family") or [] if p["family"] == family), None)
+        if per is None:
+            continue
+        kept = family in (w.get("kept") or [])
+        effect = (f"{speed(per['speedup'])} {ci(per['ci'])}".strip() if per.get("meaningful")
+                  else (per.get("reason") or "not meaningful"))
+        out.append(f"{w['key']}: {'kept' if kept else 'rolled back'}; whole model with it "
+                   f"alone: {effect}")
+    return out
+
+
+def source_tables(arts: dict, data: dict) -> list[tuple]:
+    """Report blocks: per family, a table of candidates, verdicts and best time per source,
+    and which source's kernel shipped with what it did to the whole model."""
+    log = arts.get("search") or {}
+    summ = arts.get("verification") or {}
+    by_family: dict[str, list[dict]] = defaultdict(list)
+    for s in log.get("searches", []):
+        if s.get("case_key"):
+            by_family[s["family"]].extend(s.get("candidates") or [])
+    if not by_family:
+        return []
+    verify_reasons = {t["candidate"]: (t.get("reasons") or ["rejected"])[0]
+                      for r in summ.get("rejected", []) for t in r.get("tried", [])
+                      if t.get("verdict") == "rejected"}
+    shipped = {a["source"]: a for a in summ.get("accepted", {}).values()}
+    blocks: list[tuple] = [("h", 2, "Candidates per source")]
+    llm = log.get("llm")
+    if llm:
+        b = llm.get("budgets") or {}
+        blocks.append(("p", f"Language-model proposer: {llm.get('model')} at "
+                            f"{llm.get('endpoint')}; budgets {b.get('rounds_per_case')} "
+                            f"rounds per case, {b.get('max_tokens_per_reply')} tokens per "
+                            f"reply, {b.get('timeout_s_per_request')} s per request, "
+                            f"{b.get('wall_s')} s in all; {llm.get('tokens_used', 0)} tokens "
+                            f"used."))
+        for line in llm.get("events") or []:
+            blocks.append(("note", line))
+    for fam, cands in by_family.items():
+        groups: dict[str, list[dict]] = defaultdict(list)
+        for c in cands:
+            groups[_source(c)].append(c)
+        rows = []
+        for src, cs in groups.items():
+            why = Counter(w for w in (_why(c, verify_reasons) for c in cs) if w)
+            verified = sum((c.get("verification") or {}).get("verdict") == "accepted"
+                           or c["path"] in shipped for c in cs)
+            timed = [c["timing"] for c in cs if c.get("timing")]
+            best = min(timed, key=lambda t: t["median_ms"]) if timed else None
+            best_s = "-" if best is None else ms(best["median_ms"]) + (
+                "" if best.get("meaningful", True) else " (not meaningful)")
+            rows.append([src, len(cs), sum(c.get("screen") == "pass" for c in cs), verified,
+                         "; ".join(f"{n}x {w}" for w, n in why.most_common()) or "-",
+                         best_s, sum(c["path"] in shipped for c in cs)])
+        blocks += [("h", 3, f"{fam}: candidates per source"),
+                   ("table", ["source", "candidates", "passed screen", "verified",
+                              "rejected (why)", "best kernel time", "cases shipped"], rows)]
+        from_src = Counter(_source(c) for c in cands if c["path"] in shipped)
+        if from_src:
+            effect = _effect(fam, data.get("workloads") or [])
+            blocks.append(("p", f"Shipped: {fam} kernels from "
+                                + ", ".join(f"{s} ({n} case{'s' * (n > 1)})"
+                                            for s, n in from_src.items())
+                                + (". " + "; ".join(effect) if effect else
+                                   "; not integrated in this run.")))
+        else:
+            blocks.append(("p", f"Shipped: no {fam} kernel passed verification."))
+    return blocks
