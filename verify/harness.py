@@ -168,7 +168,7 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
     outcome = run_isolated(request, timeout_s)
     checks = [c for kind, payload in outcome.messages if kind == "checks" for c in payload]
     checks += _worker_checks(outcome, timeout_s)
-    if outcome.status == "done" and not any(c["name"] == "load" for c in checks):
+    if outcome.status == "done" and not any(c["name"] in ("load", "static") for c in checks):
         checks.append({"name": "harness", "case": None, "passed": False,
                        "detail": "worker finished without reporting any check"})
     errors = [payload for kind, payload in outcome.messages if kind == "errors"]

@@ -2,8 +2,9 @@
 
 What no kernel needs and a cheat does: patching a timer or a synchronise (the timing would lie),
 threads or processes (work that outlives the call, or races the check), its own streams (work
-the caller's stream does not wait for), and imports of the judge or the answer (the project's
-verify/ or tests, the family's reference module). The check reads the source file itself; a
+the caller's stream does not wait for), imports of the judge or the answer (the project's
+verify/ or tests, the family's reference module), and reading tensor values on the host (numpy,
+.tolist(): compute there is invisible to the op allow-list of verify/integrity.py). The check reads the source file itself; a
 helper module it imports is judged by what it does at run time (the op allow-list, streams).
 """
 
@@ -24,6 +25,7 @@ _STREAM_NAMES = {"Stream", "ExternalStream", "set_stream", "stream", "StreamCont
                  "graph", "CUDAGraph"}
 # Modules shared with the verifier even when imported under no name of their own.
 _MODULE_ROOTS = {"time", "torch", "triton", "os", "sys", "builtins", "numpy", "functools"}
+_HOST_READS = {"numpy", "tolist", "__array__", "__dlpack__", "to_dlpack"}
 _JUDGE = ("verify", "tests", "conftest", "pytest", "_pytest", "verify_families")
 
 
@@ -41,6 +43,8 @@ def _forbidden_import(name: str, reference_module: str | None) -> str | None:
     root = name.split(".")[0]
     if root in _CONCURRENCY:
         return f"imports {name} (threads or processes)"
+    if root == "numpy":
+        return f"imports {name} (host compute escapes the op allow-list)"
     if root in _JUDGE or root.startswith("test_"):
         return f"imports {name} (the project's verify/ or tests)"
     if reference_module and (name == reference_module or name.startswith(reference_module + ".")):
@@ -98,6 +102,9 @@ def source_problems(source: str, reference_module: str | None = None) -> list[st
                 say(node, f"setattr on {_dotted(node.args[0])} (monkeypatching)")
             elif name.startswith("os.") and last in _CONCURRENCY_CALLS:
                 say(node, f"calls {name} (threads or processes)")
+            elif last in _HOST_READS and isinstance(node.func, ast.Attribute):
+                say(node, f"calls .{last}() (reads tensor values on the host: a wrapper needs "
+                          "shapes and pointers, and host compute escapes the op allow-list)")
             elif last in _STREAM_NAMES and ("cuda" in name or name.startswith("torch.")):
                 say(node, f"calls {name} (stream creation: work off the caller's stream)")
             elif last in ("__import__", "import_module") and node.args and isinstance(
