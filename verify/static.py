@@ -4,8 +4,9 @@ What no kernel needs and a cheat does: patching a timer or a synchronise (the ti
 threads or processes (work that outlives the call, or races the check), its own streams (work
 the caller's stream does not wait for), imports of the judge or the answer (the project's
 verify/ or tests, the family's reference module), and reading tensor values on the host (numpy,
-.tolist(): compute there is invisible to the op allow-list of verify/integrity.py). The check reads the source file itself; a
-helper module it imports is judged by what it does at run time (the op allow-list, streams).
+.tolist(): compute there is invisible to the op allow-list of verify/integrity.py). The check
+reads the source file itself; a helper module it imports is judged by what it does at run time
+(the op allow-list, streams).
 """
 
 from __future__ import annotations
