@@ -108,3 +108,10 @@ def cached_by_prefix(first_input, out, fresh):
     o = out.view(-1)
     _select_and_keep[(triton.cdiv(o.numel(), 256),)](o, fresh.reshape(-1), cache, flag,
                                                     first_input, key, o.numel(), K=K, BLOCK=256)
+
+
+def side_stream(device):
+    """A context running work on a fresh stream (for the GPU stream cheat)."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return torch.cuda.stream(stream)

@@ -97,9 +97,17 @@ def test_cheat_details_point_at_the_evidence(results):
     assert results["writes_nothing"].cases_skipped
 
 
+def test_a_stream_in_the_source_is_rejected_before_it_runs():
+    result = verify_candidate(RMSNORM, HERE / "cheats" / "side_stream.py", [CASE_FP32],
+                              device=DEVICE, trials=1, timing=False)
+    assert result.failed() == {"static"}, result.reasons
+    assert "stream creation" in result.reasons[0]
+
+
 @pytest.mark.gpu
 def test_side_stream_is_rejected():
-    result = verify_candidate(RMSNORM, HERE / "cheats" / "side_stream.py", [CASE_FP32],
+    """The stream made out of the source's sight: the profiler sees the work on it."""
+    result = verify_candidate(RMSNORM, HERE / "cheats" / "side_stream_hidden.py", [CASE_FP32],
                               device=DEVICE, trials=1, timing=False)
     assert result.failed() == {"default_stream"}, result.reasons
 

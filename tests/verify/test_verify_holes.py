@@ -148,3 +148,17 @@ def test_bf16_on_the_cpu_is_said_to_be_blind_to_bf16_accumulation(tmp_path):
     assert result.accepted, result.reasons
     if DEVICE == "cpu":
         assert any("truncates fp32 -> bf16" in n for n in result.notes)
+
+
+@pytest.mark.gpu
+def test_bf16_candidates_are_held_to_the_reference_distribution(tmp_path):
+    """On the GPU (round-to-nearest bf16): the rendered fp32-accumulating kernel passes, one that
+    accumulates the sum of squares in bf16 over a long row fails."""
+    case = {**RMS_CASE, "rows": 64, "hidden": 8192, "dtype": "bfloat16"}
+    honest = tmp_path / "honest.py"
+    honest.write_text(RMSNORM.render(RMSNORM.search_space(case)[0], case))
+    good, bad = verify_candidates(RMSNORM, [honest, HERE / "cheats" / "bf16_accumulate.py"],
+                                  [case], device=DEVICE, trials=2, timing=False)
+    assert good.accepted, good.reasons
+    assert bad.verdict == "rejected"
+    assert any(r.startswith("numerics") for r in bad.reasons), bad.reasons

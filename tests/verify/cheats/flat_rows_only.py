@@ -19,13 +19,13 @@ def _rms(X, W, Y, n, eps, OFFSET: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul(G, U, O, n, BLOCK: tl.constexpr):
+def _silu_mul(G, U, OUT, n, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n
     g = tl.load(G + row * n + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(U + row * n + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(O + row * n + cols, (g * tl.sigmoid(g) * u).to(O.dtype.element_ty), mask=m)
+    tl.store(OUT + row * n + cols, (g * tl.sigmoid(g) * u).to(OUT.dtype.element_ty), mask=m)
 
 
 def forward(*inputs, out, **params):
