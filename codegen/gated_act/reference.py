@@ -62,7 +62,9 @@ def make_case(rows: int, cols: int, dtype: str, act: str, layout: str, *,
         lead = [int(n) for n in lead]
         if _prod(lead) != case["rows"]:
             raise ValueError(f"leading shape {lead} does not hold {rows} rows")
-        case["lead"] = lead
+        # a string: a case is hashed (dispatch) and goes through JSON, where a tuple would come
+        # back a list
+        case["lead"] = "x".join(map(str, lead))
     if operands is not None:
         if layout != "separate" or operands not in OPERANDS:
             raise ValueError(f"operands {operands!r} for the {layout} layout")
@@ -92,7 +94,9 @@ def _randn(shape, device, generator, dtype: str) -> torch.Tensor:
 
 
 def _lead(case: Case) -> list[int]:
-    return list(case.get("lead", [case["rows"]]))
+    """The leading shape, e.g. "2x8" -> [2, 8]; (rows,) where the case does not say."""
+    lead = case.get("lead")
+    return [int(n) for n in lead.split("x")] if lead else [case["rows"]]
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
@@ -123,13 +127,13 @@ def edge_cases(case: Case) -> list[Case]:
     width = 2 * case["cols"] if case["layout"] == "packed" or \
         case.get("operands") == "halves" else case["cols"]
 
-    def rows(n: int, lead: list[int]) -> Case:
+    def rows(n: int, lead: str) -> Case:
         return {**case, "rows": n, **({"lead": lead} if "lead" in case else {})}
 
     cases = [
-        rows(1, [1, 1]),
-        rows(7, [1, 7]),
-        {**rows(4, [2, 2]), "row_stride": width + 64},
+        rows(1, "1x1"),
+        rows(7, "1x7"),
+        {**rows(4, "2x2"), "row_stride": width + 64},
     ]
     return distinct(case, cases)
 
