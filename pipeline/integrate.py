@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import copy
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -35,25 +35,86 @@ def logits_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+# Spread given to parameters a config initialises to one constant (norm weights at 1, Gemma's
+# (1 + w) weights and biases at 0): enough that a kernel skipping one shows in the logits.
+CONSTANT_PARAM_SPREAD = 0.2
+
+
+@contextmanager
+def non_trivial_constants(*models, seed: int = 0):
+    """Give every parameter whose elements are all equal random values around that constant,
+    the same values in each of `models` (matched by name: the model and its fp32 reference),
+    and restore them on exit. A norm kernel that ignores its weight is invisible while every
+    weight is 1 (or 0 for 1 + w)."""
+    first = dict(models[0].named_parameters())
+    saved, changed = [], []
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        with torch.no_grad():
+            for name, p in first.items():
+                flat = p.detach().reshape(-1)
+                if p.numel() < 2 or not p.is_floating_point() or \
+                        not bool((flat == flat[0]).all()):
+                    continue
+                changed.append(name)
+                noise = CONSTANT_PARAM_SPREAD * torch.randn(p.shape, generator=gen)
+                value = float(flat[0]) + noise
+                for m in models:
+                    q = dict(m.named_parameters()).get(name)
+                    if q is not None and q.shape == p.shape:
+                        saved.append((q, q.detach().clone()))
+                        q.copy_(value.to(device=q.device, dtype=q.dtype))
+        yield changed
+    finally:
+        with torch.no_grad():
+            for q, old in reversed(saved):
+                q.copy_(old)
+
+
+def shared_prefix_prompts(vocab: int, shape: tuple[int, int], seeds, device) -> list[dict]:
+    """One prompt per seed; each after the first repeats its predecessor's first half (of the
+    sequence, or of the batch for one-token decode inputs) with a new tail, so a kernel that
+    caches across calls keyed on part of its input returns a stale answer for the tail."""
+    prompts, previous = [], None
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed + 100)
+        ids = torch.randint(0, vocab, shape, generator=gen)
+        shared = None
+        if previous is not None:
+            dim = 1 if shape[1] > 1 else 0
+            keep = shape[dim] // 2
+            if keep:
+                ids.narrow(dim, 0, keep).copy_(previous.narrow(dim, 0, keep))
+                shared = {"dim": "seq" if dim else "batch", "length": keep}
+        prompts.append({"seed": seed + 100, "ids": ids.to(device), "shares_prefix": shared})
+        previous = ids
+    return prompts
+
+
 def whole_model_check(model, ref_model, accepted: dict, families: list[str], workload,
                       seeds=(0, 1, 2)) -> dict:
-    """Errors against the fp32 reference, unpatched and patched, on fresh inputs. The patched
-    model is a twin over the same weights, patched once for all trials."""
+    """Errors against the fp32 reference, unpatched and patched, on fresh inputs whose prompts
+    share prefixes, with constant-initialised parameters given non-trivial values (in the model
+    and the reference alike; the caller's values come back). The patched model is a twin over
+    the same weights, patched once for all trials."""
     shape = (workload.batch, workload.seq if workload.mode == "prefill" else 1)
     variant = twin(model)
     trials = []
-    with torch.no_grad(), patched(variant, accepted, families):
-        for seed in seeds:
-            gen = torch.Generator().manual_seed(seed + 100)
-            ids = torch.randint(0, model.config.vocab_size, shape, generator=gen)
-            ids = ids.to(workload.device)
-            ref = ref_model(ids).logits
-            e_base = logits_error(model(ids).logits, ref)
-            e_new = logits_error(variant(ids).logits, ref)
-            limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
-            trials.append({"seed": seed + 100, "error_unpatched": e_base,
-                           "error_patched": e_new, "limit": limit, "passed": e_new <= limit})
-    return {"families": families, "trials": trials, "passed": all(t["passed"] for t in trials)}
+    refs = [ref_model] if ref_model is not None else []
+    with torch.no_grad(), non_trivial_constants(model, *refs) as changed:
+        with patched(variant, accepted, families):
+            for prompt in shared_prefix_prompts(model.config.vocab_size, shape, seeds,
+                                                workload.device):
+                ids = prompt["ids"]
+                ref = ref_model(ids).logits
+                e_base = logits_error(model(ids).logits, ref)
+                e_new = logits_error(variant(ids).logits, ref)
+                limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
+                trials.append({"seed": prompt["seed"], "shares_prefix": prompt["shares_prefix"],
+                               "error_unpatched": e_base, "error_patched": e_new,
+                               "limit": limit, "passed": e_new <= limit})
+    return {"families": families, "trials": trials, "passed": all(t["passed"] for t in trials),
+            "constants_perturbed": {"spread": CONSTANT_PARAM_SPREAD, "parameters": changed}}
 
 
 def check_and_bisect(model, ref_model, accepted: dict, families: list[str], workload) -> dict:

@@ -26,7 +26,6 @@ Each emits one record per case: {"name", "case", "passed", "detail"} (+ "skipped
 
 from __future__ import annotations
 
-import functools
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -36,19 +35,18 @@ from typing import Any
 import torch
 
 from verify.integrity import (
-    POISON_BIG,
     POISON_NAN,
     GuardedOut,
     OpRecorder,
     bits,
-    forbidden_ops,
-    normalize_op,
+    disallowed_ops,
     profile_streams,
     snapshot_inputs,
     synchronize,
 )
 from verify.loading import case_params, load_candidate, load_family
 from verify.numerics import (
+    MEMO_KINDS,
     STRESS_KINDS,
     Comparison,
     apply_stress,
@@ -58,17 +56,21 @@ from verify.numerics import (
     input_plan,
     order_slack,
     reference_outputs,
+    repeat_in_part,
     seed_for,
     stress_indices,
 )
+from verify.static import check_source
 from verify.timing import NOT_GPU_REASON, bench, copy_reference
 from verify.tolerances import tolerance_for
 
 CHECK_OF_KIND = {"random": "numerics", "nonfinite": "nonfinite",
+                 **{k: "memoisation" for k in MEMO_KINDS},
                  **{k: "stress" for k in STRESS_KINDS}}
-ORDER = ("reference", "runs", "numerics", "stress", "nonfinite", "writes_all", "deterministic",
-         "out_of_bounds", "out_buffer", "inputs_unchanged", "in_place", "aten_ops",
-         "default_stream")
+ORDER = ("reference", "runs", "numerics", "memoisation", "stress", "nonfinite", "writes_all",
+         "deterministic", "out_of_bounds", "out_buffer", "inputs_unchanged", "in_place",
+         "aten_ops", "default_stream", "timed_results")
+TIMING_BUFFERS = 3  # rotating input/output sets of the timing runs; values come from one more
 
 Emit = Callable[[str, Any], None]
 
@@ -159,20 +161,62 @@ class _Run:
     problems: dict[str, list[str]]
 
 
+class _Rotation:
+    """Input and output buffers for the timing runs. `advance()` (untimed) moves to the next
+    buffer, copies the next of TIMING_BUFFERS + 1 value sets into its inputs (so a buffer
+    never sees the same values twice running) and refills its outputs with NaN bytes."""
+
+    def __init__(self, family, case: dict, device: torch.device, seeds: list[int]) -> None:
+        def draw(seed: int) -> tuple:
+            gen = torch.Generator(device=device).manual_seed(seed)
+            return as_tuple(family.make_inputs(case, device, gen))
+
+        self.values = [draw(s) for s in seeds]
+        self.buffers = [draw(s) for s in seeds[:TIMING_BUFFERS]]
+        self.outs = [family.make_out(case, b) for b in self.buffers]
+        self.values_of: list[int | None] = [None] * TIMING_BUFFERS
+        self.calls = 0
+        self.k = 0
+
+    def advance(self) -> None:
+        self.k = self.calls % TIMING_BUFFERS
+        v = self.calls % len(self.values)
+        for dst, src in zip(self.buffers[self.k], self.values[v]):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        for o in as_tuple(self.outs[self.k]):
+            if o.dtype == torch.bool:
+                o.fill_(True)
+            else:
+                bits(o).fill_(-1)  # all bytes 0xFF: NaN in every float format
+        self.values_of[self.k] = v
+        self.calls += 1
+
+    def inputs(self) -> tuple:
+        return self.buffers[self.k]
+
+    def out(self) -> Any:
+        return _out_arg(self.outs[self.k])
+
+
 class Suite:
     def __init__(self, request: dict, emit: Emit) -> None:
         self.request = request
         self.emit = emit
         self.device = torch.device(request["device"])
         self.family = load_family(request["family"])
-        self.forbidden = {normalize_op(op) for op in self.family.aten_ops}
         self.forward: Callable[..., None] | None = None
         self.all_passed = True
+        # per run: the random prefill of `out` differs from one verification to the next
+        self.nonce = int(request.get("nonce", 0))
+        self.previous: tuple | None = None  # the last random input set, for the memo probes
 
     # -- one candidate call -------------------------------------------------------------------
     def _call(self, inputs: tuple, templates: tuple, single: bool, params: dict,
-              byte: int) -> _Run | str:
-        guards = [GuardedOut.like(t, byte) for t in templates]
+              fill: int | None) -> _Run | str:
+        """fill: None for NaN bytes, else the seed of a random finite prefill."""
+        guards = [GuardedOut.like(t, POISON_NAN) if fill is None else
+                  GuardedOut.random(t, fill + i) for i, t in enumerate(templates)]
         out_arg = guards[0].view if single else tuple(g.view for g in guards)
         snaps = snapshot_inputs(inputs)
         metas = [g.meta() for g in guards]
@@ -189,17 +233,26 @@ class Suite:
                     raise _ContextLost(f"{_describe(e)}\ndevice unusable afterwards: {lost}") \
                         from None
             return _describe(e)
+        bad = disallowed_ops(recorder.counts)
         problems = {
             "inputs_unchanged": [p for i, s in snaps for p in s.problems(i)],
             "out_buffer": [f"output {i}: was {m[:3]}, now {g.meta()[:3]}"
                            for i, (g, m) in enumerate(zip(guards, metas)) if g.meta() != m],
             "out_of_bounds": [f"output {i}: {n} elements outside it were written"
                               for i, g in enumerate(guards) if (n := g.changed_outside())],
+            "aten_ops": [f"ran {bad}: compute ops outside the allow-list "
+                         "(verify.integrity.ALLOWED_OPS; TorchDispatchMode)"] if bad else [],
         }
-        if self.forbidden:
-            bad = forbidden_ops(recorder.counts, self.forbidden)
-            problems["aten_ops"] = [f"ran {bad} (TorchDispatchMode)"] if bad else []
         return _Run(guards, problems)
+
+    def _inputs(self, case: dict, label: str, kind: str, trial: int, seed: int) -> tuple:
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
+        if kind in MEMO_KINDS and self.previous is not None:
+            inputs = repeat_in_part(kind, self.previous, inputs)
+        if kind == "random" or kind in MEMO_KINDS:
+            self.previous = inputs
+        return inputs
 
     # -- one input set ------------------------------------------------------------------------
     def _input_set(self, checks: CaseChecks, case: dict, params: dict, kind: str,
@@ -209,8 +262,7 @@ class Suite:
         context = f"{kind} trial {trial} (seed {seed})" if kind == "random" else \
             f"{kind} (seed {seed})"
         self.emit("phase", f"{checks.label}: {context}")
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
+        inputs = self._inputs(case, checks.label, kind, trial, seed)
         where = stress_indices(self.family, inputs)
         if kind in STRESS_KINDS and not apply_stress(inputs, where, kind, seed):
             return True
@@ -218,7 +270,7 @@ class Suite:
             placed = inject_nonfinite(inputs, where, seed)
             if not placed:
                 return True
-            context += f" {', '.join(placed)}"
+            context += f" {', '.join(placed[:6])}" + (" ..." if len(placed) > 6 else "")
         try:
             refs, bases, checks.reference_dtype = reference_outputs(self.family, inputs, params)
             slacks = order_slack(self.family, inputs, params)
@@ -229,8 +281,9 @@ class Suite:
         single = not isinstance(made, (tuple, list))
         templates = as_tuple(made)
         runs = []
-        for byte in (POISON_NAN, POISON_BIG):
-            run = self._call(inputs, templates, single, params, byte)
+        fill = seed_for(self.request["seed"], checks.label, kind, trial, "fill", self.nonce)
+        for prefill in (None, fill):
+            run = self._call(inputs, templates, single, params, prefill)
             if isinstance(run, str):
                 checks.record("runs", [run], context)
                 return False
@@ -254,11 +307,19 @@ class Suite:
         checks.record("writes_all", unwritten, context)
         checks.record("deterministic", unstable, context)
         tols = [tolerance_for(t.dtype) for t in templates]
-        result = compare([g.view for g in first.outs], refs, bases, tols, slacks)
-        checks.add_stats(kind, result)
-        problem = [] if result.ok else [(f"{result.n_bad} elements outside tolerance "
-                                         f"({result.n_nonfinite_bad} non-finite mismatches); "
-                                         f"first {result.first_bad}")]
+        problem = []
+        # Both runs are judged: a candidate that behaves only while `out` looks like poison
+        # is wrong in the run whose `out` holds random values.
+        for run, how in ((first, "out prefilled with NaN"),
+                         (second, f"out prefilled with random values (seed {fill})")):
+            result = compare([g.view for g in run.outs], refs, bases, tols, slacks,
+                             distribution=kind == "random" or kind in MEMO_KINDS)
+            checks.add_stats(kind, result)
+            if not result.ok:
+                problem.append(f"{result.n_bad} elements outside tolerance "
+                               f"({result.n_nonfinite_bad} non-finite mismatches), {how}; "
+                               f"first {result.first_bad}")
+                break
         checks.record(CHECK_OF_KIND[kind], problem, context)
         alias = self.family.in_place
         if alias is not None and kind == "random" and trial == 0:
@@ -295,31 +356,40 @@ class Suite:
         if seen["current_stream_changed"]:
             problems.append("forward changed the current stream and did not restore it")
         checks.record("default_stream", problems, f"profiled ({seen['n_gpu_events']} GPU events)")
-        if self.forbidden:
-            bad = forbidden_ops(seen["ops"], self.forbidden)
-            checks.record("aten_ops", [f"ran {bad} (profiler)"] if bad else [], "profiled")
+        bad = disallowed_ops(seen["ops"])
+        checks.record("aten_ops", [f"ran {bad}: compute ops outside the allow-list (profiler)"]
+                      if bad else [], "profiled")
 
     # -- timing of a candidate that passed everything -----------------------------------------
-    def _timing(self, entries: list[dict]) -> dict:
+    def _timing(self, entries: list[dict]) -> tuple[dict, list[dict]]:
+        """(timing, checks): candidate and baseline timed over rotating input and output
+        buffers whose values are refreshed before every call (outside the timed window), so
+        no repetition can be answered from an earlier one; the last result in each output
+        buffer is then judged against the reference of the inputs it was computed from."""
         cpu = self.device.type != "cuda"
         budget = {"warmup_ms": 5.0, "rep_ms": 20.0} if cpu else {}
-        rows = []
+        rows, records = [], []
         for entry in entries:
             if entry["origin"] != "given":
                 continue
             case, label = entry["case"], entry["label"]
             params = case_params(self.family, case)
             self.emit("phase", f"{label}: timing")
-            gen = torch.Generator(device=self.device).manual_seed(
-                seed_for(self.request["seed"], label, "timing", 0))
-            inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
-            out = _out_arg(self.family.make_out(case, inputs))
+            rotation = _Rotation(self.family, case, self.device,
+                                 [seed_for(self.request["seed"], label, "timing", k, self.nonce)
+                                  for k in range(TIMING_BUFFERS + 1)])
             rates = {"min_bytes": self.family.min_bytes(case), "flops": self.family.flops(case)}
-            cand = bench(functools.partial(self.forward, *inputs, out=out, **params),
-                         device=self.device, **rates, **budget)
-            base = bench(functools.partial(self.family.reference, *inputs, **params),
-                         device=self.device, **rates, **budget)
-            row = {"case": label, "candidate": cand.to_dict(), "baseline": base.to_dict()}
+            cand = bench(lambda r=rotation, p=params: self.forward(*r.inputs(), out=r.out(), **p),
+                         device=self.device, before=rotation.advance, **rates, **budget)
+            problems = self._timed_results(rotation, params)
+            records.append({"name": "timed_results", "case": label, "passed": not problems,
+                            "detail": problems[0] if problems else
+                            f"last result of each of {TIMING_BUFFERS} rotating buffers within "
+                            "tolerance"})
+            base = bench(lambda r=rotation, p=params: self.family.reference(*r.inputs(), **p),
+                         device=self.device, before=rotation.advance, **rates, **budget)
+            row = {"case": label, "candidate": cand.to_dict(), "baseline": base.to_dict(),
+                   "rotating_buffers": TIMING_BUFFERS}
             if not cpu:
                 copy = copy_reference(rates["min_bytes"], self.device)
                 row["copy"] = copy.to_dict()
@@ -327,10 +397,36 @@ class Suite:
                 if cand.gbps and copy.gbps:
                     row["fraction_of_copy_bandwidth"] = cand.gbps / copy.gbps
             rows.append(row)
-        return {"meaningful": not cpu, "reason": NOT_GPU_REASON if cpu else None, "cases": rows}
+        timing = {"meaningful": not cpu, "reason": NOT_GPU_REASON if cpu else None,
+                  "cases": rows}
+        return timing, records
+
+    def _timed_results(self, rotation: _Rotation, params: dict) -> list[str]:
+        synchronize(self.device)
+        problems = []
+        for k in range(TIMING_BUFFERS):
+            if rotation.values_of[k] is None:
+                continue
+            inputs, outs = rotation.buffers[k], as_tuple(rotation.outs[k])
+            refs, bases, _ = reference_outputs(self.family, inputs, params)
+            tols = [tolerance_for(o.dtype) for o in outs]
+            result = compare(list(outs), refs, bases, tols, order_slack(self.family, inputs,
+                                                                         params))
+            if not result.ok:
+                problems.append(f"timed buffer {k}: {result.n_bad} elements outside tolerance; "
+                                f"first {result.first_bad}")
+        return problems
 
     # -- everything ---------------------------------------------------------------------------
     def run(self) -> None:
+        self.emit("phase", "checking the source")
+        problems = check_source(self.request["source"],
+                                getattr(self.family.reference, "__module__", None))
+        self.emit("checks", [{"name": "static", "case": None, "passed": not problems,
+                              "detail": "; ".join(problems) if problems else
+                              "no timer patching, threads, streams or judge imports"}])
+        if problems:
+            return
         self.emit("phase", "loading candidate")
         try:
             self.forward = load_candidate(self.request["source"])
@@ -348,8 +444,11 @@ class Suite:
                 break
             checks = CaseChecks(entry["label"])
             params = case_params(self.family, entry["case"])
+            self.previous = None
             try:
                 for kind, trial in plan:
+                    if kind in MEMO_KINDS and entry["origin"] != "given":
+                        continue  # a cache keyed on part of the input is no edge case's own
                     if not self._input_set(checks, entry["case"], params, kind, trial):
                         break
                 else:
@@ -364,4 +463,6 @@ class Suite:
             self.emit("checks", records)
             self.emit("errors", checks.errors())
         if self.request.get("timing") and self.all_passed:
-            self.emit("timing", self._timing(self.request["cases"]))
+            timing, records = self._timing(self.request["cases"])
+            self.emit("checks", records)
+            self.emit("timing", timing)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import secrets
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from typing import Any
 
 from core.family import Case, Family
 from verify.loading import candidate_name, family_spec, load_family
-from verify.numerics import input_plan, seed_for
+from verify.numerics import MEMO_KINDS, input_plan, seed_for
 from verify.tolerances import TOLERANCES
 from verify.worker import WorkerOutcome, run_isolated
 
@@ -44,6 +45,7 @@ class VerificationResult:
     environment: dict = field(default_factory=dict)
     duration_s: float = 0.0
     record_path: str | None = None
+    notes: list[str] = field(default_factory=list)  # what this verification could not see
 
     @property
     def accepted(self) -> bool:
@@ -109,9 +111,17 @@ def _worker_checks(outcome: WorkerOutcome, timeout_s: float) -> list[dict]:
 
 
 # Root causes before their symptoms: an unwritten output also fails numerics, a crash ends all.
-_PRIORITY = ("harness", "load", "crash", "timeout", "runs", "reference", "out_buffer",
+_PRIORITY = ("harness", "static", "load", "crash", "timeout", "runs", "reference", "out_buffer",
              "writes_all", "out_of_bounds", "inputs_unchanged", "aten_ops", "default_stream",
-             "deterministic", "numerics", "stress", "nonfinite")
+             "deterministic", "numerics", "memoisation", "stress", "nonfinite", "timed_results")
+
+# Triton 3.9's interpreter casts fp32 to bf16 by truncation, not round-to-nearest-even, so on
+# the CPU a kernel that accumulates in bf16 lands as close to the reference as one that
+# accumulates in fp32 and rounds once; only a GPU run tells them apart (tests marked gpu).
+BF16_CPU_NOTE = ("bfloat16 on the CPU: the Triton interpreter truncates fp32 -> bf16 instead of "
+                 "rounding to nearest, so bf16 accumulation cannot be told from fp32 "
+                 "accumulation here; the GPU verification is the one that holds bf16 "
+                 "candidates to the reference's error distribution")
 
 
 def _reasons(checks: list[dict]) -> list[str]:
@@ -148,14 +158,17 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
     source = Path(source_path)
     name = candidate or candidate_name(source)
     entries = expand_cases(fam, cases)
+    # Fresh per verification, recorded: what `out` is prefilled with and the timing runs' values
+    # are drawn from it, so a candidate cannot learn them from an earlier run.
+    nonce = secrets.randbits(62)
     request = {"family": spec, "source": str(source.resolve()), "cases": entries,
                "device": str(device), "seed": int(seed), "trials": int(trials),
-               "timing": bool(timing), "fail_fast": bool(fail_fast)}
+               "timing": bool(timing), "fail_fast": bool(fail_fast), "nonce": nonce}
     started = time.monotonic()
     outcome = run_isolated(request, timeout_s)
     checks = [c for kind, payload in outcome.messages if kind == "checks" for c in payload]
     checks += _worker_checks(outcome, timeout_s)
-    if outcome.status == "done" and not any(c["name"] == "load" for c in checks):
+    if outcome.status == "done" and not any(c["name"] in ("load", "static") for c in checks):
         checks.append({"name": "harness", "case": None, "passed": False,
                        "detail": "worker finished without reporting any check"})
     errors = [payload for kind, payload in outcome.messages if kind == "errors"]
@@ -174,10 +187,14 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
         errors=errors,
         reasons=_reasons(checks),
         timing=timing_data,
-        seeds={"master": int(seed), "trials": int(trials),
+        seeds={"master": int(seed), "trials": int(trials), "nonce": nonce,
+               "nonce_rule": "random per verification; seeds the random prefill of out "
+                             "(seed_for(master, label, kind, trial, 'fill', nonce)) and the "
+                             "timing runs' values",
                "rule": "sha256 of (master, case label, input kind, trial); see numerics.seed_for",
                "input_sets": {e["label"]: {f"{kind}/{t}": seed_for(seed, e["label"], kind, t)
-                                           for kind, t in input_plan(trials)}
+                                           for kind, t in input_plan(trials)
+                                           if e["origin"] == "given" or kind not in MEMO_KINDS}
                               for e in entries}},
         cases=entries,
         cases_skipped=next((p for kind, p in outcome.messages if kind == "skipped"), []),
@@ -187,6 +204,8 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
         environment={**_environment(str(device)),
                      "tolerances": {k: v.to_dict() for k, v in TOLERANCES.items()}},
         duration_s=time.monotonic() - started,
+        notes=[BF16_CPU_NOTE] if not str(device).startswith("cuda") and any(
+            str(e["case"].get("dtype", "")).endswith("bfloat16") for e in entries) else [],
     )
     if record_dir is not None:
         from core.artifacts import write_json

@@ -47,39 +47,73 @@ def poison_bits(dtype: torch.dtype, byte: int) -> int:
 
 @dataclass
 class GuardedOut:
-    """An output tensor placed inside a larger poisoned buffer: `view` is what the candidate gets;
-    every byte of `backing` outside the view's elements must still be poison afterwards."""
+    """An output tensor placed inside a larger prefilled buffer: `view` is what the candidate
+    gets; every element of `backing` outside the view's must still hold its prefill afterwards.
+
+    The prefill is a byte pattern (`like`) or fresh random finite values (`random`): a fixed
+    pattern can be recognised by a candidate that looks at `out` before writing, values drawn
+    from a per-run seed cannot."""
 
     backing: torch.Tensor  # flat, the whole allocation
     view: torch.Tensor
     outside: torch.Tensor  # bool over backing: True where no element of the view lives
-    byte: int
+    fill: torch.Tensor  # the prefill's bits, shaped like backing
+    offset: int
 
-    @classmethod
-    def like(cls, template: torch.Tensor, byte: int) -> GuardedOut:
+    @staticmethod
+    def _allocate(template: torch.Tensor) -> tuple[torch.Tensor, int]:
         if any(s < 0 for s in template.stride()):
             raise ValueError("output with a negative stride")
         span = 1 + sum((n - 1) * s for n, s in zip(template.shape, template.stride())) \
             if template.numel() else 0
         guard = max(1, GUARD_BYTES // template.element_size())
-        backing = torch.empty(span + 2 * guard, dtype=template.dtype, device=template.device)
-        backing.view(torch.uint8).fill_(_poison_byte(template.dtype, byte))
+        return torch.empty(span + 2 * guard, dtype=template.dtype,
+                           device=template.device), guard
+
+    @classmethod
+    def _place(cls, template: torch.Tensor, backing: torch.Tensor, guard: int) -> GuardedOut:
         view = backing.as_strided(template.shape, template.stride(), guard)
         outside = torch.ones(backing.shape, dtype=torch.bool, device=template.device)
         outside.as_strided(template.shape, template.stride(), guard).fill_(False)
-        return cls(backing, view, outside, byte)
+        return cls(backing, view, outside, bits(backing).clone(), guard)
+
+    @classmethod
+    def like(cls, template: torch.Tensor, byte: int) -> GuardedOut:
+        backing, guard = cls._allocate(template)
+        backing.view(torch.uint8).fill_(_poison_byte(template.dtype, byte))
+        return cls._place(template, backing, guard)
+
+    @classmethod
+    def random(cls, template: torch.Tensor, seed: int) -> GuardedOut:
+        """Prefilled with random finite values of an activation's spread (and random integers
+        or booleans), drawn on the CPU from `seed` so the fill is the same on every device."""
+        backing, guard = cls._allocate(template)
+        gen = torch.Generator().manual_seed(seed)
+        n, dtype = backing.numel(), template.dtype
+        if dtype.is_floating_point:
+            # a few units, and now and then a large value (as a real uninitialised buffer has)
+            v = torch.randn(n, generator=gen, dtype=torch.float32) * \
+                torch.where(torch.rand(n, generator=gen) < 0.01, 1e3, 2.0)
+            half = torch.finfo(dtype).max / 2  # fp16/fp8 would turn the large ones into inf
+            values = v.clamp(-half, half).to(dtype)
+        elif dtype == torch.bool:
+            values = torch.rand(n, generator=gen) < 0.5
+        else:
+            values = torch.randint(-100, 100, (n,), generator=gen).to(dtype)
+        backing.copy_(values.to(template.device))
+        return cls._place(template, backing, guard)
 
     def meta(self) -> tuple:
         return _meta(self.view)
 
     def changed_outside(self) -> int:
-        """Elements outside the view (guards, gaps of a strided view) that are no longer poison."""
-        want = poison_bits(self.backing.dtype, self.byte)
-        return int((bits(self.backing)[self.outside] != want).sum())
+        """Elements outside the view (guards, gaps of a strided view) that changed."""
+        return int((bits(self.backing)[self.outside] != self.fill[self.outside]).sum())
 
     def unwritten(self) -> torch.Tensor:
-        """Bool mask over the view: still exactly the poison pattern."""
-        return bits(self.view) == poison_bits(self.view.dtype, self.byte)
+        """Bool mask over the view: still exactly the prefill."""
+        want = self.fill.as_strided(self.view.shape, self.view.stride(), self.offset)
+        return bits(self.view) == want
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -132,9 +166,53 @@ def normalize_op(name: str) -> str:
     return f"{ns}::{base}"
 
 
+# What a candidate's forward may dispatch on the host: everything a kernel's wrapper needs to
+# get buffers and launch, nothing that computes a value from the inputs. The one list, with why:
+ALLOWED_OPS: dict[str, str] = {
+    **dict.fromkeys(
+        ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
+         "zeros_like", "new_zeros", "zero", "fill", "resize"),
+        "allocation and initialising a buffer the kernel then writes (scratch, atomics)"),
+    **dict.fromkeys(
+        ("view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "transpose", "t",
+         "permute", "select", "slice", "narrow", "expand", "expand_as", "unsqueeze", "squeeze",
+         "flatten", "unflatten", "view_as", "split", "split_with_sizes", "chunk", "unbind",
+         "alias", "detach", "contiguous", "lift_fresh", "lift_fresh_copy", "movedim",
+         "_reshape_copy"),
+        "views and layout changes: what a wrapper does to hand the kernel its pointers"),
+    **dict.fromkeys(
+        ("copy", "clone", "_to_copy", "to", "_copy_from", "_copy_from_and_resize",
+         "resolve_conj", "resolve_neg", "type_as"),
+        "copies and dtype moves (the interpreter moves arguments to the host and back)"),
+    "set": "the Triton interpreter points host copies at storages (set_); a candidate that "
+           "rebinds `out` itself fails out_buffer",
+    **dict.fromkeys(
+        ("size", "stride", "sym_size", "sym_stride", "storage_offset", "sym_storage_offset",
+         "is_contiguous", "sym_is_contiguous", "dim", "numel", "sym_numel", "is_same_size",
+         "is_floating_point", "is_complex", "element_size", "_has_compatible_shallow_copy_type",
+         "is_non_overlapping_and_dense", "is_pinned"),
+        "shape, stride and dtype metadata"),
+}
+# Namespaces of torch's own compute ops; any other namespace is an extension's custom op (a
+# family's CUDA variant registers its own) and is the candidate's own launch.
+COMPUTE_NAMESPACES = ("aten", "prims", "prim", "quantized", "sparse", "_c10d_functional",
+                      "c10d", "torchvision")
+
+
+def disallowed_ops(seen: Counter) -> dict[str, int]:
+    """The dispatched ops a candidate's forward may not run: torch compute ops outside
+    ALLOWED_OPS (aten::<name> after normalize_op)."""
+    bad = {}
+    for op, n in sorted(seen.items()):
+        ns, base = op.split("::", 1) if "::" in op else ("aten", op)
+        if ns in COMPUTE_NAMESPACES and base not in ALLOWED_OPS:
+            bad[op] = n
+    return bad
+
+
 class OpRecorder(TorchDispatchMode):
     """Counts every aten op dispatched while active (after autograd and composite decomposition,
-    on any device), so a candidate that quietly calls the pattern's own ops is seen."""
+    on any device), so a candidate that computes with torch ops instead of its kernel is seen."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -65,14 +65,27 @@ def _rates(median_ms: float, min_bytes: int | None, flops: int | None):
 
 def bench(fn: Callable[[], object], *, device: str | torch.device, min_bytes: int | None = None,
           flops: int | None = None, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-          min_reps: int = 10, max_reps: int = 1000, flush_l2: bool = True) -> Timing:
-    """Time fn() on `device`; CUDA events and an L2 flush per repetition on a GPU."""
+          min_reps: int = 10, max_reps: int = 1000, flush_l2: bool = True,
+          before: Callable[[], object] | None = None) -> Timing:
+    """Time fn() on `device`; CUDA events and an L2 flush per repetition on a GPU.
+
+    `before`: run ahead of every call of fn, outside the timed window (the verifier rotates
+    and refreshes input and output buffers there, so no repetition sees the inputs of the
+    last)."""
     device = torch.device(device)
+    if before is not None:
+        call = fn
+
+        def fn() -> None:  # untimed calls (compilation, estimate, warm-up) rotate too
+            before()
+            call()
     if device.type == "cuda":
-        times, method = _bench_cuda(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_l2)
+        times, method = _bench_cuda(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_l2,
+                                    call if before is not None else None, before)
         meaningful, reason = True, None
     else:
-        times, method = _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps)
+        times, method = _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps,
+                                    call if before is not None else None, before)
         meaningful, reason = False, NOT_GPU_REASON
     s = summarize(times)
     gbps, tflops = _rates(s["median_ms"], min_bytes, flops)
@@ -84,7 +97,8 @@ def _reps(estimate_ms: float, budget_ms: float, lo: int, hi: int) -> int:
     return int(min(hi, max(lo, budget_ms / max(estimate_ms, 1e-3))))
 
 
-def _bench_cuda(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_l2):
+def _bench_cuda(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_l2, timed=None,
+                before=None):
     torch.cuda.synchronize(device)
     fn()  # compiles / autotunes: never counted
     torch.cuda.synchronize(device)
@@ -107,11 +121,13 @@ def _bench_cuda(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_l2):
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
+        if before is not None:
+            before()
         if cache is not None:
             cache.zero_()  # outside the events: evicts the inputs from L2
         torch.cuda._sleep(head_start)
         starts[i].record()
-        fn()
+        (timed or fn)()
         ends[i].record()
     torch.cuda.synchronize(device)
     times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
@@ -132,7 +148,7 @@ def _sleep_cycles_per_ms(device) -> float:
     return 10_000_000 / max(start.elapsed_time(end), 1e-3)
 
 
-def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps):
+def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, timed=None, before=None):
     fn()
     t0 = time.perf_counter()
     fn()
@@ -141,8 +157,10 @@ def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps):
         fn()
     times = []
     for _ in range(_reps(estimate, rep_ms, min(min_reps, 3), max_reps)):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
-        fn()
+        (timed or fn)()
         times.append((time.perf_counter() - t0) * 1e3)
     return times, "host perf_counter"
 

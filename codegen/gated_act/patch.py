@@ -96,19 +96,31 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """Every MLP of a model sees tokens x intermediate; prefill has batch x seq tokens, a decode
     step one per sequence (`workload.tokens`)."""
     cases = []
+    lead = (workload.batch, workload.tokens // workload.batch)
     for mlp in find_gated_mlps(model):
-        case = make_case(workload.tokens, mlp.cols, workload.dtype, mlp.act, mlp.layout)
+        case = make_case(workload.tokens, mlp.cols, workload.dtype, mlp.act, mlp.layout,
+                         lead=lead, operands=_operands(mlp))
         if case not in cases:
             cases.append(case)
     return cases
 
 
-def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
-    """(input shape, dtype) -> (kernel or None, its params), once per signature."""
+def _operands(mlp: GatedMLP) -> str | None:
+    """What the separate-layout adapter hands the kernel: the column halves of the fused
+    [gate; up] product where the projections fuse (`GateUp`), else two tensors."""
+    if mlp.layout != "separate":
+        return None
+    return "halves" if GateUp.fusable(mlp.module.gate_proj, mlp.module.up_proj) else "separate"
 
-    def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
+
+def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
+    """(input shape, dtype, operands) -> (kernel or None, its params), once per signature. The
+    case records the layout this call hands the kernel, so a kernel runs only on the layout it
+    was verified for (the unfused fallback of a fusable MLP is a case of its own)."""
+
+    def case_of(shape: torch.Size, dtype: torch.dtype, operands: str | None = None) -> Case:
         return make_case(shape.numel() // shape[-1], mlp.cols, dtype_name(dtype), mlp.act,
-                         mlp.layout)
+                         mlp.layout, lead=tuple(shape[:-1]), operands=operands)
 
     return kernel_by_signature(forward_by_case, case_of, params)
 
@@ -161,7 +173,7 @@ def _separate_forward(mlp: GatedMLP, forward_by_case: Callable, fused: GateUp | 
 
     def forward(x):
         if fused is not None and fused.intact() and not needs_graph(x, m.gate_proj.weight):
-            kernel, kw = resolve(x.shape, x.dtype)
+            kernel, kw = resolve(x.shape, x.dtype, "halves")
             if kernel is not None:
                 gate_up = torch.nn.functional.linear(x, fused.weight)
                 hidden = torch.empty((*x.shape[:-1], cols), dtype=gate_up.dtype,
@@ -170,7 +182,8 @@ def _separate_forward(mlp: GatedMLP, forward_by_case: Callable, fused: GateUp | 
                 return m.down_proj(hidden)
         gate = m.gate_proj(x)
         up = m.up_proj(x)
-        kernel, kw = (None, None) if needs_graph(gate, up) else resolve(gate.shape, gate.dtype)
+        kernel, kw = (None, None) if needs_graph(gate, up) else resolve(gate.shape, gate.dtype,
+                                                                        "separate")
         if kernel is None:
             return m.down_proj(m.act_fn(gate) * up)
         hidden = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)

@@ -44,11 +44,39 @@ def gated_act(*inputs: torch.Tensor, act: str = "silu") -> torch.Tensor:
     return up * activation(gate, act)
 
 
-def make_case(rows: int, cols: int, dtype: str, act: str, layout: str) -> Case:
-    """`cols` is the intermediate size (the width of gate, of up and of the output)."""
+OPERANDS = ("halves", "separate")
+
+
+def make_case(rows: int, cols: int, dtype: str, act: str, layout: str, *,
+              lead: tuple[int, ...] | None = None, operands: str | None = None) -> Case:
+    """`cols` is the intermediate size (the width of gate, of up and of the output).
+
+    What the adapter hands the kernel, when given: `lead`, the leading shape of every tensor
+    (the model passes (batch, seq, cols) views, not (rows, cols)); `operands` (separate layout),
+    "halves" where gate and up are the two column halves of one fused (..., 2 * cols) product
+    (row stride 2 * cols, up at storage offset cols) or "separate" where they are two tensors."""
     if act not in ACTS or layout not in LAYOUTS:
         raise ValueError(f"unsupported gated activation {act!r}/{layout!r}")
-    return {"rows": int(rows), "cols": int(cols), "dtype": dtype, "act": act, "layout": layout}
+    case = {"rows": int(rows), "cols": int(cols), "dtype": dtype, "act": act, "layout": layout}
+    if lead is not None:
+        lead = [int(n) for n in lead]
+        if _prod(lead) != case["rows"]:
+            raise ValueError(f"leading shape {lead} does not hold {rows} rows")
+        # a string: a case is hashed (dispatch) and goes through JSON, where a tuple would come
+        # back a list
+        case["lead"] = "x".join(map(str, lead))
+    if operands is not None:
+        if layout != "separate" or operands not in OPERANDS:
+            raise ValueError(f"operands {operands!r} for the {layout} layout")
+        case["operands"] = operands
+    return case
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def params(case: Case) -> dict:
@@ -65,31 +93,47 @@ def _randn(shape, device, generator, dtype: str) -> torch.Tensor:
     return (2.0 * x).to(device=device, dtype=torch_dtype(dtype))
 
 
+def _lead(case: Case) -> list[int]:
+    """The leading shape, e.g. "2x8" -> [2, 8]; (rows,) where the case does not say."""
+    lead = case.get("lead")
+    return [int(n) for n in lead.split("x")] if lead else [case["rows"]]
+
+
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
-    """(gate, up) or (gate_up,); a `row_stride` wider than a row makes each input a column
-    slice of a wider buffer, as a slice of a fused projection output would be."""
-    rows, cols, dtype = case["rows"], case["cols"], case["dtype"]
+    """(gate, up) or (gate_up,), in the layout the adapter passes: shaped (*lead, width); for
+    operands "halves" gate and up are the column halves of one (*lead, 2 * cols) buffer. A
+    `row_stride` wider than that makes the buffer's rows wider still (a slice of a wider one)."""
+    cols, dtype, lead = case["cols"], case["dtype"], _lead(case)
+    if case.get("operands") == "halves":
+        buf = _randn((*lead, case.get("row_stride", 2 * cols)), device, generator, dtype)
+        return buf[..., :cols], buf[..., cols:2 * cols]
     width = 2 * cols if case["layout"] == "packed" else cols
     stride = case.get("row_stride", width)
     n_inputs = 1 if case["layout"] == "packed" else 2
-    return tuple(_randn((rows, stride), device, generator, dtype)[:, :width]
+    return tuple(_randn((*lead, stride), device, generator, dtype)[..., :width]
                  for _ in range(n_inputs))
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
+    """(*lead, cols), contiguous: what the adapter allocates."""
     x = inputs[0]
-    return torch.empty((case["rows"], case["cols"]), dtype=x.dtype, device=x.device)
+    return torch.empty((*_lead(case), case["cols"]), dtype=x.dtype, device=x.device)
 
 
 def edge_cases(case: Case) -> list[Case]:
     """Variations a candidate rendered for `case` must survive: the width is baked into it (the
     dispatcher only sends it that width), so edges vary what stays free at run time: one row, a
     prime row count, and inputs that are column slices of wider rows (non-contiguous)."""
-    width = 2 * case["cols"] if case["layout"] == "packed" else case["cols"]
+    width = 2 * case["cols"] if case["layout"] == "packed" or \
+        case.get("operands") == "halves" else case["cols"]
+
+    def rows(n: int, lead: str) -> Case:
+        return {**case, "rows": n, **({"lead": lead} if "lead" in case else {})}
+
     cases = [
-        {**case, "rows": 1},
-        {**case, "rows": 7},
-        {**case, "rows": 4, "row_stride": width + 64},
+        rows(1, "1x1"),
+        rows(7, "1x7"),
+        {**rows(4, "2x2"), "row_stride": width + 64},
     ]
     return distinct(case, cases)
 

@@ -15,7 +15,7 @@ from verify.harness import verify_candidate, verify_candidates
 
 HERE = Path(__file__).parent
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-WRONG = {"numerics", "stress", "nonfinite"}
+WRONG = {"numerics", "memoisation", "stress", "nonfinite"}
 
 CHEATS = {
     # name: (must fail, may also fail)
@@ -26,7 +26,8 @@ CHEATS = {
     "first_shape_only": ({"numerics"}, WRONG),
     "low_precision": ({"numerics"}, WRONG),
     "nan_to_num": ({"nonfinite"}, set()),
-    "mutates_input": ({"inputs_unchanged"}, {"deterministic"}),  # run 2 sees the mutated input
+    # run 2 sees the mutated input
+    "mutates_input": ({"inputs_unchanged"}, {"deterministic"} | WRONG),
     "aten_fallback": ({"aten_ops"}, set()),
     # On a GPU the extra element races with the next row's program, so its value may be wrong too.
     "off_by_one": ({"out_of_bounds"}, WRONG | {"deterministic"}),
@@ -96,9 +97,17 @@ def test_cheat_details_point_at_the_evidence(results):
     assert results["writes_nothing"].cases_skipped
 
 
+def test_a_stream_in_the_source_is_rejected_before_it_runs():
+    result = verify_candidate(RMSNORM, HERE / "cheats" / "side_stream.py", [CASE_FP32],
+                              device=DEVICE, trials=1, timing=False)
+    assert result.failed() == {"static"}, result.reasons
+    assert "stream creation" in result.reasons[0]
+
+
 @pytest.mark.gpu
 def test_side_stream_is_rejected():
-    result = verify_candidate(RMSNORM, HERE / "cheats" / "side_stream.py", [CASE_FP32],
+    """The stream made out of the source's sight: the profiler sees the work on it."""
+    result = verify_candidate(RMSNORM, HERE / "cheats" / "side_stream_hidden.py", [CASE_FP32],
                               device=DEVICE, trials=1, timing=False)
     assert result.failed() == {"default_stream"}, result.reasons
 
@@ -124,7 +133,9 @@ def test_a_kernel_that_cannot_run_in_place_is_rejected_where_the_adapter_needs_i
     rendered.write_text(ROPE.render(ROPE.search_space(case)[-1], case))
     cheat, good = verify_candidates(ROPE, [HERE / "cheats" / "rope_not_alias_safe.py", rendered],
                                     [case], device=DEVICE, trials=1, timing=False, jobs=2)
-    assert cheat.failed() == {"in_place"}, cheat.reasons
-    assert "differ when out aliases the inputs" in cheat.reasons[0]
+    # its torch arithmetic also falls outside the allow-list of host ops
+    assert cheat.failed() == {"in_place", "aten_ops"}, cheat.reasons
+    assert any(r.startswith("in_place") and "differ when out aliases the inputs" in r
+               for r in cheat.reasons)
     assert good.verdict == "accepted", good.reasons
     assert any(c["name"] == "in_place" and c["passed"] for c in good.checks)

@@ -10,19 +10,32 @@ from verify_families import CASE_BF16, CASE_FP16, CASE_FP32, RMSNORM
 
 from verify.harness import expand_cases, verify_candidate, verify_candidates
 from verify.loading import candidate_name, case_params, family_spec
+from verify.tolerances import TOLERANCES
 
 HERE = Path(__file__).parent
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = [CASE_FP32, CASE_FP16, CASE_BF16]
-ALL_CHECKS = {"load", "runs", "numerics", "stress", "nonfinite", "writes_all", "deterministic",
-              "out_of_bounds", "out_buffer", "inputs_unchanged", "aten_ops", "default_stream"}
+ALL_CHECKS = {"static", "load", "runs", "numerics", "memoisation", "stress", "nonfinite",
+              "writes_all", "deterministic", "out_of_bounds", "out_buffer", "inputs_unchanged",
+              "aten_ops", "default_stream", "timed_results"}
+
+
+def with_tolerances(name: str, folder: Path) -> Path:
+    """A perturbed candidate with the tolerance table written in (it may not import verify/)."""
+    table = {k: (v.atol, v.rtol) for k, v in TOLERANCES.items()}
+    text = (HERE / "candidates" / f"{name}.py").read_text()
+    path = folder / f"{name}.py"
+    path.write_text(text.replace("TOLERANCES: dict = {}", f"TOLERANCES: dict = {table!r}"))
+    return path
 
 
 @pytest.fixture(scope="module")
 def edge_results(tmp_path_factory):
     record_dir = tmp_path_factory.mktemp("run")
     names = ["good_rmsnorm", "perturbed_half_tol", "perturbed_double_tol"]
-    got = verify_candidates(RMSNORM, [HERE / "candidates" / f"{n}.py" for n in names], CASES,
+    paths = [HERE / "candidates" / "good_rmsnorm.py",
+             *(with_tolerances(n, record_dir) for n in names[1:])]
+    got = verify_candidates(RMSNORM, paths, CASES,
                             device=DEVICE, trials=2, record_dir=record_dir, fail_fast=False,
                             jobs=2, timing=True)
     return record_dir, dict(zip(names, got))
@@ -41,7 +54,10 @@ def test_right_kernel_is_accepted_with_a_complete_record(edge_results):
     assert [e["case"] for e in record["errors"]] == labels  # max errors for every case
     for e in record["errors"]:
         assert e["reference_dtype"] == "float64"
-        assert set(e["by_kind"]) == {"random", "large", "tiny", "mixed", "equal", "nonfinite"}
+        # the memoisation probes run on the given cases only
+        memo = {"same_buffers", "same_prefix"} if e["case"] in ("c0", "c1", "c2") else set()
+        assert set(e["by_kind"]) == {"random", "large", "tiny", "mixed", "equal", "nonfinite",
+                                     *memo}
     assert record["seeds"]["master"] == 0
     assert set(record["seeds"]["input_sets"]) == set(labels)
     assert record["environment"]["tolerances"]["bfloat16"]["rtol"] > 0
@@ -75,7 +91,7 @@ def test_half_the_tolerance_passes_twice_fails_in_every_dtype(edge_results):
     failed_cases = {c["case"] for c in double.checks if c["name"] == "numerics"
                     and not c["passed"]}
     assert {"c0", "c1", "c2"} <= failed_cases
-    assert double.failed() <= {"numerics", "stress", "nonfinite"}
+    assert double.failed() <= {"numerics", "memoisation", "stress", "nonfinite"}
 
 
 def test_crash_and_hang_fail_cleanly_and_the_next_candidate_is_verified(tmp_path):

@@ -1,0 +1,96 @@
+"""The whole-model check sees what random prompts on a freshly built model hid: a norm kernel
+that skips its weight (every norm weight is 1 from the config) and a kernel that caches its
+answer across prompts (random prompts never share a prefix). tiny-llama, fp32, on the CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.rmsnorm import FAMILY as RMSNORM
+from codegen.search import case_key
+from core.workload import Workload
+from pipeline import integrate as ig
+from profiling.loader import build, resolve
+
+WORKLOAD = Workload(2, 8)
+
+SKIPS_WEIGHT = '''
+import torch
+
+
+def forward(x, weight, *, out, eps, offset, cast_first):
+    h = x.float()
+    out.copy_((h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype))
+'''
+
+HONEST = '''
+import torch
+
+
+def forward(x, weight, *, out, eps, offset, cast_first):
+    h = x.float()
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    out.copy_(h * (weight.float() + offset).to(x.dtype))
+'''
+
+# Right answers, but a result is reused for any later input whose first row starts alike.
+CACHES_ACROSS_PROMPTS = HONEST.replace("def forward(", "def _forward(") + '''
+
+_cache = {}
+
+
+def forward(x, weight, *, out, **params):
+    key = (tuple(x.shape), weight.data_ptr(), tuple(x[0, :4].tolist()))
+    if key not in _cache:
+        _forward(x, weight, out=out, **params)
+        _cache[key] = out.clone()
+    out.copy_(_cache[key])
+'''
+
+
+def model_and_reference():
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    return model, ig.fp32_reference(model)
+
+
+def accepted_for(model, source: str, tmp_path) -> dict:
+    path = tmp_path / f"k{abs(hash(source))}.py"
+    path.write_text(source)
+    return {case_key(c): {"family": "rmsnorm", "case": c, "source": str(path)}
+            for c in RMSNORM.cases_from_model(model, WORKLOAD)}
+
+
+def test_a_norm_kernel_that_skips_its_weight_is_rejected(tmp_path):
+    model, ref = model_and_reference()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = ig.whole_model_check(model, ref, accepted_for(model, SKIPS_WEIGHT, tmp_path),
+                               ["rmsnorm"], WORKLOAD)
+    good = ig.whole_model_check(model, ref, accepted_for(model, HONEST, tmp_path), ["rmsnorm"],
+                                WORKLOAD)
+    assert not bad["passed"], bad["trials"]
+    assert good["passed"], good["trials"]
+    perturbed = bad["constants_perturbed"]["parameters"]
+    assert any(name.endswith("input_layernorm.weight") for name in perturbed)
+    # the caller's model (and its reference) come out as they went in
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(bool((p == 1).all()) for n, p in ref.named_parameters() if "norm" in n)
+
+
+def test_a_kernel_that_caches_across_prompts_is_rejected(tmp_path):
+    model, ref = model_and_reference()
+    result = ig.whole_model_check(model, ref,
+                                  accepted_for(model, CACHES_ACROSS_PROMPTS, tmp_path),
+                                  ["rmsnorm"], WORKLOAD)
+    first, *later = result["trials"]
+    assert first["passed"] and first["shares_prefix"] is None  # nothing cached yet
+    assert later[0]["shares_prefix"] == {"dim": "seq", "length": WORKLOAD.seq // 2}
+    assert not result["passed"], result["trials"]
+
+
+def test_prompts_share_prefixes_with_new_tails():
+    prompts = ig.shared_prefix_prompts(512, (2, 8), (0, 1, 2), "cpu")
+    a, b = prompts[0]["ids"], prompts[1]["ids"]
+    assert torch.equal(a[:, :4], b[:, :4]) and not torch.equal(a[:, 4:], b[:, 4:])
+    decode = ig.shared_prefix_prompts(512, (4, 1), (0, 1), "cpu")
+    assert torch.equal(decode[0]["ids"][:2], decode[1]["ids"][:2])
