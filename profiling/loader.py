@@ -64,6 +64,33 @@ def zoo_config(name: str):
         return AutoConfig.for_model(model_type, **params)
 
 
+def looks_like_path(model_id: str) -> bool:
+    """A local path rather than a hub id (`org/name`) or a built-in name."""
+    return (model_id.startswith(("/", "./", "../", "~", "\\")) or model_id.count("/") > 1
+            or model_id in (".", "..") or Path(model_id).exists())
+
+
+def validation_reason(e: BaseException) -> str:
+    """The reason a config was refused, on one line. transformers' strict validators raise an
+    error whose first line names only the validator; its cause holds the reason."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts += [x.strip() for x in str(e).splitlines()
+                  if x.strip() and not any(x.strip() in p for p in parts)]
+        e = e.__cause__ or e.__context__
+    return " ".join(parts) or "invalid config"
+
+
+def _config(load, model_id: str):
+    try:
+        return load()
+    except (OSError, UserError):
+        raise
+    except Exception as e:  # noqa: BLE001 - config classes raise validator-specific errors
+        raise UserError(f"invalid config for {model_id}: {validation_reason(e)}") from None
+
+
 def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
     from transformers import AutoConfig
 
@@ -71,8 +98,11 @@ def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"{model_id} is a folder without config.json")
-        cfg = AutoConfig.from_pretrained(path)
+        cfg = _config(lambda: AutoConfig.from_pretrained(path), model_id)
         return ModelSpec(model_id, "local", "pretrained" if pretrained else "random", cfg)
+    if looks_like_path(model_id):
+        raise UserError(f"no such directory: {model_id}" if not path.exists() else
+                        f"{model_id} is a file; pass the folder that holds config.json")
     name = zoo_name(model_id)
     if name == model_id.lower() and name in ZOO and not pretrained:
         return ModelSpec(name, "zoo", "random", zoo_config(name))
