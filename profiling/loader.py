@@ -61,7 +61,25 @@ def zoo_config(name: str):
     model_type = params.pop("model_type")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoConfig.for_model(model_type, **params)
+        return AutoConfig.for_model(model_type, **params, **_ids_in_vocab(model_type, params))
+
+
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _ids_in_vocab(model_type: str, params: dict) -> dict:
+    """Special token ids for a shrunk vocabulary: a tiny config keeps its class's defaults
+    (GPT-2's 50256), which transformers warns about on every build when the vocabulary is
+    smaller. The last id of the vocabulary stands in; weights are random, so no id means
+    anything."""
+    from transformers import CONFIG_MAPPING
+
+    vocab = params.get("vocab_size")
+    if not vocab:
+        return {}
+    defaults = CONFIG_MAPPING[model_type]()
+    return {k: vocab - 1 for k in _TOKEN_IDS if k not in params
+            and isinstance(getattr(defaults, k, None), int) and getattr(defaults, k) >= vocab}
 
 
 def looks_like_path(model_id: str) -> bool:
