@@ -21,6 +21,7 @@ from pipeline.stages.rank import LAUNCH_BOUND_BUSY
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
              "search": "candidates/search_log.json", "verification": "verification/summary.json",
              "projection": "projection.json", "integration": "integration.json"}
+FLAT = {"search": "search_log.json", "verification": "verification_summary.json"}
 TIMING_KEYS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "n", "method", "meaningful",
                "reason", "gbps", "tflops")
 TOP = 12
@@ -31,7 +32,13 @@ NOT_MEANINGFUL = "not meaningful (CPU / Triton interpreter timing): no speedup d
 def write_report(run_dir: Path) -> dict:
     """Write every report file for `run_dir`; returns their paths and the data behind them."""
     run_dir = Path(run_dir)
-    arts = {k: read_json(run_dir / p, k) for k, p in ARTIFACTS.items() if (run_dir / p).exists()}
+    arts = {}
+    for k, p in ARTIFACTS.items():
+        # a committed results folder keeps the search log and the summary under flat names
+        found = next((run_dir / x for x in (p, FLAT.get(k)) if x and (run_dir / x).exists()),
+                     None)
+        if found is not None:
+            arts[k] = read_json(found, k)
     if "profile" not in arts and "ranking" not in arts:
         raise UserError(f"{run_dir} has neither profile.json nor ranking.json: nothing to report")
     data = collect(arts)
@@ -113,7 +120,43 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["conditions"] = _conditions(w["wall_ms"], iw)
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
+    w["verdict"] = verdict(w)
     return w
+
+
+def verdict(w: dict) -> str:
+    """One line: what ships, what it measured (95 % CI) against what was projected, the
+    regime, and what would help next."""
+    speed, ci, pct = rp.speed, rp.ci, rp.pct
+    regime = ("CPU (interpreter timings: no speedup measured)" if w["time_basis"] != "device"
+              else "launch-bound" if w["launch_bound"] else "device-bound")
+    shipped = w.get("shipped")
+    if shipped is None:
+        ceiling = speed(w.get("ceiling_replay") or w.get("ceiling_amdahl"))
+        return (f"{w['key']}: not optimized yet; {regime}; next: `pipeline optimize` "
+                f"(ceiling of kernel work {ceiling})")
+    fams = ", ".join(shipped["families"]) or "nothing"
+    m = w.get("measured") or {}
+    if shipped["families"] and shipped.get("speedup") is not None and shipped.get("ci"):
+        meas = f"measured {speed(shipped['speedup'])} {ci(shipped['ci'])}"
+    else:
+        meas = "measured: not meaningful here" if shipped["families"] else "nothing measured"
+    p = w.get("compared_projection") or w.get("projected") or {}
+    if p.get("note") or (p.get("replay") is None and p.get("amdahl") is None):
+        proj = "projected: n/a without GPU kernel times"
+    else:
+        err = (w.get("projection_error") or {}).get("replay")
+        proj = (f"projected {speed(p.get('replay') or p.get('amdahl'))} "
+                f"({'replay' if p.get('replay') else 'Amdahl'}"
+                + (f", error {pct(err)}" if err is not None and m.get("meaningful") else "")
+                + ")")
+    if w["time_basis"] != "device":
+        nxt = "profile and optimize on a GPU for timings that decide"
+    elif w.get("host_bound_note") or w["launch_bound"]:
+        nxt = "less host work per pass (CUDA graphs), not faster kernels"
+    else:
+        nxt = "the next families of the ranking, or faster kernels for the shipped ones"
+    return f"{w['key']}: ships {fams}; {meas}; {proj}; {regime}; next: {nxt}"
 
 
 # The unpatched pass measured beside the patched one, against the profile's wall time: beyond
@@ -246,7 +289,7 @@ def _integration(iw: dict | None, projected: dict | None,
         # projected again for the set that ran, from the kernel numbers frozen beforehand
         basis = for_kept
         extra = [f for f in for_kept["families"] if f not in (want or []) and f in speeds]
-        said = ("error against the projection of that set" + (
+        said = ("projected for that set" + (
             " (" + ", ".join(f"{f} at {rp.speed(speeds[f])}" for f in extra) + ", frozen with "
             "the others)" if extra else "") + f": {rp.speed(for_kept['amdahl'])} "
                 f"(Amdahl), {rp.speed(for_kept['replay'])} (replay)")
