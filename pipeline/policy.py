@@ -84,10 +84,15 @@ def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dic
                         f"kernels save more device time per call is kept, and interpreter "
                         f"timings cannot tell which that is here")
                 for loser, winner in superseded_by(accepted, families, device).items()}
-    return {loser: (f"superseded by {winner}, which replaces the same ops: it saves "
-                    f"{saved(winner):.1f} us per call against {saved(loser):.1f} us "
+    return {loser: (f"superseded by {winner}, which replaces the same ops: it "
+                    f"{_saving(saved(winner))} per call against {_saving(saved(loser))} "
                     f"(kernel-level, summed over cases)")
             for loser, winner in superseded_by(accepted, families, device).items()}
+
+
+def _saving(us: float) -> str:
+    """A device-time saving in words: a negative one is a cost (the kernel is slower)."""
+    return f"saves {us:.1f} us" if us >= 0 else f"costs {-us:.1f} us (slower than the original)"
 
 
 def _device_saved_us(accepted: dict) -> Callable[[str], float]:

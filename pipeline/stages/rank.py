@@ -279,7 +279,7 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
     curve = []
     for n in range(1, len(candidates) + 1):
         top = candidates[:n]
-        point = {"n": n, "pattern": top[-1]["pattern"],
+        point = {"n": n, "pattern": top[-1]["pattern"], "family": top[-1]["family"],
                  "amdahl": amdahl([(r["share"], r["attainable_speedup"]) for r in top])}
         point["replay"] = _replay_gain(graph, top) if graph is not None else None
         curve.append(point)

@@ -1139,7 +1139,12 @@ def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrate
     skipped = superseded(accepted, fams)
     assert list(skipped) == ["matmul_epilogue"]
     assert "superseded by gated_act" in skipped["matmul_epilogue"]
-    assert "80.0 us" in skipped["matmul_epilogue"] and "24.0 us" in skipped["matmul_epilogue"]
+    assert "saves 80.0 us" in skipped["matmul_epilogue"]
+    assert "saves 24.0 us" in skipped["matmul_epilogue"]
+    # a kernel slower than the original costs time; it never "saves" a negative amount
+    slow = {**accepted, "matmul_epilogue/a": acc("matmul_epilogue", 0.884, 0.900)}
+    assert "costs 16.0 us" in superseded(slow, fams)["matmul_epilogue"]
+    assert "saves -" not in superseded(slow, fams)["matmul_epilogue"]
     kept, why = integrable(accepted, fams, "cuda")
     assert kept == ["rmsnorm", "gated_act"] and set(why) == {"matmul_epilogue"}
     # a faster epilogue GEMM wins the MLP instead

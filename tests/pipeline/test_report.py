@@ -420,3 +420,37 @@ def test_the_verdict_of_a_committed_gpu_run(name, key, expect, tmp_path):
     for text in expect:
         assert text in line, (text, line)
     assert "search" in md.split("Artifacts read:", 1)[1].split("\n", 1)[0]
+
+
+def test_a_committed_gpu_report_reads_in_shapes_configs_and_links(tmp_path):
+    """Configs as `warps=2`, cases as shapes, a link to each shipped kernel.py, acceptance
+    records without the boilerplate every record repeats, and a set's projection never
+    labelled an error."""
+    import shutil
+
+    sys.path.insert(0, str(RESULTS.parent))
+    from reproject import unpack_run
+
+    from pipeline.report_acceptance import COMMON
+
+    res = RESULTS / "optimize-llama-3.2-1b-b8-s1024-run15"
+    if not (res / "trace").is_dir():
+        pytest.skip("committed H200 run not present")
+    unpack_run(res, tmp_path)
+    for f in ("search_log.json", "verification_summary.json"):
+        shutil.copy(res / f, tmp_path / f)
+    out = write_report(tmp_path)
+    md = Path(out["markdown"]).read_text()
+    kernels = md.split("\n## Kernels\n", 1)[1].split("\n## ", 1)[0]
+    assert "| rmsnorm | 8192 x 2048 (rows x hidden), bfloat16 | rows_per_program=1, warps=2 |" \
+        in kernels
+    assert "{'" not in kernels and "-332a3c |" not in kernels  # no dict reprs, no hash ids
+    links = re.findall(r"- \[(\w+), [^\]]*: kernel\.py\]\((candidates/[^)]+/kernel\.py)\)", md)
+    kept = read_json(tmp_path / "integration.json")["workloads"]["prefill-b8-s1024-bf16"]["kept"]
+    assert sorted(f for f, _ in links) == sorted(kept)
+    for line in COMMON:
+        assert md.count(line) == 1, line  # stated once, not once per record
+        assert line in (tmp_path / "acceptance" / "rmsnorm.md").read_text()  # the file is whole
+    assert "error against the projection" not in md and "projected for that set: " in md
+    html = Path(out["html"]).read_text()
+    assert "overflow-wrap:anywhere" in html and "<pre>" not in html.split("Acceptance records")[1]
