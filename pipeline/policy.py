@@ -79,7 +79,7 @@ def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dic
     ship on a workload, the loser is tried there in its place (`integrate.fall_back`)."""
     saved = _device_saved_us(accepted)
     if not device.startswith("cuda"):
-        return {loser: (f"set aside for {winner}, which replaces the same ops, by the "
+        return {loser: (f"superseded by {winner}, which replaces the same ops, by the "
                         f"ranking's order ({winner} ranks higher): on a GPU the one whose "
                         f"kernels save more device time per call is kept, and interpreter "
                         f"timings cannot tell which that is here")

@@ -1096,7 +1096,7 @@ def test_projection_error_is_against_the_set_that_shipped():
     assert measured == pytest.approx(1 / 0.8)
     assert out["projection_error"]["replay"] == pytest.approx(abs(1.25 - measured) / measured)
     assert out["projection_error"]["amdahl"] == pytest.approx(abs(1.3 - measured) / measured)
-    assert "projection of that set" in out["measured"]["note"]
+    assert "projected for that set" in out["measured"]["note"]
     # the report's projected cells are the values the error is taken against
     assert _proj_cells({"projected": projected, **out}) == ("1.300x", "1.250x")
     # without a projection for the kept set, the error stays against the projected set
