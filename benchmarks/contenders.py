@@ -5,7 +5,8 @@
 
 compile: eager and torch.compile(model) (default mode) interleaved in one process, paired
 ratios with a bootstrap CI (the harness the pipeline uses). liger: liger-kernel's
-apply_liger_kernel_to_<family>(rope, rms_norm, swiglu) patches module-level code too, so eager
+apply_liger_kernel_to_<model_type>(rope, rms_norm, swiglu or geglu: the arguments it accepts)
+patches module-level code too, so eager
 is timed first and Liger after, in the same process; the ratio is of medians.
 """
 
@@ -23,9 +24,40 @@ from profiling.capture import make_runner, wall_time
 from profiling.loader import build, resolve
 from verify.timing import paired_ratio
 
+# what the pipeline's kernels replace; cross entropy is off because no loss is computed
+LIGER_ARGS = {"rope": True, "rms_norm": True, "swiglu": True, "geglu": True,
+              "cross_entropy": False, "fused_linear_cross_entropy": False}
+
+
+def liger_apply(lk, model_type: str):
+    """Liger's apply function for `model_type`, or SystemExit saying there is none."""
+    apply = getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
+    if apply is None:
+        raise SystemExit(f"no Liger support for {model_type}")
+    return apply
+
+
+def call_accepted(apply, wanted: dict, **always) -> dict:
+    """Call `apply` with the arguments of `wanted` its signature names (Gemma's takes `geglu`,
+    not `swiglu`; an unknown keyword is a TypeError) plus `always`; returns what was passed."""
+    import inspect
+
+    params = inspect.signature(apply).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        passed = dict(wanted)
+    else:
+        passed = {k: v for k, v in wanted.items() if k in params}
+        always = {k: v for k, v in always.items() if k in params}
+    apply(**passed, **always)
+    return passed
+
 
 def main(contender: str, model_id: str, batch: int, seq: int, out: str) -> None:
     spec = resolve(model_id)
+    if contender == "liger":  # before building the model: GPT-2 has no Liger patch
+        import liger_kernel.transformers as lk
+
+        apply = liger_apply(lk, spec.model_type)
     w = Workload(batch, seq, "bfloat16", "cuda")
     model = build(spec, torch.bfloat16, "cuda")
     runner = make_runner(model, w)
@@ -53,12 +85,8 @@ def main(contender: str, model_id: str, batch: int, seq: int, out: str) -> None:
                       eager_ms=statistics.median(r.times_a_ms),
                       contender_ms=statistics.median(r.times_b_ms), method="interleaved pairs")
     elif contender == "liger":
-        import liger_kernel.transformers as lk
-
         eager = wall_time(runner, "cuda", reps=30)
-        apply = getattr(lk, f"apply_liger_kernel_to_{spec.model_type}")
-        apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-              fused_linear_cross_entropy=False, model=model)
+        result["liger_arguments"] = call_accepted(apply, LIGER_ARGS, model=model)
         liger = wall_time(runner, "cuda", reps=30)
         result.update(eager_ms=eager["median_ms"], contender_ms=liger["median_ms"],
                       speedup=eager["median_ms"] / liger["median_ms"],

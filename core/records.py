@@ -119,6 +119,16 @@ class Integration(Record):
     workloads: dict[str, IntegratedWorkload]
 
 
+class RunOptions(Record):
+    """The options `pipeline optimize` ran with (options.json), which `--resume` keeps."""
+    top: int
+    families: list[str] | None = None
+    backend: str = "triton"
+    max_configs: int | None = None
+    pairs: int | None = None
+    proposer: str | None = None
+
+
 # the artifact kinds `read_json` is asked for, and the model each is checked against
 BY_KIND: dict[str, type[Record]] = {
     "profile": Profile,
@@ -128,4 +138,5 @@ BY_KIND: dict[str, type[Record]] = {
     "verification record": VerificationRecord,
     "projection": Projection,
     "integration": Integration,
+    "run options": RunOptions,
 }

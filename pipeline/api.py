@@ -5,6 +5,9 @@
     ...                       # model now runs the accepted kernels where they were accepted
     handle.undo()             # back to the original code, exactly
 
+On a machine without CUDA the kernels run under Triton's interpreter, turned on here as the CLI
+does (`pipeline.interpreter`): import this module before any Triton kernel module.
+
 Patches are per model instance and reversible (never class-level). For a given workload only
 the kernels kept there (not rolled back by the whole-model measurement) are used, and each
 call dispatches by its shape: shapes no kernel was accepted for run the original code.
@@ -29,6 +32,11 @@ from pathlib import Path
 
 from core.artifacts import read_json
 from core.errors import UserError
+from pipeline.interpreter import use_interpreter_without_gpu
+
+# at import, as the CLI does before anything imports a kernel: @triton.jit reads the switch
+# when a kernel is defined
+use_interpreter_without_gpu()
 
 # static-cache room a decode handle's decoder has beyond the profiled cache length
 DECODE_HEADROOM = 256
@@ -77,6 +85,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
     it raises UserError saying why, rather than silently patching kernels alone: the caller
     asked for the measured graph speed, and `graphs=False` is the explicit way to take the
     kernels without it."""
+    use_interpreter_without_gpu()  # in case the environment changed since the import
     from codegen.registry import get_family
     from pipeline.patching import make_chooser
 

@@ -9,7 +9,11 @@ from pathlib import Path
 import click
 
 from core.errors import UserError
+from pipeline.progress import progress
 from pipeline.rundir import latest_run, new_run_dir
+
+# the run directory `optimize` works on, named in the line a Ctrl-C prints
+_RUN: dict[str, Path | None] = {"dir": None}
 
 WORKLOAD_OPTIONS = [
     click.option("--batch", default="1", show_default=True,
@@ -20,7 +24,8 @@ WORKLOAD_OPTIONS = [
                                                "fp32 on cpu]."),
     click.option("--device", default=None, help="cpu or cuda [default: cuda if available]."),
     click.option("--mode", default="prefill", show_default=True,
-                 help="prefill, decode (one token against a KV cache of --seq), or both."),
+                 help="prefill, decode (one token against a KV cache of --seq), or both "
+                      "(prefill,decode)."),
 ]
 
 
@@ -80,17 +85,22 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top)
     from profiling.loader import resolve
 
     dtype, device = _defaults(dtype, device)
-    workloads = wl.expand(batch, seq, dtype, device, mode)
+    workloads = wl.expand(batch, seq, dtype, device, _modes(mode))
     check_device(device)
     spec = resolve(model_id, pretrained)
     for note in spec.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     run_dir = run_dir or new_run_dir(spec.model_id)
-    with console.status("profiling") as status:
-        prof = run_profile(spec, workloads, run_dir, lambda s: status.update(f"profiling: {s}"))
+    with progress(console, "profiling") as say:
+        prof = run_profile(spec, workloads, run_dir, say)
     print_profile(prof, top)
     _rank_and_print(run_dir)
     console.print(f"artifacts: {run_dir}")
+
+
+def _modes(mode: str) -> str:
+    """`--mode both` is prefill and decode."""
+    return ",".join("prefill,decode" if m.strip() == "both" else m for m in mode.split(","))
 
 
 def _rank_and_print(run_dir: Path) -> None:
@@ -186,6 +196,10 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
         target = str(run_dir or latest_run())
     run = load_run(target)
+    if resume:
+        top, only, backend, max_configs, pairs, proposer = _resumed(
+            run, top=top, families=only, backend=backend, max_configs=max_configs,
+            pairs=pairs, proposer=proposer)
     if llm is not None:
         from codegen.llm_proposer import save_options
 
@@ -199,14 +213,30 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
         backend, note = resolve_backend(backend, device)
         if note:
             console.print(f"[yellow]note:[/yellow] {note}")
-    with console.status("optimizing") as status:
-        out = run_optimize(run, top, lambda s: status.update(f"optimize: {s}"), resume=resume,
-                           max_configs=max_configs, pairs=pairs, proposer=proposer,
-                           backend=backend, only=only)
+    _RUN["dir"] = run
+    with progress(console, "optimize") as say:
+        out = run_optimize(run, top, say, resume=resume, max_configs=max_configs, pairs=pairs,
+                           proposer=proposer, backend=backend, only=only)
     from pipeline.summary import print_optimize
 
     print_optimize(run)
     console.print(f"report: {out['markdown']}")
+
+
+def _resumed(run: Path, **given) -> tuple:
+    """The options `run` was optimized with, unless named on this command line; said once."""
+    from click.core import ParameterSource
+
+    from pipeline.rundir import OPTION_FLAGS, resume_options
+    from pipeline.summary import console
+
+    ctx = click.get_current_context()
+    explicit = {k for k in OPTION_FLAGS if ctx.get_parameter_source(k) not in (
+        ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)}
+    merged, line = resume_options(run, given, explicit)
+    if line:
+        console.print(line, soft_wrap=True)
+    return tuple(merged[k] for k in OPTION_FLAGS)
 
 
 def _profile_first(model_id, batch, seq, dtype, device, mode, run_dir) -> None:
@@ -272,13 +302,17 @@ def report(run_dir):
     console.print(f"report: {out['markdown']}")
 
 
+def one_line(text: str, limit: int = 400) -> str:
+    """An exception's message on one line: the first line alone may name only a validator."""
+    joined = " ".join(x.strip() for x in text.splitlines() if x.strip())
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
+
+
 def main() -> None:
     debug = "--debug" in sys.argv
-    import torch
+    from pipeline.interpreter import use_interpreter_without_gpu
 
-    if not torch.cuda.is_available():
-        # before anything imports triton: @triton.jit reads this when a kernel is defined
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    use_interpreter_without_gpu()  # before anything imports a kernel module
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -291,8 +325,12 @@ def main() -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        click.echo("interrupted; rerun with --resume to continue", err=True)
-        sys.exit(130)
+        click.echo(f"interrupted; resume with `pipeline optimize {_RUN['dir'] or 'RUN'} "
+                   f"--resume`", err=True)
+        sys.stderr.flush()
+        # not sys.exit: that waits for worker threads, and a second Ctrl-C during the wait
+        # prints their KeyboardInterrupt traceback; artifacts are written atomically
+        os._exit(130)
     except Exception as e:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if debug or os.environ.get("PIPELINE_DEBUG"):
             raise
@@ -300,6 +338,6 @@ def main() -> None:
         if "OutOfMemory" in name:
             click.echo("error: out of memory; try a smaller --batch or --seq", err=True)
         else:
-            click.echo(f"error: {name}: {str(e).splitlines()[0] if str(e) else ''} "
-                       f"(rerun with --debug for the traceback)", err=True)
+            click.echo(f"error: {name}: {one_line(str(e))} (rerun with --debug for the "
+                       f"traceback)", err=True)
         sys.exit(1)

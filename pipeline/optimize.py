@@ -12,7 +12,6 @@ that will run in the model on them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,9 +19,11 @@ from codegen.cuda_build import resolve_backend
 from core.artifacts import read_json
 from core.errors import UserError
 from core.workload import Workload
+from pipeline.interpreter import use_interpreter_without_gpu
 from pipeline.policy import backfill, choose_families
 from pipeline.projection import freeze_projection, project_kept
 from pipeline.report import write_report
+from pipeline.rundir import write_options
 from pipeline.stages.generate import generate_stage
 from pipeline.stages.graphs import graphs_stage
 from pipeline.stages.host import host_stage
@@ -41,6 +42,8 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back
     to Triton on a CPU run and raises UserError on a GPU that cannot build it."""
     profile = read_json(run_dir / "profile.json", "profile")
+    write_options(run_dir, {"top": top, "families": only, "backend": backend,
+                            "max_configs": max_configs, "pairs": pairs, "proposer": proposer})
     workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
     device = workloads[0].device
     on_gpu = device.startswith("cuda")
@@ -48,8 +51,7 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     if note:
         say(note)
     if not on_gpu:
-        # Triton kernels run under its CPU interpreter; workers inherit the environment
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        use_interpreter_without_gpu()  # for API callers; the CLI did it before any import
 
     ranking = _ranking(run_dir, resume, say)
     families = _chosen(ranking, top, only)

@@ -6,7 +6,8 @@ rivals, and the rival set aside tried where the other does not ship.
 - `--top N` means N families that reach the model: one that has no accepted kernel, or cannot
   win by its own kernel-level numbers, gives its place to the next in the ranking.
 - Of two families declared rivals (`Family.rivals`), the one that saves less device time per
-  call is set aside, and tried only where the other does not ship.
+  call is set aside (on the CPU, whose interpreter timings say nothing, the one lower in the
+  ranking), and tried only where the other does not ship.
 """
 
 from __future__ import annotations
@@ -64,22 +65,34 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
     return out
 
 
-def superseded(accepted: dict, families: list[str]) -> dict[str, str]:
+def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dict[str, str]:
     """Of two families that replace the same ops (`Family.rivals`: the matmul with the
     gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
     less device time per call, summed over its cases, gives way: both patch the same MLP, and
-    each one's saving is measured against the same HF code by the same harness. Under the CPU
-    interpreter the times mean nothing, but the rule still keeps one of the two.
+    each one's saving is measured against the same HF code by the same harness.
+    Interpreter timings (CPU) decide nothing: there the one earlier in `families` (the
+    ranking's order) is kept, and the reason says so and what a GPU would decide on.
     Decided once per run, before any in-model measurement: where each family wins on another
     workload, only one is kept for all of them; gated_act's number leaves out its in-model
     gate/up GEMM fusion. (Run 6, H200: matmul_epilogue saved more at prefill b8 on both
     models; at batch 1 on Llama gated_act was not among the top 5.) Where the winner does not
     ship on a workload, the loser is tried there in its place (`integrate.fall_back`)."""
     saved = _device_saved_us(accepted)
-    return {loser: (f"superseded by {winner}, which replaces the same ops: it saves "
-                    f"{saved(winner):.1f} us per call against {saved(loser):.1f} us "
+    if not device.startswith("cuda"):
+        return {loser: (f"superseded by {winner}, which replaces the same ops, by the "
+                        f"ranking's order ({winner} ranks higher): on a GPU the one whose "
+                        f"kernels save more device time per call is kept, and interpreter "
+                        f"timings cannot tell which that is here")
+                for loser, winner in superseded_by(accepted, families, device).items()}
+    return {loser: (f"superseded by {winner}, which replaces the same ops: it "
+                    f"{_saving(saved(winner))} per call against {_saving(saved(loser))} "
                     f"(kernel-level, summed over cases)")
-            for loser, winner in superseded_by(accepted, families).items()}
+            for loser, winner in superseded_by(accepted, families, device).items()}
+
+
+def _saving(us: float) -> str:
+    """A device-time saving in words: a negative one is a cost (the kernel is slower)."""
+    return f"saves {us:.1f} us" if us >= 0 else f"costs {-us:.1f} us (slower than the original)"
 
 
 def _device_saved_us(accepted: dict) -> Callable[[str], float]:
@@ -89,17 +102,21 @@ def _device_saved_us(accepted: dict) -> Callable[[str], float]:
     return saved_us
 
 
-def superseded_by(accepted: dict, families: list[str]) -> dict[str, str]:
+def superseded_by(accepted: dict, families: list[str], device: str = "cuda") -> dict[str, str]:
     """{family set aside: the family it was set aside for} (`superseded`)."""
     from codegen.registry import get_family
 
+    on_gpu = device.startswith("cuda")
     saved_us = _device_saved_us(accepted)
     out: dict[str, str] = {}
     for fam in families:
         for other in get_family(fam).rivals:
             if other not in families or fam in out or other in out:
                 continue
-            loser, winner = sorted((fam, other), key=saved_us)
+            if on_gpu:
+                loser, winner = sorted((fam, other), key=saved_us)
+            else:  # the ranking's order: `families` is in it
+                winner, loser = sorted((fam, other), key=families.index)
             out[loser] = winner
     return out
 
@@ -116,11 +133,11 @@ def integrable(accepted: dict, families: list[str], device: str) -> tuple[list, 
     """(families integrated, {skipped family: why}): those that may win, less one of each two
     that replace the same ops (`superseded`)."""
     fams, skipped = _may_win(accepted, families, device)
-    skipped.update(superseded(accepted, fams))
+    skipped.update(superseded(accepted, fams, device))
     return [f for f in fams if f not in skipped], skipped
 
 
 def fallbacks(accepted: dict, families: list[str], device: str) -> dict[str, str]:
     """{family set aside: the family it was set aside for}: tried where that one does not
     ship."""
-    return superseded_by(accepted, _may_win(accepted, families, device)[0])
+    return superseded_by(accepted, _may_win(accepted, families, device)[0], device)

@@ -16,32 +16,49 @@ from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
 from pipeline import report_plots as rp
 from pipeline.projection_gap import gap
+from pipeline.report_acceptance import (  # noqa: F401 - the report's public names
+    ROLLBACK_RULE,
+    acceptance_fields,
+    acceptance_record,
+    condensed,
+    kernel_path,
+)
+from pipeline.report_render import NOT_MEANINGFUL
 from pipeline.report_sources import source_tables
-from pipeline.stages.rank import LAUNCH_BOUND_BUSY
+from pipeline.stages.rank import LAUNCH_BOUND_BUSY, top_level
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
              "search": "candidates/search_log.json", "verification": "verification/summary.json",
              "projection": "projection.json", "integration": "integration.json"}
+FLAT = {"search": "search_log.json", "verification": "verification_summary.json"}
 TIMING_KEYS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "n", "method", "meaningful",
                "reason", "gbps", "tflops")
 TOP = 12
 LM_HEAD_SUGGEST = 0.05
-NOT_MEANINGFUL = "not meaningful (CPU / Triton interpreter timing): no speedup derived"
 
 
 def write_report(run_dir: Path) -> dict:
     """Write every report file for `run_dir`; returns their paths and the data behind them."""
     run_dir = Path(run_dir)
-    arts = {k: read_json(run_dir / p, k) for k, p in ARTIFACTS.items() if (run_dir / p).exists()}
+    arts = {}
+    for k, p in ARTIFACTS.items():
+        # a committed results folder keeps the search log and the summary under flat names
+        found = next((run_dir / x for x in (p, FLAT.get(k)) if x and (run_dir / x).exists()),
+                     None)
+        if found is not None:
+            arts[k] = read_json(found, k)
     if "profile" not in arts and "ranking" not in arts:
         raise UserError(f"{run_dir} has neither profile.json nor ranking.json: nothing to report")
     data = collect(arts)
     plots = rp.make_plots(run_dir, data)
     acceptance, records = {}, {}
     for fam in verified_families(data):
-        records[fam] = acceptance_record(fam, data, lambda p, f=fam: _record(run_dir, f, p))
+        fields = acceptance_fields(fam, data, lambda p, f=fam: _record(run_dir, f, p), run_dir)
+        text = "\n".join(f"{(label + ':'):<14}{line}" if i == 0 else f"{'':14}{line}"
+                         for label, lines in fields.items() for i, line in enumerate(lines))
+        records[fam] = condensed(fields)
         acceptance[fam] = write_text(run_dir / "acceptance" / f"{fam}.md", (
-            f"# Acceptance record: {fam}\n\n```text\n{records[fam]}\n```\n"))
+            f"# Acceptance record: {fam}\n\n```text\n{text}\n```\n"))
     data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
     data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
     blocks = rp.document(data, records) + source_tables(arts, data)
@@ -99,10 +116,14 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         "gpu_busy_share": busy, "gpu_idle_share": base.get("gpu_idle_share"),
         "launch_bound": launch_bound, "regime": r.get("regime") or _regime(basis, busy),
         "rest_share": rest, "shares": _share_rows(rows, rest), "ranked_by": r.get("ranked_by"),
+        "ordered_by": r.get("ordered_by"),
+        # top-level rows in the ranking's order, each followed by its options
         "top_patterns": [{k: x.get(k) for k in (
             "pattern", "family", "remedy", "occurrences", "share", "time_us", "launches",
             "attainable_speedup", "target_source", "achieved_GBps", "amdahl_gain",
-            "replay_gain")} for x in rows[:TOP]],
+            "replay_gain", "rank_gain", "option_of", "overlaps")}
+            for g, opts in (top_level(rows)[:TOP] if r.get("rows") else [(x, []) for x in rows])
+            for x in (g, *opts)],
         "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
         "ceiling_replay": r.get("ceiling_replay")}
     w["graph_row"] = next((x for x in r.get("rows") or [] if x.get("remedy")), None)
@@ -117,7 +138,49 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
     w.update(headroom(r, iw))
+    w["verdict"] = verdict(w)
     return w
+
+
+def verdict(w: dict) -> str:
+    """One line: what ships, what it measured (95 % CI) against what was projected, the
+    regime, and what would help next."""
+    speed, ci, pct = rp.speed, rp.ci, rp.pct
+    regime = ("CPU (interpreter timings: no speedup measured)" if w["time_basis"] != "device"
+              else "launch-bound" if w["launch_bound"] else "device-bound")
+    shipped = w.get("shipped")
+    if shipped is None:
+        ceiling = speed(w.get("ceiling_replay") or w.get("ceiling_amdahl"))
+        return (f"{w['key']}: not optimized yet; {regime}; next: `pipeline optimize` "
+                f"(ceiling of kernel work {ceiling})")
+    fams = ", ".join(shipped["families"]) or "nothing"
+    m = w.get("measured") or {}
+    if shipped["families"] and shipped.get("speedup") is not None and shipped.get("ci"):
+        meas = f"measured {speed(shipped['speedup'])} {ci(shipped['ci'])}"
+    else:
+        meas = "measured: not meaningful here" if shipped["families"] else "nothing measured"
+    p = w.get("compared_projection") or w.get("projected") or {}
+    if p.get("note") or (p.get("replay") is None and p.get("amdahl") is None):
+        proj = "projected: n/a without GPU kernel times"
+    else:
+        err = (w.get("projection_error") or {}).get("replay")
+        proj = (f"projected {speed(p.get('replay') or p.get('amdahl'))} "
+                f"({'replay' if p.get('replay') else 'Amdahl'}"
+                + (f", error {pct(err)}" if err is not None and m.get("meaningful") else "")
+                + ")")
+    g = w.get("graphs") or {}
+    if g.get("shipped"):
+        fams += " + CUDA graph"
+        meas += f"; as one CUDA graph {speed(g.get('measured_speedup'))}"
+    if w["time_basis"] != "device":
+        nxt = "profile and optimize on a GPU for timings that decide"
+    elif g.get("shipped"):
+        nxt = "fewer kernels per pass (fusion), now that the host is gone"
+    elif w.get("host_bound_note") or w["launch_bound"]:
+        nxt = "less host work per pass (CUDA graphs), not faster kernels"
+    else:
+        nxt = "the next families of the ranking, or faster kernels for the shipped ones"
+    return f"{w['key']}: ships {fams}; {meas}; {proj}; {regime}; next: {nxt}"
 
 
 def headroom(r: dict, iw: dict | None) -> dict:
@@ -184,7 +247,8 @@ def _regime(basis, busy) -> str:
 def _own(rows: list[dict]) -> list[dict]:
     """The rows whose ops no other row holds: shares of these sum to 1 with the rest row."""
     # the CUDA-graph row's share is the rest row's: a remedy for it, not more time
-    return [x for x in rows if not x.get("alternative_to") and not x.get("remedy")]
+    return [x for x in rows if not x.get("alternative_to") and not x.get("option_of")
+            and not x.get("remedy")]
 
 
 def _share_rows(rows: list[dict], rest: float) -> list[dict]:
@@ -192,12 +256,9 @@ def _share_rows(rows: list[dict], rest: float) -> list[dict]:
     together they sum to 1 like the profile's shares. A row that is an alternative to others
     (`alternative_to`) holds their ops again and stays out of the sum."""
     by_share = sorted(_own(rows), key=lambda x: -x["share"])
+    # every top-level row: a bar left out made the plot add up to less than the pass
     out = [{"label": x["pattern"], "share": x["share"],
-            "kind": "family" if x.get("family") else "other"} for x in by_share[:TOP]]
-    other = sum(x["share"] for x in by_share[TOP:])
-    if other > 1e-4:
-        out.append({"label": f"({len(by_share) - TOP} other patterns)", "share": other,
-                    "kind": "other"})
+            "kind": "family" if x.get("family") else "other"} for x in by_share]
     out.append({"label": "rest: host/launch/idle", "share": rest, "kind": "rest"})
     return out
 
@@ -263,7 +324,7 @@ def _integration(iw: dict | None, projected: dict | None,
         # projected again for the set that ran, from the kernel numbers frozen beforehand
         basis = for_kept
         extra = [f for f in for_kept["families"] if f not in (want or []) and f in speeds]
-        said = ("error against the projection of that set" + (
+        said = ("projected for that set" + (
             " (" + ", ".join(f"{f} at {rp.speed(speeds[f])}" for f in extra) + ", frozen with "
             "the others)" if extra else "") + f": {rp.speed(for_kept['amdahl'])} "
                 f"(Amdahl), {rp.speed(for_kept['replay'])} (replay)")
@@ -413,118 +474,3 @@ def _record(run_dir: Path, family: str, path: str | None) -> dict | None:
             except UserError:
                 return None
     return None
-
-
-# ---------------------------------------------------------------- acceptance records
-
-ROLLBACK_RULE = ("rolled back on a workload when the 95% CI of its paired whole-model ratio "
-                 "shows a slowdown, alone or in the set against the set without it, when the "
-                 "combined set regresses there, or when the patched logits' error against the "
-                 "fp32 model exceeds 1.5x the unpatched error")
-
-
-def acceptance_record(fam: str, data: dict, load) -> str:
-    """One kernel family's acceptance record in the DESIGN.md form (six labelled fields)."""
-    acc = [a for a in data["kernels"]["accepted"] if a["family"] == fam]
-    rej = [r for r in data["kernels"]["rejected"] if r["family"] == fam]
-    recs = [(a["case_key"], load(a["record"])) for a in acc]
-    tried = [(x, load(x["record"])) for r in rej for x in r["tried"]]
-    m, env = data["model"], data["environment"]
-    renv = next((r["environment"] for _, r in recs + tried if r), {})
-    cases = [(a["case_key"], a["case"]) for a in acc] + [(r["key"].split("/", 1)[-1], r["case"])
-                                                         for r in rej]
-    dtypes = sorted({str((c or {}).get("dtype")) for _, c in cases})
-    ws = data["workloads"]
-    f = {"Workload": [
-        (f"model {m.get('id')} ({m.get('source')}, {m.get('weights')} weights, "
-        f"{m.get('model_type')}); revision {m.get('revision') or 'not pinned'}"),
-        *[f"case {k}: " + ", ".join(f"{n}={v}" for n, v in (c or {}).items()) for k, c in cases],
-        "workloads: " + "; ".join(f"{w['key']} (batch {w['workload'].get('batch')}, seq "
-                                  f"{w['workload'].get('seq')}, {w['workload'].get('mode')})"
-                                  for w in ws),
-        ("concurrency: one process, one stream, one call at a time (the batch is the only "
-        "parallelism)")],
-        "Environment": [
-        (f"accelerator: {env.get('gpu') or renv.get('accelerator') or 'none (CPU)'}, driver "
-        f"{env.get('driver') or 'n/a'}"),
-        (f"compiler: triton {renv.get('triton') or env.get('triton')}, torch "
-        f"{renv.get('torch') or env.get('torch')}, CUDA {env.get('cuda') or 'n/a'}"),
-        "precision: " + ", ".join(dtypes)],
-        "Comparison": [
-        ("baseline: the model's own code for the pattern (the family reference mirrors the "
-        "Hugging Face forward), same inputs, same harness"),
-        *[f"candidate {a['case_key']}: {a['source']} config {a['config']} "
-          f"({a['origin'] or 'generated'}), sha256 {(r or {}).get('source_sha256', '')[:12]}"
-          for a, (_, r) in zip(acc, recs, strict=True)],
-        *[f"candidate (rejected): {x['candidate']}" for x, _ in tried],
-        "kernel timing: " + ("; ".join(sorted({a["kernel"]["method"] for a in acc if a["kernel"]}))
-                             + ", median of n repetitions, spread p20-p80" if acc else
-                             "none (no candidate accepted, nothing timed)"),
-        ("end to end: baseline and patched model interleaved in one process, median paired "
-        "ratio with a bootstrap 95% CI; it counts only when the CI excludes 1.0")],
-        "Correctness": [
-        ("reference: float64 run of the baseline (float32 where float64 fails); an element "
-        "passes when |c - r| <= |b - r| + atol + rtol*|r|"),
-        "tolerances: " + "; ".join(
-            f"{d} atol {t['atol']:g} rtol {t['rtol']:g}"
-            for d, t in (renv.get("tolerances") or {}).items() if d in dtypes) or "not recorded"]}
-    for name, r in recs + [(Path(str(x["candidate"])).parent.name, r) for x, r in tried]:
-        if r is None:
-            f["Correctness"].append(f"{name}: verification record not found")
-            continue
-        edges = [c["label"] for c in r.get("cases", []) if c.get("origin") != "given"]
-        ok = sum(1 for c in r.get("checks", []) if c.get("passed"))
-        f["Correctness"].append(
-            f"{r.get('candidate', name)}: {r.get('verdict')}, {ok}/{len(r.get('checks', []))} "
-            f"checks passed on {len(r.get('cases', []))} input sets ({len(edges)} edge cases), "
-            f"seeds master {r.get('seeds', {}).get('master')} x {r.get('seeds', {}).get('trials')}"
-            f" trials")
-        f["Correctness"] += [f"  failure: {x}" for x in r.get("reasons", [])[:3]]
-    for w in ws:
-        chk = w["check"]
-        if chk and fam in (chk["families"] or []):
-            errs = ", ".join(f"{t['error_patched']:.3g} vs {t['error_unpatched']:.3g}"
-                             for t in chk["trials"])
-            f["Correctness"].append(f"whole model {w['key']}: logits error patched vs unpatched "
-                                    f"(fp32 reference) {errs}: "
-                                    f"{'failed' if fam in chk['rejected'] else 'passed'}")
-    f["Measurements"] = []
-    for a in acc:
-        kt, bt, s = a["kernel"] or {}, a["baseline"] or {}, a["search"]
-        line = (f"{a['case_key']}: baseline {bt.get('median_ms', 0):.4f} ms "
-                f"[{bt.get('p20_ms', 0):.4f}-{bt.get('p80_ms', 0):.4f}], kernel "
-                f"{kt.get('median_ms', 0):.4f} ms [{kt.get('p20_ms', 0):.4f}-"
-                f"{kt.get('p80_ms', 0):.4f}], n={kt.get('n')}: ")
-        line += (f"{rp.speed(a['speedup'])}" + (f", {kt['gbps']:.0f} GB/s" if kt.get("gbps")
-                                                 else "")) if a["meaningful"] else NOT_MEANINGFUL
-        f["Measurements"].append(line + (f"; {s['configs']} configs tried, "
-                                         f"{s['passed_screen']} passed the screen" if s else ""))
-    decision = [f"accepted for cases: {', '.join(a['case_key'] for a in acc)}" if acc else
-                "rejected: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej)]
-    if rej and acc:
-        decision.append("rejected cases: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej))
-    for w in ws:
-        per = next((x for x in w["per_family"] if x["family"] == fam), None)
-        if per:
-            f["Measurements"].append(
-                f"end to end {w['key']} ({fam} alone, {per['pairs']} pairs): " +
-                (f"{rp.speed(per['speedup'])} {rp.ci(per['ci'])}, {per['verdict']}"
-                 if per["meaningful"] else NOT_MEANINGFUL))
-            inset = per.get("in_set")
-            if inset and inset["meaningful"]:
-                f["Measurements"].append(
-                    f"end to end {w['key']} (the set with {fam} against the set without it, "
-                    f"{inset['pairs']} pairs): {rp.speed(inset['speedup'])} "
-                    f"{rp.ci(inset['ci'])}, {inset['verdict']}")
-        rb = [r for r in w["rollbacks"] if fam in r["family"].split(", ")]
-        if rb:
-            decision.append(f"rolled back on {w['key']}: " + "; ".join(r["reason"] for r in rb))
-        elif w["kept"] is not None and fam in w["kept"]:
-            instead = (per or {}).get("fallback_for")
-            decision.append(f"kept on {w['key']}" + (
-                f", in place of {instead}, which does not ship there" if instead else ""))
-    if not f["Measurements"]:
-        f["Measurements"] = ["none: no candidate was accepted, nothing timed end to end"]
-    f["Decision"] = decision + [f"rollback conditions: {ROLLBACK_RULE}"]
-    return "\n".join(f"{(label + ':'):<14}{line}" if i == 0 else f"{'':14}{line}"
-                     for label, lines in f.items() for i, line in enumerate(lines))

@@ -1,205 +1,31 @@
-"""How the report looks: number formats, the markdown and HTML renderers of report.py's
-blocks, and the plots (matplotlib on the Agg canvas: no display, no pyplot state).
-
-Everything here takes numbers report.py computed (the numbers report.json holds) and only
-draws or formats them; nothing here decides what a number means. Plots are written atomically.
+"""The report's document: report.py's numbers as blocks (headings, tables, notes, plots),
+rendered by `report_render`; plots in `report_figures`. Nothing here decides what a number
+means.
 """
 
 from __future__ import annotations
 
-import html
-import io
-import re
 from pathlib import Path
 
-from core.artifacts import write_text
-
-COLORS = {"family": "#4c72b0", "other": "#8da0cb", "rest": "#b0b0b0", "amdahl": "#4c72b0",
-          "replay": "#dd8452", "measured": "#55a868"}
-
-
-def speed(v) -> str:
-    return "-" if v is None else f"{v:.3f}x"
-
-
-def pct(v) -> str:
-    return "-" if v is None else f"{v:.1%}"
-
-
-def ms(v) -> str:
-    return "-" if v is None else f"{v:.3f} ms"
-
-
-def ci(pair) -> str:
-    return "" if not pair else f"[{pair[0]:.3f}x, {pair[1]:.3f}x]"
-
-
-# Blocks: ("h", level, text) ("p", text) ("note", text) ("table", headers, rows)
-# ("img", src, alt) ("ul", items) ("links", [(text, href)]) ("pre", text)
-
-
-def _cell(v) -> str:
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(blocks: list[tuple]) -> str:
-    def table(head, rows):
-        def line(cells):
-            return "| " + " | ".join(_cell(c) for c in cells) + " |"
-        return "\n".join([line(head), "|" + "---|" * len(head)] + [line(r) for r in rows])
-    fmt = {"h": lambda level, t: "#" * level + " " + t, "p": lambda t: t,
-           "note": lambda t: "> **Note:** " + t, "table": table,
-           "img": lambda src, alt: f"![{alt}]({src})",
-           "ul": lambda items: "\n".join(f"- {i}" for i in items),
-           "links": lambda links: "\n".join(f"- [{t}]({h})" for t, h in links),
-           "pre": lambda t: "```text\n" + t.rstrip() + "\n```"}
-    return "\n\n".join(fmt[b[0]](*b[1:]) for b in blocks) + "\n"
-
-
-CSS = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1150px;margin:2em auto;
-padding:0 1em;color:#222;line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;
-padding-bottom:.2em;margin-top:1.8em}table{border-collapse:collapse;margin:.6em 0 1.2em;
-font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f2f2f2}td.num{text-align:right;font-variant-numeric:tabular-nums}
-img{max-width:100%;border:1px solid #e4e4e4;margin:.4em 0}.note{background:#fff8e1;
-border-left:4px solid #f0b400;padding:.5em .8em;margin:.8em 0}pre{background:#f6f8fa;
-padding:.8em;overflow-x:auto;font-size:.85em}"""
-_NUM = re.compile(r"^[-+]?[\d.]+(e[-+]?\d+)?(x|%| ms| us)?$")
-
-
-def to_html(blocks: list[tuple], title: str) -> str:
-    e = html.escape
-
-    def table(head, rows):
-        th = "".join(f"<th>{e(str(h))}</th>" for h in head)
-        body = "".join("<tr>" + "".join(f'<td{" class=num" if _NUM.match(str(c)) else ""}>'
-                                        f"{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-    fmt = {"h": lambda level, t: f"<h{level}>{e(t)}</h{level}>", "p": lambda t: f"<p>{e(t)}</p>",
-           "note": lambda t: f'<div class="note"><b>Note:</b> {e(t)}</div>', "table": table,
-           "img": lambda src, alt: f'<img src="{e(src)}" alt="{e(alt)}">',
-           "ul": lambda items: "<ul>" + "".join(f"<li>{e(i)}</li>" for i in items) + "</ul>",
-           "links": lambda links: "<ul>" + "".join(f'<li><a href="{e(h)}">{e(t)}</a></li>'
-                                                   for t, h in links) + "</ul>",
-           "pre": lambda t: f"<pre>{e(t)}</pre>"}
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}'
-            f"</title><style>{CSS}</style></head><body>\n"
-            + "\n".join(fmt[b[0]](*b[1:]) for b in blocks) + "\n</body></html>\n")
-
-
-def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-def _save(fig, path: Path) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    write_text(path, buf.getvalue())
-    return path
-
-
-def _short(text: str, n: int = 46) -> str:
-    return text if len(text) <= n else text[: n - 1] + "\u2026"
-
-
-def share_plot(path: Path, key: str, rows: list[dict], basis: str) -> Path:
-    """Horizontal bars of the wall-time share per pattern; rows: {label, share, kind}, where
-    kind is "family" (a kernel family can replace it), "other" or "rest"."""
-    fig = _figure(8.0, 0.38 * len(rows) + 1.4)
-    ax = fig.add_subplot()
-    rows = list(reversed(rows))
-    y = range(len(rows))
-    ax.barh(list(y), [r["share"] * 100 for r in rows],
-            color=[COLORS.get(r["kind"], COLORS["other"]) for r in rows])
-    ax.set_yticks(list(y), [_short(r["label"]) for r in rows], fontsize=8)
-    top = max([r["share"] * 100 for r in rows] + [1.0])
-    for i, r in enumerate(rows):
-        ax.text(r["share"] * 100 + top * 0.01, i, f"{r['share']:.1%}", va="center", fontsize=7)
-    ax.set_xlim(0, top * 1.15)
-    what = "device time" if basis == "device" else "host (CPU) time"
-    ax.set_xlabel(f"share of the wall time (%) - {what}; dark bars: a kernel family applies")
-    ax.set_title(f"{key}: where the time goes", fontsize=10)
-    return _save(fig, path)
-
-
-def cumulative_plot(path: Path, key: str, curve: list[dict], basis_note: str) -> Path:
-    """Projected whole-model speedup when the top n candidate families are replaced."""
-    fig = _figure(8.0, 4.2)
-    ax = fig.add_subplot()
-    n = [p["n"] for p in curve]
-    ax.plot(n, [p["amdahl"] for p in curve], marker="o", color=COLORS["amdahl"],
-            label="Amdahl over shares")
-    replay = [(p["n"], p["replay"]) for p in curve if p.get("replay") is not None]
-    if replay:
-        ax.plot([x for x, _ in replay], [v for _, v in replay], marker="s",
-                color=COLORS["replay"], label="trace replay (critical path)")
-    ax.axhline(1.0, color="#666", lw=0.8, ls="--")
-    ax.set_xticks(n, [_short(f"+{p['pattern']}", 24) for p in curve], rotation=30, ha="right",
-                  fontsize=8)
-    ax.set_ylabel("projected whole-model speedup (x)")
-    ax.set_title(f"{key}: cumulative projection ({basis_note})", fontsize=10)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def comparison_plot(path: Path, entries: list[dict]) -> Path:
-    """Per workload: projected (Amdahl, replay) next to the measured speedup with its 95 % CI,
-    bars drawn from 1.0 so a slowdown points down. entries: {key, amdahl, replay, measured,
-    ci}; a value that is None is not drawn."""
-    fig = _figure(max(6.0, 1.9 * len(entries) + 2), 4.4)
-    ax = fig.add_subplot()
-    width, seen = 0.26, [1.0]
-    for j, (name, label) in enumerate((("amdahl", "projected: Amdahl"),
-                                       ("replay", "projected: replay"),
-                                       ("measured", "measured (95% CI)"))):
-        pts = [(i + (j - 1) * width, e[name], e.get("ci") if name == "measured" else None)
-               for i, e in enumerate(entries) if e.get(name) is not None]
-        if not pts:
-            continue
-        err = [[max(0.0, v - c[0]) if c else 0.0 for _, v, c in pts],
-               [max(0.0, c[1] - v) if c else 0.0 for _, v, c in pts]]
-        ax.bar([x for x, _, _ in pts], [v - 1.0 for _, v, _ in pts], width, bottom=1.0,
-               label=label, color=COLORS[name], yerr=err, capsize=3 if name == "measured" else 0)
-        for x, v, c in pts:
-            seen += [v, *(c or ())]
-            y = (c[1] if v >= 1 else c[0]) if c else v  # beyond the CI, clear of its caps
-            ax.text(x, y, f"{v:.3f}", ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
-    span = max(seen) - min(seen) or 0.05
-    ax.set_ylim(min(seen) - 0.25 * span, max(seen) + 0.25 * span)
-    ax.axhline(1.0, color="#666", lw=0.8)
-    ax.set_xticks(range(len(entries)), [_short(e["key"], 28) for e in entries], fontsize=8)
-    ax.set_ylabel("whole-model speedup (x); 1.0 = unchanged")
-    ax.set_title("projected vs measured whole-model speedup per workload", fontsize=10)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def make_plots(run_dir: Path, data: dict) -> dict[str, Path]:
-    """Every plot the data supports; keys name them in report.json."""
-    out: dict[str, Path] = {}
-    for w in data["workloads"]:
-        k = w["key"]
-        if w["shares"]:
-            out[f"share/{k}"] = share_plot(run_dir / "plots" / f"share_{k}.png", k,
-                                           w["shares"], w["time_basis"] or "cpu")
-        if w["cumulative"]:
-            measured = any(r.get("target_source") == "measured kernel"
-                           for r in w["top_patterns"] if r.get("family"))
-            basis = ("measured kernel times" if measured else "roofline targets") + (
-                "" if w["time_basis"] == "device" else ", CPU host-time shares")
-            out[f"cumulative/{k}"] = cumulative_plot(
-                run_dir / "plots" / f"cumulative_{k}.png", k, w["cumulative"], basis)
-    entries = []
-    for w in data["workloads"]:
-        p, m = w.get("compared_projection") or w["projected"] or {}, w["measured"] or {}
-        entries.append({"key": w["key"], "amdahl": p.get("amdahl"), "replay": p.get("replay"),
-                        "measured": m.get("speedup"), "ci": m.get("ci")})
-    if len(entries) > 1 and any(e[v] is not None for e in entries
-                                for v in ("amdahl", "replay", "measured")):
-        out["comparison"] = comparison_plot(run_dir / "plots" / "comparison.png", entries)
-    return out
+from pipeline.report_acceptance import COMMON, ROLLBACK_RULE, kernel_path
+from pipeline.report_figures import (  # noqa: F401 - the report's entry points use them here
+    COLORS,
+    _short,
+    comparison_plot,
+    cumulative_plot,
+    make_plots,
+    share_plot,
+)
+from pipeline.report_render import (  # noqa: F401
+    case_text,
+    ci,
+    config_text,
+    ms,
+    pct,
+    speed,
+    to_html,
+    to_markdown,
+)
 
 
 def _host_cell(family: str, d: dict, used: float | None) -> str:
@@ -211,6 +37,9 @@ def _host_cell(family: str, d: dict, used: float | None) -> str:
     again = (f"; measured {len(tries)} times, the unpatched pass at "
              f"{', '.join(f'{t:.1f}' for t in tries)} ms, the nearest the profile's kept"
              if len(tries) > 1 else "")
+    if d["us_per_call"] < 0:  # the fused call's host side is slower than the code it replaces
+        return (f"{family} costs {-d['us_per_call']:.1f} us per call{at} "
+                f"({d['calls_per_pass']} calls/pass{again})")
     return f"{family} {d['us_per_call']:+.1f} us{at} ({d['calls_per_pass']} calls/pass{again})"
 
 
@@ -273,10 +102,11 @@ def _shipped_cell(s: dict | None) -> str:
     return speed(s["speedup"]) if s["speedup"] is not None else "not meaningful (CPU timing)"
 
 
-def document(data: dict, records: dict[str, str]) -> list[tuple]:
+def document(data: dict, records: dict[str, list[list[str]]]) -> list[tuple]:
     """The report as blocks, rendered by to_markdown and to_html alike."""
     m, env, c, plots = data["model"], data["environment"], data["ceilings"], data["plots"]
-    b: list[tuple] = [("h", 1, f"Kernel report: {m.get('id')}"),
+    b: list[tuple] = [("h", 1, f"Kernel report: {m.get('id')}"), ("h", 2, "Verdict"),
+                      ("ul", [w["verdict"] for w in data["workloads"]]),
                       ("p", "Artifacts read: " + ", ".join(data["artifacts"]) + ".")]
     if not {"verification", "projection", "integration"} & set(data["artifacts"]):
         b.append(("note", ("Only profiling and ranking have run: the projections are roofline "
@@ -323,8 +153,9 @@ def document(data: dict, records: dict[str, str]) -> list[tuple]:
     if records:
         b.append(("h", 2, "Acceptance records"))
         b.append(("links", [(f"acceptance/{f}.md", data["acceptance"][f]) for f in records]))
-        for f, text in records.items():
-            b += [("h", 3, f), ("pre", text)]
+        b.append(("p", "Every record: " + "; ".join(COMMON) + f"; {ROLLBACK_RULE}."))
+        for f, rows in records.items():
+            b += [("h", 3, f), ("table", ["field", "value"], rows)]
     return b
 
 
@@ -354,15 +185,32 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         b.append(("p", f"Regime: {w['regime']}."))
     if f"share/{k}" in plots:
         b.append(("img", plots[f"share/{k}"], f"time share by pattern, {k}"))
-    rows = [[i + 1, r["pattern"], r.get("family") or r.get("remedy") or "-",
-             r.get("occurrences"), pct(r["share"]),
-             ms((r.get("time_us") or 0) / 1e3), speed(r.get("attainable_speedup")),
-             speed(r.get("amdahl_gain")), speed(r.get("replay_gain")),
-             r.get("target_source") or "-"] for i, r in enumerate(w["top_patterns"])]
-    rows.append(["", "rest: host/launch/idle", "", "", pct(w["rest_share"]), "", "", "", "", ""])
-    b += [("h", 3, f"Top patterns (ranked by {w['ranked_by'] or 'share'})"), ("table", [
-        "#", "pattern", "family", "occ", "share", "time", "attainable", "gain (Amdahl)",
-        "gain (replay)", "target"], rows)]
+    rows, n = [], 0
+    for r in w["top_patterns"]:
+        option = bool(r.get("option_of"))
+        remedy = bool(r.get("remedy"))  # the host's remedy: its share is the rest row's
+        n += 0 if option or remedy else 1
+        also = [x for x in r.get("overlaps") or () if x != r.get("option_of")]
+        name = (f"or {r['pattern']}" + (f" (also holds ops of {', '.join(also)})" if also
+                                         else "")) if option else r["pattern"]
+        if remedy:
+            name = f"{r['pattern']} (remedy for the rest row)"
+        rows.append(["" if option or remedy else n, name, r.get("family") or r.get("remedy")
+                     or "-", r.get("occurrences"),
+                     f"({pct(r['share'])})" if option or remedy else pct(r["share"]),
+                     ms((r.get("time_us") or 0) / 1e3), speed(r.get("attainable_speedup")),
+                     speed(r.get("amdahl_gain")), speed(r.get("replay_gain")),
+                     speed(r.get("rank_gain")), r.get("target_source") or "-"])
+    rows.append(["", "rest: host/launch/idle", "", "", pct(w["rest_share"]), "", "", "", "", "",
+                 ""])
+    order = w.get("ordered_by") or f"ranked by {w['ranked_by'] or 'share'}"
+    b += [("h", 3, "Top patterns"), ("p", (
+        f"Ordered by {order}. A row starting with \"or\" is an option for the row above it: "
+        "it replaces the same ops (and more), so at most one of them is ever used; its share "
+        "(in parentheses) is not added again, nor is the CUDA-graph row's, which removes the rest "
+        "row's host time. The numbered rows and the rest row sum to 1.")),
+        ("table", ["#", "pattern", "family", "occ", "share", "time", "attainable",
+                   "gain (Amdahl)", "gain (replay)", "rank_gain", "target"], rows)]
     b += _headroom_blocks(w)
     if f"cumulative/{k}" in plots:
         last = w["cumulative"][-1]
@@ -559,11 +407,19 @@ def _kernel_blocks(data: dict) -> list[tuple]:
         b += [("h", 3, "Accepted (verified)"), ("table", [
             "family", "case", "config", "kernel (median [p20-p80])", "baseline", "kernel speedup",
             "GB/s", "configs tried / passed screen"], [
-            [a["family"], a["case_key"], a["config"], t(a["kernel"]), t(a["baseline"]),
+            [a["family"], case_text(a["case"], a["case_key"]), config_text(a["config"]),
+             t(a["kernel"]), t(a["baseline"]),
              speed(a["speedup"]) if a["meaningful"] else "not meaningful (CPU timing)",
              f"{a['kernel']['gbps']:.0f}" if a["meaningful"] and a["kernel"]["gbps"] else "-",
              f"{a['search']['configs']} / {a['search']['passed_screen']}" if a["search"] else "-"]
             for a in k["accepted"]])]
+        shipped = {f for w in data["workloads"] for f in w.get("kept") or ()}
+        links = [(f"{a['family']}, {case_text(a['case'], a['case_key'])}: kernel.py",
+                  kernel_path(a["source"], None)) for a in k["accepted"]
+                 if a["family"] in shipped and a.get("source")]
+        if links:
+            b += [("p", "The shipped kernels (readable Triton; edit one and rerun with "
+                        "--resume to verify your edit as is):"), ("links", links)]
     if k["rejected"]:
         b += [("h", 3, "Rejected"), ("table", ["family/case", "reason", "candidates tried"], [
             [r["key"], r["reason"], "; ".join(

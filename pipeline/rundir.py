@@ -7,7 +7,13 @@ import os
 import re
 from pathlib import Path
 
+from core.artifacts import read_json, write_json
 from core.errors import UserError
+
+OPTIONS = "options.json"
+# what `pipeline optimize` was asked for, in the order --resume names them
+OPTION_FLAGS = {"top": "--top", "families": "--families", "backend": "--backend",
+                "max_configs": "--max-configs", "pairs": "--pairs", "proposer": "--proposer"}
 
 
 def runs_root() -> Path:
@@ -58,3 +64,31 @@ def load_run(target: str | None) -> Path:
             raise UserError(f"{p} has no profile.json; run `pipeline profile` first")
         return p
     raise UserError(f"{target} is not a run directory")
+
+
+def write_options(run_dir: Path, options: dict) -> Path:
+    """Record the options a run was optimized with (`--resume` keeps them)."""
+    return write_json(Path(run_dir) / OPTIONS,
+                      {"stage": "options", **{k: options.get(k) for k in OPTION_FLAGS}})
+
+
+def resume_options(run_dir: Path, given: dict, explicit: set[str]) -> tuple[dict, str | None]:
+    """The run's recorded options, overridden by those in `explicit` (named on the command
+    line), and one line saying which were kept (None when nothing was recorded)."""
+    path = Path(run_dir) / OPTIONS
+    if not path.exists():
+        return given, None
+    recorded = read_json(path, "run options")
+    merged = {k: given[k] if k in explicit else recorded.get(k, given[k]) for k in OPTION_FLAGS}
+    kept = [f"{OPTION_FLAGS[k]} {_flag_value(merged[k])}" for k in OPTION_FLAGS
+            if k not in explicit and merged[k] is not None]
+    said = [f"{OPTION_FLAGS[k]} {_flag_value(given[k])}" for k in OPTION_FLAGS
+            if k in explicit and given[k] is not None]
+    line = "resuming with the run's options: " + (", ".join(kept) or "none recorded")
+    if said:
+        line += "; from the command line: " + ", ".join(said)
+    return merged, line
+
+
+def _flag_value(v) -> str:
+    return ",".join(v) if isinstance(v, list) else str(v)

@@ -100,10 +100,18 @@ def optimize_rows(run_dir) -> list[list[str]]:
     return rows
 
 
-def print_optimize(run_dir) -> None:
+def print_optimize(run_dir, console: Console = console) -> None:
+    """The final table. Family names are one per line and never cut (the column is as wide
+    as the longest); the other cells fold onto more lines at 80 columns instead of being cut
+    with an ellipsis."""
+    rows = optimize_rows(run_dir)
     t = Table(title="whole-model speedup per workload")
+    longest = max((len(f) for r in rows for f in r[1].split(", ")), default=4)
     for c in OPTIMIZE_COLUMNS:
-        t.add_column(c)
-    for row in optimize_rows(run_dir):
-        t.add_row(*row)
+        if c == "kept kernels":
+            t.add_column(c, no_wrap=True, min_width=longest)
+        else:
+            t.add_column(c, overflow="fold")
+    for row in rows:
+        t.add_row(row[0], "\n".join(row[1].split(", ")), *row[2:])
     console.print(t)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import gzip
 import inspect
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +141,29 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
             "timer": "perf_counter around a synchronised call"}
 
 
+@contextmanager
+def _without_usdt_lines():
+    """Kineto writes a `USDT: ... profiler_start` / `profiler_stop` line to the process's stderr
+    (the file descriptor, from C++) at every session, whatever its log level; the rest of what
+    is written there meanwhile is passed on when the session ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as buf:
+        os.dup2(buf.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            buf.seek(0)
+            rest = [line for line in buf.read().decode(errors="replace").splitlines(True)
+                    if not line.startswith("USDT:")]
+            if rest:
+                sys.stderr.write("".join(rest))
+                sys.stderr.flush()
+
+
 def capture(runner: Runner, device: str, trace_path: Path) -> float:
     """Profile WAIT+WARMUP+ACTIVE steps; write a gzipped Chrome trace; return profiled ms/step.
 
@@ -154,9 +180,9 @@ def capture(runner: Runner, device: str, trace_path: Path) -> float:
         kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(
             enable_cuda_sync_events=True)
     step_times = []
-    with torch.no_grad(), profile(activities=activities, record_shapes=True, with_stack=True,
-                                  schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE),
-                                  **kwargs) as prof:
+    with _without_usdt_lines(), torch.no_grad(), profile(
+            activities=activities, record_shapes=True, with_stack=True,
+            schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE), **kwargs) as prof:
         for i in range(WAIT + WARMUP + ACTIVE):
             t = time.perf_counter()
             runner.call()

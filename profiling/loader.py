@@ -61,7 +61,52 @@ def zoo_config(name: str):
     model_type = params.pop("model_type")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoConfig.for_model(model_type, **params)
+        return AutoConfig.for_model(model_type, **params, **_ids_in_vocab(model_type, params))
+
+
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _ids_in_vocab(model_type: str, params: dict) -> dict:
+    """Special token ids for a shrunk vocabulary: a tiny config keeps its class's defaults
+    (GPT-2's 50256), which transformers warns about on every build when the vocabulary is
+    smaller. The last id of the vocabulary stands in; weights are random, so no id means
+    anything."""
+    from transformers import CONFIG_MAPPING
+
+    vocab = params.get("vocab_size")
+    if not vocab:
+        return {}
+    defaults = CONFIG_MAPPING[model_type]()
+    return {k: vocab - 1 for k in _TOKEN_IDS if k not in params
+            and isinstance(getattr(defaults, k, None), int) and getattr(defaults, k) >= vocab}
+
+
+def looks_like_path(model_id: str) -> bool:
+    """A local path rather than a hub id (`org/name`) or a built-in name."""
+    return (model_id.startswith(("/", "./", "../", "~", "\\")) or model_id.count("/") > 1
+            or model_id in (".", "..") or Path(model_id).exists())
+
+
+def validation_reason(e: BaseException) -> str:
+    """The reason a config was refused, on one line. transformers' strict validators raise an
+    error whose first line names only the validator; its cause holds the reason."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts += [x.strip() for x in str(e).splitlines()
+                  if x.strip() and not any(x.strip() in p for p in parts)]
+        e = e.__cause__ or e.__context__
+    return " ".join(parts) or "invalid config"
+
+
+def _config(load, model_id: str):
+    try:
+        return load()
+    except (OSError, UserError):
+        raise
+    except Exception as e:  # noqa: BLE001 - config classes raise validator-specific errors
+        raise UserError(f"invalid config for {model_id}: {validation_reason(e)}") from None
 
 
 def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
@@ -71,8 +116,11 @@ def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"{model_id} is a folder without config.json")
-        cfg = AutoConfig.from_pretrained(path)
+        cfg = _config(lambda: AutoConfig.from_pretrained(path), model_id)
         return ModelSpec(model_id, "local", "pretrained" if pretrained else "random", cfg)
+    if looks_like_path(model_id):
+        raise UserError(f"no such directory: {model_id}" if not path.exists() else
+                        f"{model_id} is a file; pass the folder that holds config.json")
     name = zoo_name(model_id)
     if name == model_id.lower() and name in ZOO and not pretrained:
         return ModelSpec(name, "zoo", "random", zoo_config(name))

@@ -77,6 +77,10 @@ class WorkerOutcome:
 def serve() -> None:
     """The zygote: read job folders (one per line) on stdin, fork a child for each, answer its
     pid on stdout, reap children and write their exit status into their job folder."""
+    # Ctrl-C is the caller's to handle: it ends the children by closing stdin or by killing
+    # their group; a KeyboardInterrupt here (and in the children forked from here, which
+    # inherit this) only printed a traceback into the user's terminal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in _PRELOAD:
         try:
             __import__(module)

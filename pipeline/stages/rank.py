@@ -65,6 +65,7 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
         g["occ"].append(Occurrence(key, None, op["module"], op["module_class"], [i]))
     gpu = w["time_basis"] == "device"
     wall_us = w["wall"]["median_ms"] * 1e3
+    op_sets = {name: {i for o in g["occ"] for i in o.ops} for name, g in groups.items()}
     rows = []
     for name, g in groups.items():
         pat = by_name.get(name)
@@ -113,6 +114,11 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             "host_share": host / wall_us,
             # the rows this one overlaps (same ops): at most one of them is ever replaced
             "alternative_to": sorted(g["extends"]),
+            # the rows of the partition whose ops an alternative holds too (gated_mlp_gemm:
+            # swiglu_mlp and the gate/up GEMMs of `linear`)
+            "overlaps": sorted(n for n, ops_n in op_sets.items() if n != name
+                               and not groups[n]["extends"] and ops_n & op_sets[name])
+            if g["extends"] else [],
         })
     for r in rows:
         _apply_decline(r)
@@ -140,7 +146,8 @@ def no_remedy(rows: list[dict]) -> list[dict]:
     gap is visible rather than silent, with why (a family declined it, or none replaces it)."""
     out = []
     for r in rows:
-        if r["family"] or r["attainable_speedup"] < NO_REMEDY_MIN:
+        # the CUDA-graph row is itself a remedy (for the rest row's host time)
+        if r["family"] or r.get("remedy") or (r["attainable_speedup"] or 1.0) < NO_REMEDY_MIN:
             continue
         declined = r.get("declined")
         why = (f"{declined['family']}: {declined['reason']}" if declined
@@ -148,6 +155,45 @@ def no_remedy(rows: list[dict]) -> list[dict]:
         out.append({"pattern": r["pattern"], "share": r["share"],
                     "attainable_speedup": r["attainable_speedup"], "why": why})
     return sorted(out, key=lambda x: -x["share"])
+
+
+ORDER = ("rank_gain: the whole-model gain of replacing the row with a kernel family ({key}); "
+         "1.000x for ops no family replaces; ties by share")
+
+
+def group_alternatives(rows: list[dict]) -> None:
+    """Mark each row that replaces the same ops as another (`alternative_to`) as an option of
+    the top-level row it extends (`option_of`), and list the options on that row (`options`).
+    The top-level rows partition the pass's ops: their shares and the rest row sum to 1."""
+    by_pattern = {r["pattern"]: r for r in rows}
+    for r in rows:
+        r["options"] = []
+        primary = next((p for p in r.get("alternative_to") or () if p in by_pattern), None)
+        seen = {r["pattern"]}
+        while primary is not None and by_pattern[primary].get("alternative_to"):
+            seen.add(primary)
+            primary = next((p for p in by_pattern[primary]["alternative_to"]
+                            if p in by_pattern and p not in seen), None)
+        r["option_of"] = primary
+    for r in rows:
+        if r["option_of"]:
+            by_pattern[r["option_of"]]["options"].append(r["pattern"])
+
+
+def top_level(rows: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """(row, its options) for each top-level row, ordered by the best rank_gain among the row
+    and its options (then share): the order the tables show."""
+    if any("option_of" not in r for r in rows):  # a ranking.json from before the grouping
+        rows = [dict(r) for r in rows]
+        group_alternatives(rows)
+    by_pattern = {r["pattern"]: r for r in rows}
+    groups = [(r, [by_pattern[o] for o in r["options"] if o in by_pattern])
+              for r in rows if not r["option_of"]]
+
+    def key(g):
+        members = [g[0], *g[1]]
+        return (-max(m.get("rank_gain", 1.0) for m in members), -g[0]["share"])
+    return sorted(groups, key=key)
 
 
 def project(w: dict, rows: list[dict], graph=None) -> None:
@@ -371,13 +417,15 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
     host = graph_row(w, graph, ceil, candidates)
     if host is not None:
         rows.append(host)
-    rows.sort(key=lambda r: -((r[key] or 1.0) if r["family"] or r.get("remedy") else 0)
-              - r["share"] * 1e-9)
+    for r in rows:
+        r["rank_gain"] = (r[key] or 1.0) if r["family"] or r.get("remedy") else 1.0
+    rows.sort(key=lambda r: (-r["rank_gain"], -r["share"]))
+    group_alternatives(rows)
     candidates = exclusive([r for r in rows if r["family"]])
     curve = []
     for n in range(1, len(candidates) + 1):
         top = candidates[:n]
-        point = {"n": n, "pattern": top[-1]["pattern"],
+        point = {"n": n, "pattern": top[-1]["pattern"], "family": top[-1]["family"],
                  "amdahl": amdahl([(r["share"], r["attainable_speedup"]) for r in top])}
         point["replay"] = _replay_gain(graph, top) if graph is not None else None
         curve.append(point)
@@ -389,7 +437,8 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
         "key": w["key"], "workload": w["workload"], "wall_ms": w["wall"]["median_ms"],
         "enqueue_ms": w["wall"].get("enqueue_ms"), "time_basis": w["time_basis"],
         "gpu_busy_share": busy, "launch_bound": launch_bound,
-        "regime": _regime(w, rows, launch_bound), "ranked_by": key, "rows": rows,
+        "regime": _regime(w, rows, launch_bound), "ranked_by": key,
+        "ordered_by": ORDER.format(key=key), "rest_share": w.get("rest_share"), "rows": rows,
         "no_remedy": no_remedy(rows),
         "cumulative": curve,
         "ceiling_amdahl": curve[-1]["amdahl"] if curve else 1.0,
@@ -446,17 +495,28 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
 
     for w in ranking["workloads"]:
         console.print(f"[bold]ranking[/bold] {w['key']}: {w['regime']}")
-        title = (f"candidates by whole-model gain ({w['ranked_by']})"
-                 if w["time_basis"] == "device" else "patterns by share (CPU profile)")
-        t = Table(title=title)
-        for c in ("pattern", "family", "occ", "share", "attainable", "amdahl", "replay"):
-            t.add_column(c, justify="left" if c in ("pattern", "family") else "right")
-        for r in w["rows"][:top]:
-            alt = r.get("alternative_to")
-            t.add_row(r["pattern"] + (f" (or {', '.join(alt)})" if alt else ""),
-                      r["family"] or r.get("remedy") or "-", str(r["occurrences"]),
-                      f"{r['share']:.1%}", _x(r["attainable_speedup"], 2),
-                      _x(r["amdahl_gain"], 3), _x(r["replay_gain"], 3))
+        t = Table(title=f"patterns, ordered by {w.get('ordered_by') or w['ranked_by']}; "
+                        f"options (replacing the same ops) indented beneath their row")
+        for c in ("pattern", "family", "occ", "share", "attainable", "amdahl", "replay",
+                  "rank_gain"):
+            t.add_column(c, justify="left" if c in ("pattern", "family") else "right",
+                         overflow="fold")
+
+        def cells(r, name):
+            return (name, r["family"] or r.get("remedy") or "-", str(r["occurrences"]),
+                    f"{r['share']:.1%}", _x(r["attainable_speedup"], 2),
+                    _x(r["amdahl_gain"], 3), _x(r["replay_gain"], 3),
+                    f"{r.get('rank_gain', 1.0):.3f}x")
+        groups = top_level(w["rows"])
+        for r, options in groups[:top]:
+            t.add_row(*cells(r, r["pattern"]))
+            for o in options:
+                also = [x for x in o.get("overlaps") or () if x != r["pattern"]]
+                t.add_row(*cells(o, "  or " + o["pattern"] + (
+                    f" (also holds ops of {', '.join(also)})" if also else "")))
+        rest = w.get("rest_share")
+        if rest is not None:
+            t.add_row("rest: host/launch/idle", "", "", f"{rest:.1%}", "", "", "", "")
         console.print(t)
         for g in w.get("no_remedy") or []:
             console.print(f"  no remedy yet: {g['pattern']} ({g['share']:.1%} of the pass, "

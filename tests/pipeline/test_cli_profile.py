@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from core.artifacts import read_json
+
+# this checkout, not whichever the environment installed (an editable install of another)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=600,
                           env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                               "HOME": str(cwd or "."), "PYTHONPATH": sys.path[0] or "."})
+                               "HOME": str(cwd or "."), "PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,9 @@ def test_profile_writes_a_valid_profile(profiled):
     (["profile", "tiny-llama", "--dtype", "int3"], "unknown dtype"),
     (["profile", "tiny-llama", "--device", "cuda"], "no CUDA GPU"),
     (["rank", "/nonexistent/run"], "not found"),
+    # a path that does not exist is not an unknown model
+    (["optimize", "/nonexistent"], "no such directory: /nonexistent"),
+    (["profile", "./no/such/folder"], "no such directory"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
     if "cuda" in args:
@@ -126,3 +133,80 @@ def test_optimize_on_a_gpu_profiles_in_a_child_process(monkeypatch):
     assert args[1:4] == ["-m", "pipeline", "profile"]
     assert args[4:] == ["tiny-llama", "--batch", "2", "--seq", "16", "--mode", "prefill,decode",
                         "--top", "5"]
+
+
+def test_profile_output_is_plain_progress_lines_without_profiler_noise(profiled):
+    """Piped (not a TTY): one line per step with the elapsed seconds; no Kineto USDT lines, no
+    warnings."""
+    import re
+
+    _, proc = profiled
+    lines = proc.stdout.splitlines()
+    steps = [m for m in (re.match(r"\[\s*(\d+\.\d) s\] profiling: (.+)", x) for x in lines) if m]
+    assert [m.group(2) for m in steps][:3] == ["start", "[prefill-b1-s16-fp32]",
+                                              "building tiny-llama (random weights, float32, "
+                                              "cpu)"], proc.stdout[:2000]
+    times = [float(m.group(1)) for m in steps]
+    assert times == sorted(times) and "timing without the profiler" in proc.stdout
+    assert "USDT" not in proc.stdout + proc.stderr, proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+def test_tiny_gpt2_builds_without_token_id_warnings(tmp_path):
+    code = ("import torch; from profiling.loader import build, resolve; "
+            "m = build(resolve('tiny-gpt2'), torch.float32, 'cpu'); "
+            "print(m.config.bos_token_id, m.config.eos_token_id, m.config.vocab_size)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["511", "511", "512"]
+    assert "token_id" not in proc.stderr, proc.stderr
+
+
+def test_a_config_that_fails_validation_says_why_in_one_line(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 100, "num_attention_heads": 3,
+        "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": 100}))
+    proc = run_cli("profile", str(tmp_path / "bad"), "--seq", "8", cwd=tmp_path)
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "not a multiple of the number of attention heads" in err[0], err
+    assert "Traceback" not in proc.stderr
+
+
+def test_mode_both_is_prefill_and_decode():
+    from pipeline.cli import _modes
+
+    assert _modes("both") == "prefill,decode"
+    assert _modes("prefill") == "prefill"
+
+
+def test_ctrl_c_is_one_line_naming_resume_and_no_traceback(tmp_path):
+    code = ("import pipeline.cli as c\n"
+            "def stop(**kw):\n    raise KeyboardInterrupt\n"
+            "c.cli.main = stop\nc.main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 130
+    assert proc.stderr.strip().splitlines() == [
+        "interrupted; resume with `pipeline optimize RUN --resume`"], proc.stderr
+
+
+def test_the_verify_zygote_ignores_ctrl_c():
+    """A terminal's Ctrl-C goes to the whole foreground group; the zygote and its children
+    must not answer it with a KeyboardInterrupt traceback (the caller decides)."""
+    import os
+    import signal
+    import time
+
+    from verify.worker import _Zygote
+
+    z = _Zygote()
+    try:
+        time.sleep(1.0)
+        os.kill(z.proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert z.proc.poll() is None, "the zygote died of SIGINT"
+    finally:
+        z.close()

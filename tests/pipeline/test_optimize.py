@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -222,6 +223,40 @@ def test_cpu_run_ranks_the_graph_remedy_and_the_graphs_stage_says_why_it_skipped
     assert all(p["graphs"]["kept"] is None for p in proj["workloads"].values())
     md = (run_dir / "report.md").read_text()
     assert "### CUDA graphs (the host's remedy)" in md and f"Skipped: {NO_GPU}." in md
+
+
+def test_a_log_gets_plain_progress_lines_and_the_run_records_its_options(optimized):
+    """stdout is a pipe here, as in a redirected log: each step is a line with the stage, the
+    family and case it works on, and the elapsed seconds."""
+    import re
+
+    _, run_dir, proc = optimized
+    steps = re.findall(r"^\[\s*(\d+\.\d) s\] optimize: (\w[\w-]*) ?(.*)$", proc.stdout, re.M)
+    stages = [s for _, s, _ in steps]
+    for stage in ("rank", "generate", "verify", "measure", "report"):
+        assert stage in stages, (stage, proc.stdout[-3000:])
+    generated = {rest.split()[0] for _, s, rest in steps if s == "generate"}
+    assert generated == set(FAMILIES)
+    assert all(len(rest.split()) == 2 for _, s, rest in steps if s == "generate")  # + case
+    times = [float(t) for t, _, _ in steps]
+    assert times == sorted(times) and times[-1] > 0
+    opts = read_json(run_dir / "options.json", "run options")
+    assert opts["families"] == FAMILIES and opts["pairs"] == PAIRS and opts["top"] == 5
+
+
+def test_the_final_table_keeps_family_names_whole_at_80_columns(optimized, run_data):
+    from rich.console import Console
+
+    from pipeline import summary
+
+    _, run_dir, _ = optimized
+    narrow = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    summary.print_optimize(run_dir, console=narrow)
+    text = narrow.export_text()
+    kept = {f for w in run_data["integration"]["workloads"].values() for f in w["kept"]}
+    assert kept and all(len(line) <= 80 for line in text.splitlines())
+    for fam in kept:
+        assert re.search(rf"\b{fam}\b", text), (fam, text)
 
 
 def test_report_labels_cpu_timings_and_shows_no_speedup(optimized, run_data):
@@ -910,6 +945,33 @@ def test_apply_kernels_patches_and_undo_restores(optimized, run_data, monkeypatc
     assert not calls
 
 
+def readme_python_example() -> str:
+    """The Python API example of README.md, as written there."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Python API"):]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_python_example_runs_on_the_cpu(optimized, run_data):
+    """As a user runs it: a fresh interpreter, no TRITON_INTERPRET set beforehand, the README's
+    code with only the workload's shape changed to this run's (batch 2 x seq 16)."""
+    home, run_dir, _ = optimized
+    code = readme_python_example()
+    assert "(2, 64)" in code and "prefill-b2-s64-fp32" in code
+    code = code.replace("(2, 64)", "(2, 16)").replace("prefill-b2-s64-fp32",
+                                                     "prefill-b2-s16-fp32")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=home, timeout=600,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
+             "PIPELINE_RUNS": str(home), "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    families, max_diff, exact = proc.stdout.strip().rsplit(" ", 2)
+    assert eval(families) == sorted(run_data["integration"]["families"])  # noqa: S307
+    assert float(max_diff) <= 1e-4  # fp32 kernels against the fp32 model
+    assert exact == "True"  # bit-exact after undo()
+
+
 def test_top_n_end_to_end(tmp_path):
     """The plain `pipeline optimize MODEL --top 3` on the CPU: the ranking's three best
     families are generated, verified (each accepted or rejected, with a record), integrated
@@ -1052,7 +1114,7 @@ def test_projection_error_is_against_the_set_that_shipped():
     assert measured == pytest.approx(1 / 0.8)
     assert out["projection_error"]["replay"] == pytest.approx(abs(1.25 - measured) / measured)
     assert out["projection_error"]["amdahl"] == pytest.approx(abs(1.3 - measured) / measured)
-    assert "projection of that set" in out["measured"]["note"]
+    assert "projected for that set" in out["measured"]["note"]
     # the report's projected cells are the values the error is taken against
     assert _proj_cells({"projected": projected, **out}) == ("1.300x", "1.250x")
     # without a projection for the kept set, the error stays against the projected set
@@ -1095,7 +1157,12 @@ def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrate
     skipped = superseded(accepted, fams)
     assert list(skipped) == ["matmul_epilogue"]
     assert "superseded by gated_act" in skipped["matmul_epilogue"]
-    assert "80.0 us" in skipped["matmul_epilogue"] and "24.0 us" in skipped["matmul_epilogue"]
+    assert "saves 80.0 us" in skipped["matmul_epilogue"]
+    assert "saves 24.0 us" in skipped["matmul_epilogue"]
+    # a kernel slower than the original costs time; it never "saves" a negative amount
+    slow = {**accepted, "matmul_epilogue/a": acc("matmul_epilogue", 0.884, 0.900)}
+    assert "costs 16.0 us" in superseded(slow, fams)["matmul_epilogue"]
+    assert "saves -" not in superseded(slow, fams)["matmul_epilogue"]
     kept, why = integrable(accepted, fams, "cuda")
     assert kept == ["rmsnorm", "gated_act"] and set(why) == {"matmul_epilogue"}
     # a faster epilogue GEMM wins the MLP instead
@@ -1103,6 +1170,25 @@ def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrate
     assert list(superseded(accepted, fams)) == ["gated_act"]
     # alone, neither gives way
     assert superseded(accepted, ["matmul_epilogue", "rmsnorm"]) == {}
+
+
+def test_on_the_cpu_interpreter_timings_do_not_decide_between_rivals():
+    """The same kernel numbers that make gated_act win on a GPU decide nothing on the CPU:
+    there the one the ranking puts first is kept, whichever order the timings say, and the
+    reason says what a GPU would decide on."""
+    from pipeline.policy import fallbacks, integrable, superseded
+
+    acc = accepted_entry
+    for slow, fast in (("gated_act", "matmul_epilogue"), ("matmul_epilogue", "gated_act")):
+        accepted = {f"{slow}/a": acc(slow, 0.1, 5.0), f"{fast}/a": acc(fast, 5.0, 0.1)}
+        fams = [slow, fast]  # the ranking's order: the slower one first
+        why = superseded(accepted, fams, "cpu")
+        assert list(why) == [fast], why
+        assert "ranking's order" in why[fast] and "on a GPU" in why[fast]
+        assert "cannot tell" in why[fast] and " us per call against" not in why[fast]
+        assert integrable(accepted, fams, "cpu")[0] == [slow]
+        assert fallbacks(accepted, fams, "cpu") == {fast: slow}
+        assert list(superseded(accepted, fams, "cuda")) == [slow]
 
 
 def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp_path,

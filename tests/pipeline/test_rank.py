@@ -706,3 +706,48 @@ def test_frozen_graphs_projection_unpatched_and_kernels_plus_graph(decode, tmp_p
     assert proj["patterns"] == ["rmsnorm", "rope"] and proj["note"] is None
     none = rank_stage.project_graphs_with(tmp_path, w["key"], {})
     assert none["kept"] == pytest.approx(none["unpatched"])
+
+
+def _assert_rows_add_up(rows, rest_share):
+    from pipeline.stages.rank import top_level
+
+    groups = top_level(rows)
+    shown = [r for r, _ in groups] + [o for _, opts in groups for o in opts]
+    assert sorted(r["pattern"] for r in shown) == sorted(r["pattern"] for r in rows)
+    assert sum(r["share"] for r, _ in groups) + rest_share == pytest.approx(1.0, abs=1e-9)
+    for r, options in groups:
+        assert r["option_of"] is None and not r["alternative_to"]
+        assert all(o["option_of"] == r["pattern"] for o in options)
+    # ordered by the one key the table names
+    keys = [max(m["rank_gain"] for m in (r, *opts)) for r, opts in groups]
+    assert keys == sorted(keys, reverse=True)
+    gains = [r["rank_gain"] for r in rows]
+    assert gains == sorted(gains, reverse=True)
+    return groups
+
+
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_fixture_top_level_rows_and_rest_sum_to_one_with_options_beneath(which, request):
+    w, ranked = request.getfixturevalue(which)
+    groups = _assert_rows_add_up(ranked["rows"], w["rest_share"])
+    assert ranked["ordered_by"].startswith("rank_gain")
+    assert all(o["option_of"] in o["overlaps"] for _, opts in groups for o in opts)
+
+
+def test_an_alternative_is_an_option_beneath_the_row_it_replaces_and_names_its_overlaps():
+    """gated_mlp_gemm holds swiglu_mlp's ops and the gate/up GEMMs of `linear`: it is shown
+    beneath swiglu_mlp, and the top-level rows (linear included) still add up to 1."""
+    w = _workload(_mlp_with_projections(), 10_000.0)
+    ranked = rank_workload(w, H200, None)
+    groups = _assert_rows_add_up(ranked["rows"], w["rest_share"])
+    assert [r["pattern"] for r, _ in groups if r["pattern"] != "linear"] == ["swiglu_mlp"]
+    (gemm,) = next(opts for r, opts in groups if r["pattern"] == "swiglu_mlp")
+    assert gemm["pattern"] == "gated_mlp_gemm" and gemm["overlaps"] == ["linear", "swiglu_mlp"]
+
+
+def test_tiny_top_level_rows_and_rest_sum_to_one(tiny):
+    from pipeline.stages.rank import rank_workload
+
+    _, _, w, _, _ = tiny
+    ranked = rank_workload(w, H200, None)
+    _assert_rows_add_up(ranked["rows"], w["rest_share"])

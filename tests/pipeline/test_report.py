@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from matplotlib.image import imread
@@ -290,6 +292,15 @@ def test_cpu_run_labels_timings_not_meaningful(tmp_path):
         assert w["measured"]["speedup"] is None and w["projection_error"] is None
         assert w["measured"]["meaningful"] is False
     assert data["kernels"]["accepted"][0]["speedup"] is None
+    # the verdict, first thing in the report: what ships, and that nothing is measured here
+    head = md.split("## Verdict", 1)[1].split("##", 1)[0]
+    for w in data["workloads"]:
+        line = next(x for x in head.splitlines() if x.startswith(f"- {w['key']}:"))
+        assert f"ships {', '.join(w['shipped']['families']) or 'nothing'};" in line
+        assert "not meaningful" in line or "nothing measured" in line
+        assert "projected: n/a" in line and "CPU" in line and "next: " in line
+        assert not re.search(r"\d\.\d{3}x", line), line
+    assert md.index("## Verdict") < md.index("## Model and environment")
     # the terminal summary projects and measures nothing, and says why in full
     from pipeline.summary import OPTIMIZE_COLUMNS, optimize_rows
 
@@ -419,3 +430,70 @@ def test_patch_memory_is_what_a_patch_holds_beyond_the_weights():
     model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
     assert patch_memory(model, ["matmul", "gelu"]) == {"matmul": 2 * (64 * 192 + 192) * 4}
     assert not [n for n, m in model.named_modules() if "forward" in m.__dict__]  # undone
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name, key, expect", [
+    ("optimize-llama-3.2-1b-b8-s1024-run15", "prefill-b8-s1024-bf16",
+     ["ships rmsnorm, rope, matmul_epilogue, kv_cache, add_rmsnorm", "measured 1.439x "
+      "[1.425x, 1.450x]", "projected 1.501x (replay, error 4.3%)", "device-bound"]),
+    ("optimize-qwen2.5-0.5b-b1-s128-run15", "decode-b1-s128-bf16",
+     ["measured 1.419x [1.411x, 1.435x]", "projected 1.451x (replay, error 2.2%)",
+      "next: less host work per pass (CUDA graphs)"]),
+])
+def test_the_verdict_of_a_committed_gpu_run(name, key, expect, tmp_path):
+    """The committed H200 runs (flat names: search_log.json, verification_summary.json) render,
+    and their verdict lines say what the README's results table says."""
+    import shutil
+
+    sys.path.insert(0, str(RESULTS.parent))
+    from reproject import unpack_run
+
+    res = RESULTS / name
+    if not (res / "trace").is_dir():
+        pytest.skip("committed H200 run not present")
+    unpack_run(res, tmp_path)
+    for f in ("search_log.json", "verification_summary.json"):
+        shutil.copy(res / f, tmp_path / f)
+    md = Path(write_report(tmp_path)["markdown"]).read_text()
+    head = md.split("## Verdict", 1)[1].split("##", 1)[0]
+    line = next(x for x in head.splitlines() if x.startswith(f"- {key}:"))
+    for text in expect:
+        assert text in line, (text, line)
+    assert "search" in md.split("Artifacts read:", 1)[1].split("\n", 1)[0]
+
+
+def test_a_committed_gpu_report_reads_in_shapes_configs_and_links(tmp_path):
+    """Configs as `warps=2`, cases as shapes, a link to each shipped kernel.py, acceptance
+    records without the boilerplate every record repeats, and a set's projection never
+    labelled an error."""
+    import shutil
+
+    sys.path.insert(0, str(RESULTS.parent))
+    from reproject import unpack_run
+
+    from pipeline.report_acceptance import COMMON
+
+    res = RESULTS / "optimize-llama-3.2-1b-b8-s1024-run15"
+    if not (res / "trace").is_dir():
+        pytest.skip("committed H200 run not present")
+    unpack_run(res, tmp_path)
+    for f in ("search_log.json", "verification_summary.json"):
+        shutil.copy(res / f, tmp_path / f)
+    out = write_report(tmp_path)
+    md = Path(out["markdown"]).read_text()
+    kernels = md.split("\n## Kernels\n", 1)[1].split("\n## ", 1)[0]
+    assert "| rmsnorm | 8192 x 2048 (rows x hidden), bfloat16 | rows_per_program=1, warps=2 |" \
+        in kernels
+    assert "{'" not in kernels and "-332a3c |" not in kernels  # no dict reprs, no hash ids
+    links = re.findall(r"- \[(\w+), [^\]]*: kernel\.py\]\((candidates/[^)]+/kernel\.py)\)", md)
+    kept = read_json(tmp_path / "integration.json")["workloads"]["prefill-b8-s1024-bf16"]["kept"]
+    assert sorted(f for f, _ in links) == sorted(kept)
+    for line in COMMON:
+        assert md.count(line) == 1, line  # stated once, not once per record
+        assert line in (tmp_path / "acceptance" / "rmsnorm.md").read_text()  # the file is whole
+    assert "error against the projection" not in md and "projected for that set: " in md
+    html = Path(out["html"]).read_text()
+    assert "overflow-wrap:anywhere" in html and "<pre>" not in html.split("Acceptance records")[1]

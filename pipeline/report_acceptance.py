@@ -1,0 +1,160 @@
+"""Acceptance records: one per verified kernel family, in the DESIGN.md form (Workload,
+Environment, Comparison, Correctness, Measurements, Decision). The file holds the full record;
+the report shows it condensed, the lines every record repeats stated once (`COMMON`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.report_render import NOT_MEANINGFUL, case_text, ci, config_text, speed
+
+CONCURRENCY = ("concurrency: one process, one stream, one call at a time (the batch is the only "
+               "parallelism)")
+BASELINE = ("baseline: the model's own code for the pattern (the family reference mirrors the "
+            "Hugging Face forward), same inputs, same harness")
+END_TO_END = ("end to end: baseline and patched model interleaved in one process, median paired "
+              "ratio with a bootstrap 95% CI; it counts only when the CI excludes 1.0")
+REFERENCE = ("reference: float64 run of the baseline (float32 where float64 fails); an element "
+             "passes when |c - r| <= |b - r| + atol + rtol*|r|")
+COMMON = (CONCURRENCY, BASELINE, END_TO_END, REFERENCE)
+
+
+def kernel_path(source: str | None, run_dir: Path | None) -> str:
+    """A candidate's kernel.py relative to the run directory (artifacts store absolute paths
+    of the machine that wrote them)."""
+    if not source:
+        return "-"
+    parts = Path(source).parts
+    if "candidates" in parts:
+        return str(Path(*parts[parts.index("candidates"):]))
+    if run_dir is not None:
+        try:
+            return str(Path(source).relative_to(run_dir))
+        except ValueError:
+            pass
+    return source
+
+
+ROLLBACK_RULE = ("rolled back on a workload when the 95% CI of its paired whole-model ratio "
+                 "shows a slowdown, alone or in the set against the set without it, when the "
+                 "combined set regresses there, or when the patched logits' error against the "
+                 "fp32 model exceeds 1.5x the unpatched error")
+
+
+def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
+                      ) -> dict[str, list[str]]:
+    """One kernel family's acceptance record in the DESIGN.md form: six labelled fields."""
+    acc = [a for a in data["kernels"]["accepted"] if a["family"] == fam]
+    rej = [r for r in data["kernels"]["rejected"] if r["family"] == fam]
+    recs = [(a["case_key"], load(a["record"])) for a in acc]
+    tried = [(x, load(x["record"])) for r in rej for x in r["tried"]]
+    m, env = data["model"], data["environment"]
+    renv = next((r["environment"] for _, r in recs + tried if r), {})
+    cases = [(a["case_key"], a["case"]) for a in acc] + [(r["key"].split("/", 1)[-1], r["case"])
+                                                         for r in rej]
+    dtypes = sorted({str((c or {}).get("dtype")) for _, c in cases})
+    ws = data["workloads"]
+    f = {"Workload": [
+        (f"model {m.get('id')} ({m.get('source')}, {m.get('weights')} weights, "
+        f"{m.get('model_type')}); revision {m.get('revision') or 'not pinned'}"),
+        *[f"case {case_text(c, k)}" for k, c in cases],
+        "workloads: " + "; ".join(f"{w['key']} (batch {w['workload'].get('batch')}, seq "
+                                  f"{w['workload'].get('seq')}, {w['workload'].get('mode')})"
+                                  for w in ws),
+        CONCURRENCY],
+        "Environment": [
+        (f"accelerator: {env.get('gpu') or renv.get('accelerator') or 'none (CPU)'}, driver "
+        f"{env.get('driver') or 'n/a'}"),
+        (f"compiler: triton {renv.get('triton') or env.get('triton')}, torch "
+        f"{renv.get('torch') or env.get('torch')}, CUDA {env.get('cuda') or 'n/a'}"),
+        "precision: " + ", ".join(dtypes)],
+        "Comparison": [
+        BASELINE,
+        *[f"candidate for {case_text(a['case'], a['case_key'])}: "
+          f"{kernel_path(a['source'], run_dir)}, {config_text(a['config'])} "
+          f"({a['origin'] or 'generated'}), sha256 {(r or {}).get('source_sha256', '')[:12]}"
+          for a, (_, r) in zip(acc, recs, strict=True)],
+        *[f"candidate (rejected): {x['candidate']}" for x, _ in tried],
+        "kernel timing: " + ("; ".join(sorted({a["kernel"]["method"] for a in acc if a["kernel"]}))
+                             + ", median of n repetitions, spread p20-p80" if acc else
+                             "none (no candidate accepted, nothing timed)"),
+        END_TO_END],
+        "Correctness": [
+        REFERENCE,
+        "tolerances: " + "; ".join(
+            f"{d} atol {t['atol']:g} rtol {t['rtol']:g}"
+            for d, t in (renv.get("tolerances") or {}).items() if d in dtypes) or "not recorded"]}
+    for name, r in recs + [(Path(str(x["candidate"])).parent.name, r) for x, r in tried]:
+        if r is None:
+            f["Correctness"].append(f"{name}: verification record not found")
+            continue
+        edges = [c["label"] for c in r.get("cases", []) if c.get("origin") != "given"]
+        ok = sum(1 for c in r.get("checks", []) if c.get("passed"))
+        f["Correctness"].append(
+            f"{r.get('candidate', name)}: {r.get('verdict')}, {ok}/{len(r.get('checks', []))} "
+            f"checks passed on {len(r.get('cases', []))} input sets ({len(edges)} edge cases), "
+            f"seeds master {r.get('seeds', {}).get('master')} x {r.get('seeds', {}).get('trials')}"
+            f" trials")
+        f["Correctness"] += [f"  failure: {x}" for x in r.get("reasons", [])[:3]]
+    for w in ws:
+        chk = w["check"]
+        if chk and fam in (chk["families"] or []):
+            errs = ", ".join(f"{t['error_patched']:.3g} vs {t['error_unpatched']:.3g}"
+                             for t in chk["trials"])
+            f["Correctness"].append(f"whole model {w['key']}: logits error patched vs unpatched "
+                                    f"(fp32 reference) {errs}: "
+                                    f"{'failed' if fam in chk['rejected'] else 'passed'}")
+    f["Measurements"] = []
+    for a in acc:
+        kt, bt, s = a["kernel"] or {}, a["baseline"] or {}, a["search"]
+        line = (f"{case_text(a['case'], a['case_key'])}: baseline {bt.get('median_ms', 0):.4f} ms "
+                f"[{bt.get('p20_ms', 0):.4f}-{bt.get('p80_ms', 0):.4f}], kernel "
+                f"{kt.get('median_ms', 0):.4f} ms [{kt.get('p20_ms', 0):.4f}-"
+                f"{kt.get('p80_ms', 0):.4f}], n={kt.get('n')}: ")
+        line += (f"{speed(a['speedup'])}" + (f", {kt['gbps']:.0f} GB/s" if kt.get("gbps")
+                                                 else "")) if a["meaningful"] else NOT_MEANINGFUL
+        f["Measurements"].append(line + (f"; {s['configs']} configs tried, "
+                                         f"{s['passed_screen']} passed the screen" if s else ""))
+    decision = [f"accepted for cases: {'; '.join(case_text(a['case'], a['case_key']) for a in acc)}"
+                if acc else
+                "rejected: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej)]
+    if rej and acc:
+        decision.append("rejected cases: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej))
+    for w in ws:
+        per = next((x for x in w["per_family"] if x["family"] == fam), None)
+        if per:
+            f["Measurements"].append(
+                f"end to end {w['key']} ({fam} alone, {per['pairs']} pairs): " +
+                (f"{speed(per['speedup'])} {ci(per['ci'])}, {per['verdict']}"
+                 if per["meaningful"] else NOT_MEANINGFUL))
+            inset = per.get("in_set")
+            if inset and inset["meaningful"]:
+                f["Measurements"].append(
+                    f"end to end {w['key']} (the set with {fam} against the set without it, "
+                    f"{inset['pairs']} pairs): {speed(inset['speedup'])} "
+                    f"{ci(inset['ci'])}, {inset['verdict']}")
+        rb = [r for r in w["rollbacks"] if fam in r["family"].split(", ")]
+        if rb:
+            decision.append(f"rolled back on {w['key']}: " + "; ".join(r["reason"] for r in rb))
+        elif w["kept"] is not None and fam in w["kept"]:
+            instead = (per or {}).get("fallback_for")
+            decision.append(f"kept on {w['key']}" + (
+                f", in place of {instead}, which does not ship there" if instead else ""))
+    if not f["Measurements"]:
+        f["Measurements"] = ["none: no candidate was accepted, nothing timed end to end"]
+    f["Decision"] = decision + [f"rollback conditions: {ROLLBACK_RULE}"]
+    return f
+
+
+def acceptance_record(fam: str, data: dict, load, run_dir: Path | None = None) -> str:
+    """One kernel family's acceptance record in the DESIGN.md form (six labelled fields)."""
+    return "\n".join(f"{(label + ':'):<14}{line}" if i == 0 else f"{'':14}{line}"
+                     for label, lines in acceptance_fields(fam, data, load, run_dir).items()
+                     for i, line in enumerate(lines))
+
+
+def condensed(fields: dict[str, list[str]]) -> list[list[str]]:
+    """The record as (field, value) rows without the lines every record repeats (the report
+    states those once, `COMMON`)."""
+    return [[label, line] for label, lines in fields.items() for line in lines
+            if line not in COMMON and not line.startswith("rollback conditions:")]

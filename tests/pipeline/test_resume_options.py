@@ -1,0 +1,69 @@
+"""`--resume` keeps the options a run was started with (options.json), unless the command line
+names them again, and says so in one line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from core.artifacts import read_json
+from pipeline.cli import cli
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A tiny-llama CPU run, `optimize --top 2 --pairs 2` interrupted after generate."""
+    run = tmp_path_factory.mktemp("resume") / "run"
+    runner = CliRunner()
+    res = runner.invoke(cli, ["profile", "tiny-llama", "--batch", "1", "--seq", "8",
+                              "--device", "cpu", "--run-dir", str(run)])
+    assert res.exit_code == 0, res.output
+    mp = pytest.MonkeyPatch()
+    import pipeline.optimize as opt
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    mp.setattr(opt, "verify_stage", stop)
+    try:
+        res = runner.invoke(cli, ["optimize", str(run), "--top", "2", "--pairs", "2"])
+    finally:
+        mp.undo()
+    assert res.exit_code != 0 and not (run / "integration.json").exists()
+    assert (run / "candidates" / "search_log.json").exists(), "generate did not run"
+    return run
+
+
+def resumed(run, monkeypatch, *extra):
+    import pipeline.optimize as opt
+
+    seen = {}
+
+    def fake(run_dir, top, say, **kw):
+        seen.update(top=top, **kw)
+        return {"markdown": str(run_dir / "report.md")}
+
+    monkeypatch.setattr(opt, "run_optimize", fake)
+    monkeypatch.setattr("pipeline.summary.print_optimize", lambda run_dir, **k: None)
+    res = CliRunner().invoke(cli, ["optimize", str(run), "--resume", *extra])
+    assert res.exit_code == 0, res.output
+    return seen, res.output
+
+
+def test_the_run_records_the_options_it_was_started_with(interrupted):
+    opts = read_json(interrupted / "options.json", "run options")
+    assert (opts["top"], opts["pairs"], opts["families"], opts["backend"]) == (
+        2, 2, None, "triton")
+
+
+def test_resume_uses_the_recorded_options_and_says_so(interrupted, monkeypatch):
+    seen, out = resumed(interrupted, monkeypatch)
+    assert seen["top"] == 2 and seen["pairs"] == 2 and seen["resume"] is True
+    lines = [x for x in out.splitlines() if x.startswith("resuming with the run's options")]
+    assert len(lines) == 1 and "--top 2" in lines[0] and "--pairs 2" in lines[0], out
+
+
+def test_an_option_given_again_on_resume_wins(interrupted, monkeypatch):
+    seen, out = resumed(interrupted, monkeypatch, "--top", "4")
+    assert seen["top"] == 4 and seen["pairs"] == 2
+    assert "from the command line: --top 4" in out
