@@ -53,6 +53,7 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
         g = groups[o.pattern]
         g["family"], g["occ"] = o.family, g["occ"] + [o]
         if o.extends:
+            g["primary"] = o.extends  # the row it is shown beneath, an option of
             # every row whose ops it repeats, the absorbed children's (a gated MLP's gate and
             # up `linear` occurrences) as well as the extended pattern's
             g["extends"].update({o.extends} | {owner[i] for i in o.ops if i in owner}
@@ -114,6 +115,7 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             "host_share": host / wall_us,
             # the rows this one overlaps (same ops): at most one of them is ever replaced
             "alternative_to": sorted(g["extends"]),
+            "extends": g.get("primary"),
             # the rows of the partition whose ops an alternative holds too (gated_mlp_gemm:
             # swiglu_mlp and the gate/up GEMMs of `linear`)
             "overlaps": sorted(n for n, ops_n in op_sets.items() if n != name
@@ -168,7 +170,8 @@ def group_alternatives(rows: list[dict]) -> None:
     by_pattern = {r["pattern"]: r for r in rows}
     for r in rows:
         r["options"] = []
-        primary = next((p for p in r.get("alternative_to") or () if p in by_pattern), None)
+        primary = r.get("extends") if r.get("extends") in by_pattern else next(
+            (p for p in r.get("alternative_to") or () if p in by_pattern), None)
         seen = {r["pattern"]}
         while primary is not None and by_pattern[primary].get("alternative_to"):
             seen.add(primary)
