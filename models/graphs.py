@@ -158,6 +158,11 @@ def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        # the warm-up's side stream got its own cuBLAS workspace (32 MiB on the H200), cached
+        # by PyTorch per stream through the allocator: give it back with the graph
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()  # hands the graph pool's segments back to the driver
 
 

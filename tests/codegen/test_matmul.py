@@ -301,7 +301,8 @@ def test_gpt2_lm_head_padded_runs_near_the_measured_matmul_peak(tmp_path):
           f"({2 * rows * k * n / (unpadded_ms * 1e-3) / 1e12:.0f} TFLOP/s), padded "
           f"{padded_ms:.3f} ms ({tflops:.0f} TFLOP/s), peak {peak:.0f} TFLOP/s")
     forward(x, w_pad, out=wide, **FAMILY.params(case))
-    assert torch.equal(wide[:, :n], F.linear(x, weight))
+    # cuBLAS picks another kernel for the padded width, so the sums may round differently
+    torch.testing.assert_close(wide[:, :n], F.linear(x, weight), rtol=2e-2, atol=2e-2)
     assert padded_ms < unpadded_ms
     assert tflops >= 0.8 * peak
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def run_cli(*args, home: Path):
         [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
         timeout=600,
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
-             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": str(REPO)})
+             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": os.pathsep.join(
+                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
 def say(_msg: str) -> None:
@@ -963,7 +965,8 @@ def test_the_readme_python_example_runs_on_the_cpu(optimized, run_data):
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=home, timeout=600,
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
-             "PIPELINE_RUNS": str(home), "PYTHONPATH": str(REPO)})
+             "PIPELINE_RUNS": str(home), "PYTHONPATH": os.pathsep.join(
+                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     families, max_diff, exact = proc.stdout.strip().rsplit(" ", 2)
