@@ -1,6 +1,9 @@
 """benchmarks/results/latest.json: the newest measured row per (model, workload, variant).
 
     python3 benchmarks/results_table.py [PATH]   # print PATH (default: results/latest.json) as markdown
+    python3 benchmarks/results_table.py --h2h H2H.json --model M --commit C [--run RUN_DIR]
+        # upsert the variants one head_to_head.py run timed side by side
+
 
 From another script: `upsert(path, rows)` replaces the rows with the same (model, workload,
 variant) and adds the others; the file is written atomically (temp file, then os.replace).
@@ -17,7 +20,8 @@ from pathlib import Path
 LATEST = Path(__file__).resolve().parent / "results" / "latest.json"
 MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
            "transformers 5.17.0")
-VARIANTS = ("eager", "ours", "compile", "liger")
+VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
+            "eager-static", "liger")
 
 
 def key(row: dict) -> tuple:
@@ -72,5 +76,42 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
+                  run_dir: Path | None = None) -> list[dict]:
+    """One row per variant head_to_head.py timed (one process, rotating rounds); `projected`
+    on ours (the frozen replay projection) and ours-graphs (kernels + graph) from the run."""
+    proj = {}
+    if run_dir is not None and (Path(run_dir) / "projection.json").exists():
+        p = json.loads((Path(run_dir) / "projection.json").read_text())["workloads"].get(
+            h2h["workload"]) or {}
+        proj = {"ours": p.get("replay"), "ours-graphs": (p.get("graphs") or {}).get("kept")}
+    over = h2h.get("over_eager") or {}
+    rows = []
+    for variant, ms in h2h["median_ms"].items():
+        o = over.get(variant) or {}
+        rows.append({"model": model, "workload": h2h["workload"], "variant": variant,
+                     "ms": round(ms, 4),
+                     "over_eager": 1.0 if variant == "eager" else round(o["speedup"], 4),
+                     "ci": None if variant == "eager" else [round(c, 4) for c in o["ci"]],
+                     "projected": proj.get(variant), "kernels_per_pass":
+                     (h2h.get("kernels_per_pass") or {}).get(variant), "commit": commit,
+                     "date": date, "source": "head_to_head.py"})
+    return rows
+
+
 if __name__ == "__main__":
-    print(markdown(load(sys.argv[1] if len(sys.argv) > 1 else LATEST)))
+    import argparse
+    import datetime
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path", nargs="?", default=LATEST)
+    ap.add_argument("--h2h", type=Path)
+    ap.add_argument("--model")
+    ap.add_argument("--commit")
+    ap.add_argument("--run", type=Path)
+    args = ap.parse_args()
+    if args.h2h:
+        new = rows_from_h2h(json.loads(args.h2h.read_text()), args.model, args.commit,
+                            datetime.date.today().isoformat(), args.run)
+        upsert(args.path, new)
+    print(markdown(load(args.path)))

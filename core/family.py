@@ -124,6 +124,10 @@ class Family:
     # without a family (never chosen, so never generated) and carries the reason; None: the
     # family acts on every row of its patterns.
     declines: Callable[[dict], str | None] | None = None
+    # aten ops a candidate may call as its own implementation (the matmul family's cuBLAS
+    # call on a padded weight); the verifier allows them beside its allow-list of
+    # allocation, views and copies. Empty: a kernel family, which computes in its own launches
+    library_ops: tuple[str, ...] = ()
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -233,7 +233,7 @@ class Suite:
                     raise _ContextLost(f"{_describe(e)}\ndevice unusable afterwards: {lost}") \
                         from None
             return _describe(e)
-        bad = disallowed_ops(recorder.counts)
+        bad = disallowed_ops(recorder.counts, self.family.library_ops)
         problems = {
             "inputs_unchanged": [p for i, s in snaps for p in s.problems(i)],
             "out_buffer": [f"output {i}: was {m[:3]}, now {g.meta()[:3]}"
@@ -356,7 +356,7 @@ class Suite:
         if seen["current_stream_changed"]:
             problems.append("forward changed the current stream and did not restore it")
         checks.record("default_stream", problems, f"profiled ({seen['n_gpu_events']} GPU events)")
-        bad = disallowed_ops(seen["ops"])
+        bad = disallowed_ops(seen["ops"], self.family.library_ops)
         checks.record("aten_ops", [f"ran {bad}: compute ops outside the allow-list (profiler)"]
                       if bad else [], "profiled")
 

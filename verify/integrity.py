@@ -199,13 +199,15 @@ COMPUTE_NAMESPACES = ("aten", "prims", "prim", "quantized", "sparse", "_c10d_fun
                       "c10d", "torchvision")
 
 
-def disallowed_ops(seen: Counter) -> dict[str, int]:
+def disallowed_ops(seen: Counter, also: tuple[str, ...] = ()) -> dict[str, int]:
     """The dispatched ops a candidate's forward may not run: torch compute ops outside
-    ALLOWED_OPS (aten::<name> after normalize_op)."""
+    ALLOWED_OPS (aten::<name> after normalize_op) and outside `also`, the library calls its
+    family declares as its own implementation (`Family.library_ops`)."""
     bad = {}
+    extra = {op.split("::", 1)[-1] for op in also}
     for op, n in sorted(seen.items()):
         ns, base = op.split("::", 1) if "::" in op else ("aten", op)
-        if ns in COMPUTE_NAMESPACES and base not in ALLOWED_OPS:
+        if ns in COMPUTE_NAMESPACES and base not in ALLOWED_OPS and base not in extra:
             bad[op] = n
     return bad
 

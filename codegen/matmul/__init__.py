@@ -77,7 +77,8 @@ FAMILY = Family(
     render=lazy("codegen.matmul.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,
-    # no forbidden ops: the cuBLAS candidates run aten::mm/addmm by design
+    # the cuBLAS candidates run aten::mm/addmm on the padded weight by design
+    library_ops=("aten::mm", "aten::addmm"),
     params=params,
     # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
     # order-dependent way (as matmul_epilogue)
