@@ -85,6 +85,14 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
         p = json.loads((Path(run_dir) / "projection.json").read_text())["workloads"].get(
             h2h["workload"]) or {}
         proj = {"ours": p.get("replay"), "ours-graphs": (p.get("graphs") or {}).get("kept")}
+        integ = Path(run_dir) / "integration.json"
+        w = json.loads(integ.read_text())["workloads"].get(h2h["workload"]) or {} \
+            if integ.exists() else {}
+        # the projection of the set that shipped, where integration rolled some back
+        if (w.get("projection_for_kept") or {}).get("replay"):
+            proj["ours"] = w["projection_for_kept"]["replay"]
+        if ((w.get("graphs") or {}).get("projected_for_kept") or {}).get("kept"):
+            proj["ours-graphs"] = w["graphs"]["projected_for_kept"]["kept"]
     over = h2h.get("over_eager") or {}
     rows = []
     for variant, ms in h2h["median_ms"].items():
