@@ -1,6 +1,6 @@
 """Probe: how much host time does Hugging Face's Python around the kernels cost per pass?
 
-On a slow lent host, Qwen2.5-0.5B b8 with our kernels waits on its Python (run 12: 25.7 ms of
+On a slow lent host, Qwen2.5-0.5B b8 with our kernels waits on its Python (25.7 ms of
 wall against about 17.7 ms of GPU work), and torch.compile, with less Python per pass, wins.
 Before building anything that replaces HF's glue, this measures what it would be worth: each
 decoder layer's forward is swapped for a lean one that makes the same torch calls in the same

@@ -7,7 +7,7 @@
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
 moves within a call, and a patched set that waits on the host moves with it (Qwen2.5-0.5B b8,
-run 7: 21.5 ms in one call, 16.7 ms in another, against compile's 21.0 ms), so the two ratios
+21.5 ms in one call, 16.7 ms in another, against compile's 21.0 ms), so the two ratios
 can disagree by more than either CI. Here one process holds the model as built (eager) and
 twins over the same weights: patched with the run's kept kernels for the workload
 (`pipeline.api.apply_kernels`), `torch.compile` (default mode, and mode="reduce-overhead"),
@@ -120,8 +120,8 @@ def timed(call, device: str, setup=None) -> tuple[float, float]:
 def by_host_speed(times: dict, host: dict) -> dict:
     """The rounds split by eager's host time, at FAST_HOST times its fastest round: where ours
     and compile stand when the host ran at its best and when it did not. On the lent H200 the
-    host's speed moves within one run, and a host-bound variant moves with it (run 12,
-    Qwen2.5-0.5B b8: ours 1.18x of compile in the 4 fast rounds, 0.83x in the other 26), so
+    host's speed moves within one run, and a host-bound variant moves with it
+    (Qwen2.5-0.5B b8: ours 1.18x of compile in the 4 fast rounds, 0.83x in the other 26), so
     the overall median hides which regime decided it. A split at the median would not have
     shown that: a fast stretch can be a few rounds."""
     cut = FAST_HOST * min(host["eager"])

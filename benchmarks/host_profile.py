@@ -3,7 +3,7 @@ pass, function by function, per family.
 
 Why: the in-model host deltas (pipeline/host_delta.py) say how much host time a family's patch
 adds or saves per call (kv_cache and matmul_epilogue cost Qwen2.5-0.5B b8 about 75 and 33 us
-per call on the H200 host, run 8), not where. A pass that waits on the host is as fast as its
+per call on the H200 host), not where. A pass that waits on the host is as fast as its
 Python, so that is what decides batch 1 and a slow host at batch 8.
 
     python3 benchmarks/host_profile.py OUT.json [--model qwen2.5-0.5b] [--batch 8] [--seq 1024]
@@ -199,7 +199,7 @@ def _key_costs(args: tuple, reps: int) -> dict:
 
 def launch_keys(model, workload, choosers: dict, reps: int = 2000) -> dict:
     """Per family, on the arguments its first kernel's launcher got in one patched pass: host
-    us to find the compiled kernel through `spec_key` (every call before 2026-11-30) and
+    us to find the compiled kernel through `spec_key` (before the exact key) and
     through the exact key (now), medians of 7 interleaved blocks of `reps` calls each."""
     out = {}
     for name, chooser in choosers.items():

@@ -308,7 +308,7 @@ def fall_back(model, workload, accepted: dict, measured: dict, family: str, inst
     """`family` was set aside before any measurement for `instead_of`, which replaces the same
     ops; `instead_of` did not ship on this workload (`measured`, from `measure`), so `family`
     is tried in its place under the same rules: alone against the baseline, in the shipped set
-    against the set without it, and the set with it against the baseline. Run 13 (Qwen2.5-0.5B
+    against the set without it, and the set with it against the baseline. One run (Qwen2.5-0.5B
     b8 on a slow H200 host): matmul_epilogue was rolled back at 0.964x alone, and gated_act,
     set aside for it, never reached the model. Updates `measured` in place."""
     t = _Timings(model, workload, accepted, workload_cases, pairs, paired_ratio)
@@ -339,7 +339,7 @@ def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
     """A family that speeds the model up alone can still slow the set down: once the others
     have shrunk the device time, the pass waits on the host, and a kernel whose launch costs
     more host time than the code it replaced then costs more than its device time saves
-    (Qwen2.5-0.5B b8 on the H200, run 7, call 4: kv_cache 1.008x alone, 73 us more host per
+    (Qwen2.5-0.5B b8 on the H200: kv_cache 1.008x alone, 73 us more host per
     call in the model, and the set of five measured 1.260x against compile's 1.314x; the set
     without it was not timed).
     Each family, the least useful alone first, is timed in the set against the set without it
@@ -347,7 +347,7 @@ def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
     slower with it, it is rolled back for this workload. Records go into per_family[f]
     ["in_set"]; returns the families kept. Up to k - 1 tests per workload: a family that makes
     no difference is rolled back by chance about 2.5 % of the time per test. On the H200 it
-    has run once (Qwen2.5-0.5B b8, run 7, call 5) and kept all four families it tested."""
+    has run once (Qwen2.5-0.5B b8) and kept all four families it tested."""
     for f in sorted(kept, key=lambda f: -alone_ratio[f]):
         if len(kept) < 2:
             break
@@ -370,7 +370,7 @@ def pass_bound(ratio: dict) -> dict | None:
     returned) against median wall time. A forward that synchronises inside, or blocks on a
     full launch queue, also returns late, so this reads host-bound then too. Kept sets only
     (a rolled-back set ships nothing to describe). The shipped set can leave a device-bound
-    pass waiting on the host: Qwen2.5-0.5B b8 on the H200 (run 8, call 3), unpatched 17.3 ms
+    pass waiting on the host: Qwen2.5-0.5B b8 on the H200, unpatched 17.3 ms
     host of 27.2 ms wall, patched 13.7 of 17.0 ms; in call 2, on a slower host, the patched
     pass took 25.1 ms and lost to torch.compile's 21.5 ms (host times not yet recorded there).
     None off the GPU (no synchronise: host and wall time are one) and where the record has no

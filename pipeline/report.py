@@ -204,7 +204,7 @@ def _conditions(profile_ms: float | None, iw: dict | None) -> str | None:
     """A note when the unpatched model ran at another speed during the measurement than when it
     was profiled. The projection assumes the profile's machine: on the shared H200 host one
     Qwen2.5-0.5B b8 measurement timed the unpatched pass at 38.6 ms against 26.4 ms profiled,
-    turning a device-bound pass host-bound (projected 1.494x, measured 1.302x, 2026-11-30)."""
+    turning a device-bound pass host-bound (projected 1.494x, measured 1.302x)."""
     import statistics
 
     times = ((iw or {}).get("combined") or {}).get("times_a_ms")

@@ -118,8 +118,8 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
     the median time the call takes to return before the synchronise (`enqueue_ms`). On a GPU
     that is the host's own time for the pass when the forward never synchronises inside (an
     upper bound when it does): a pass whose host needs most of the wall to enqueue it turns
-    host-bound once kernels shrink the device time (Qwen2.5-0.5B at batch 8 on a slow host,
-    2026-11-30). On the CPU the two agree. The replay takes it as a bound on the host's speed
+    host-bound once kernels shrink the device time (Qwen2.5-0.5B at batch 8 on a slow
+    host). On the CPU the two agree. The replay takes it as a bound on the host's speed
     (`pipeline.stages.rank.workload_graph`)."""
     times, enqueues = [], []
     with torch.no_grad():
@@ -170,7 +170,7 @@ def capture(runner: Runner, device: str, trace_path: Path) -> float:
     On a GPU this leaves CUPTI attached to the process, and later launches may cost more:
     time before capturing, never after. (Kineto detaches it with TEARDOWN_CUPTI=1, which the
     pipeline does not set: on the H200, torch 2.11, three of the five pipeline processes that
-    set it in run 7 hung at exit after their last session.)"""
+    set it once hung at exit after their last session.)"""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     cuda = device.startswith("cuda")

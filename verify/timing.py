@@ -5,7 +5,7 @@ many repetitions, each between CUDA events with the L2 cache flushed before it (
 triton.testing.do_bench does), so a kernel is not timed on inputs the previous repetition left in
 cache. Before each start event the GPU also sleeps for about twice fn's host time per call, so
 every launch of fn is queued before the GPU reaches the start event: the events time the device
-work, not a Python wrapper that returns slower than the flush runs (run 12: Liger's RMSNorm
+work, not a Python wrapper that returns slower than the flush runs (Liger's RMSNorm
 wrapper put 51-111 us in the window of a 23 us kernel). The host's share is measured elsewhere,
 by the whole-model timings. Baseline, candidate and the plain-copy bandwidth reference all go
 through this function. Each result carries median and spread, and the achieved GB/s (min_bytes
@@ -218,7 +218,7 @@ def paired_ratio(fn_a: Callable[[], object], fn_b: Callable[[], object], n: int 
 
     `max_n`: while the confidence interval is wider than `max_width` of the estimate, run up
     to n more pairs at a time, until max_n pairs in all. The lent H200 host's speed can drop
-    by a third for a stretch of a measurement (run 9: one Qwen2.5-0.5B measurement's baseline
+    by a third for a stretch of a measurement (one Qwen2.5-0.5B measurement's baseline
     went from 27 to 42 ms and back, and its 20 pairs gave a 1.167-1.311x interval); more pairs
     then narrow the interval instead of leaving a verdict to one stretch.
     """

@@ -50,7 +50,7 @@ def _cost(ops: list[dict]) -> tuple[int, int]:
 
 
 # Measured against the SDPA backends HF runs (cuDNN / flash) on the H200: 0.19x at GPT-2's
-# prefill shapes and 0.23x at Llama-3.2-1B's (pipeline optimize, 2026-11-30). It never shipped
+# prefill shapes and 0.23x at Llama-3.2-1B's (pipeline optimize). It never shipped
 # and cost a search and a verification on every run, so the ranking leaves its row without a
 # family (`Family.declines`) until the kernel is competitive; `--only attention` still runs it.
 NOT_COMPETITIVE = "no competitive kernel: SDPA is faster (0.19-0.23x measured on the H200)"

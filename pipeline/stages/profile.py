@@ -42,7 +42,7 @@ def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict
     leaves CUPTI attached after one (pytorch/pytorch#144455) and later launches of the process
     may pay for it: on the H200 a one-element add took 10.3 us per launch before a session
     and 14.6 us after one, though 9.2 us after a second; the host drifts that much on its own
-    (benchmarks/results/cupti_probe, run 7). With workloads of several dtypes each model is
+    (benchmarks/results/cupti_probe). With workloads of several dtypes each model is
     built twice, once per phase."""
     runner = make_runner(model, workload)
     say("timing without the profiler")

@@ -346,9 +346,9 @@ def workload_graph(w: dict, trace_path: Path | None):
     # hides how fast its host really is, which the profile's host-bound probe measured. A
     # launch-bound pass hides nothing: its wall is its host chain, and the probe (another,
     # tiny pass, timed minutes before its capture) may only misread it. Qwen2.5-0.5B b1
-    # prefill on the H200 (run 14): the probe's factor 0.275 against the wall's 0.464 replayed
+    # prefill on the H200: the probe's factor 0.275 against the wall's 0.464 replayed
     # the unpatched 16.1 ms pass in 9.6 ms and projected 1.496x for a measured 1.371x; from
-    # the wall, 1.375x. Over the 34 committed workloads (benchmarks/probe_rule_ab.py) the
+    # the wall, 1.375x. Over the 34 committed workloads (benchmarks/probes/probe_rule_ab.py) the
     # mean error is 4.3 % either way; the batch-1 errors, both ways before, then sat about 3 %
     # under the measurement (18 of 20 rows), which the set's host saving now accounts for
     # (host_delta.spread_set_share).
