@@ -1,6 +1,6 @@
 """benchmarks/results/latest.json: the newest measured row per (model, workload, variant).
 
-    python3 benchmarks/results_table.py [PATH]   # print PATH (default: results/latest.json) as markdown
+    python3 benchmarks/results_table.py [PATH]   # PATH (default: results/latest.json) as markdown
     python3 benchmarks/results_table.py --h2h H2H.json --model M --commit C [--run RUN_DIR]
         # upsert the variants one head_to_head.py run timed side by side
 
