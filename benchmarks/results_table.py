@@ -65,7 +65,8 @@ def markdown(data: dict) -> str:
         return "-" if v is None else format(v, fmt)
 
     lines = [f"Machine: {data['machine']}", "",
-             "| model | workload | variant | ms | over eager | 95 % CI | projected | commit | date |",
+             "| model | workload | variant | ms | over eager | 95 % CI | projected | commit "
+             "| date |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         ci = "-" if not r.get("ci") else f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
