@@ -208,7 +208,8 @@ def test_wrong_uncompilable_and_cheating_proposals_are_rejected(llm_run):
         assert any(r.startswith("numerics") for r in wrong["verification"]["reasons"])
         assert broken["screen"].startswith("error: SyntaxError")
         assert "verification" not in broken  # it never loaded: nothing to verify
-        assert cheat["screen"].startswith("rejected by verification: aten_ops")
+        # it falls back to the family's reference: the static source check names the import
+        assert cheat["screen"].startswith("rejected by verification: static")
         assert cheat["screen_timing"]["median_ms"] > 0 and "timing" not in cheat
         for c in r1.values():
             assert c["decision"].startswith("discarded") and c["path"] not in s["order"]
@@ -224,7 +225,7 @@ def test_the_failures_of_round_1_are_in_the_prompt_of_round_2(llm_run):
         text = b["messages"][-1]["content"]
         feedback = text[text.index("Rejected so far"):]
         for name, why in (("r1_1.py", "wrong result"), ("r1_2.py", "SyntaxError"),
-                          ("r1_3.py", "aten_ops")):
+                          ("r1_3.py", "static")):
             assert why in feedback.split(name, 1)[1].split("- round", 1)[0]
         # the wrong one's error figures from its verification record
         numerics = feedback.split("r1_1.py", 1)[1].split("- round", 1)[0]
@@ -265,7 +266,7 @@ def test_report_has_a_per_source_table(llm_run):
     n = len(searches(llm_run["log"]))
     r1, r2 = rows[f"llm {MODEL} round 1"], rows[f"llm {MODEL} round 2"]
     assert r1[1:4] == [str(3 * n), "0", "0"]
-    assert f"{n}x screen: wrong result" in r1[4] and f"{n}x verification: aten_ops" in r1[4]
+    assert f"{n}x screen: wrong result" in r1[4] and f"{n}x verification: static" in r1[4]
     assert "screen: SyntaxError" in r1[4] and r1[5] == "-"
     assert r2[1:5] == [str(2 * n), str(2 * n), str(2 * n), "-"]
     assert r2[5].endswith("ms (not meaningful)")
