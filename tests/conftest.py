@@ -11,6 +11,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Under pytest-xdist (the README's `-n 2`) each worker gets one core's worth of intra-op
+# threads: two workers with torch's default of one thread per core would oversubscribe CI's 2.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
