@@ -20,7 +20,7 @@ from core.env import environment
 from core.errors import UserError
 from core.workload import Workload
 from profiling.attribution import attribute
-from profiling.capture import capture, make_runner, module_names, wall_time
+from profiling.capture import capture, make_runner, make_static_runner, module_names, wall_time
 from profiling.loader import ModelSpec, build
 from profiling.roofline import ceilings
 from profiling.trace import load_trace
@@ -64,6 +64,11 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
     profiled_ms = capture(runner, workload.device, run_dir / trace_rel)
     result = summarise(run_dir / trace_rel, workload, timed["wall"], names, profiled_ms)
     result["trace"] = trace_rel
+    if workload.device.startswith("cuda") and workload.mode == "decode":
+        say("profiling the step over a static KV cache (what a CUDA graph replays)")
+        static_rel = f"trace/{workload.key}-static.json.gz"
+        capture(make_static_runner(model, workload), workload.device, run_dir / static_rel)
+        result["static_trace"] = static_rel
     if workload.device.startswith("cuda"):
         say("HTA analyses")
         result["hta"] = _hta(run_dir / trace_rel)

@@ -369,3 +369,23 @@ def test_setting_the_position_back_is_one_fill_for_all_layers(tiny):
     with Seen():
         decoder.rewind(3)
     assert ops == ["fill_"] and decoder._lengths.tolist() == [3] * len(decoder.cache.layers)
+
+
+def test_static_runner_repeats_the_step_the_dynamic_runner_times(tiny):
+    """profiling.capture.make_static_runner: every call writes position `seq` (reset rewinds),
+    and its logits are the dynamic-cache runner's step, the same tokens at the same position."""
+    from core.workload import Workload
+    from profiling.capture import make_runner, make_static_runner
+
+    w = Workload(2, PROMPT, "float32", "cpu", "decode")
+    static, dynamic = make_static_runner(tiny, w), make_runner(tiny, w)
+    with torch.no_grad():
+        first = static.call().clone()
+        static.reset()
+        again = static.call().clone()
+        static.reset()
+        want = dynamic.call().logits
+    assert torch.equal(first, again)
+    assert close_to(first, want, 1e-4)
+    with pytest.raises(ValueError, match="decode"):
+        make_static_runner(tiny, Workload(2, PROMPT, "float32", "cpu", "prefill"))

@@ -753,3 +753,45 @@ def test_tiny_top_level_rows_and_rest_sum_to_one(tiny):
     _, _, w, _, _ = tiny
     ranked = rank_workload(w, H200, None)
     _assert_rows_add_up(ranked["rows"], w["rest_share"])
+
+
+def test_decode_graph_projection_replays_the_static_cache_step(decode, tmp_path):
+    """With a static-cache step trace the graph row replays its device work (what the graph
+    captures) and takes the kernels' saving from the dynamic step."""
+    from profiling.replay import build_graph, graphed, graphed_with
+    from profiling.trace import load_trace
+
+    w, _ = decode
+    # a stand-in static step with other device work: the prefill fixture's
+    static = build_graph(load_trace(PREFILL))
+    node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
+    plain = _graph_row(rank_workload(w, GRAPHED, DECODE))
+    row = _graph_row(rank_workload(w, GRAPHED, DECODE, static=static))
+    assert row["graphed_pass_us"] == pytest.approx(graphed(static, node, launch))
+    assert row["graphed_pass_us"] != pytest.approx(plain["graphed_pass_us"])
+    assert row["graph_basis"] == "the step over a static KV cache"
+    assert plain["graph_basis"] == "the profiled step"
+    # kernels + graph: the static step graphed, less what the kernels save in the dynamic one
+    dyn = rank_stage.workload_graph(w, DECODE)
+    ranked = rank_workload(w, GRAPHED, DECODE)
+    cands = [r for r in rank_stage.pattern_rows(w, GRAPHED) if r["family"]
+             and r["pattern"] in row["with_kernels"]]
+    rank_stage.project(w, cands, dyn)
+    saving = graphed(dyn, node, launch) - graphed_with(
+        dyn, rank_stage._replacements(dyn, cands), node, launch)
+    assert saving > 0
+    assert row["graph_with_kernels_pass_us"] == pytest.approx(
+        graphed(static, node, launch) - saving, rel=1e-6)
+    assert ranked["key"] == w["key"]
+    # the frozen projection reads the static trace named in the profile
+    import shutil
+
+    from core.artifacts import write_json
+
+    shutil.copy(PREFILL, tmp_path / "static.json.gz")
+    write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
+                                           "workloads": [{**w, "trace": str(DECODE),
+                                                          "static_trace": "static.json.gz"}]})
+    proj = rank_stage.project_graphs_with(tmp_path, w["key"], {})
+    assert proj["unpatched_pass_us"] == pytest.approx(graphed(static, node, launch))
+    assert proj["basis"] == "the step over a static KV cache"
