@@ -18,6 +18,9 @@ def test_graph_costs_are_measured():
 
     c = graph_costs("cuda")
     assert 0 < c["graph_node_us"] < 50 and 0 < c["graph_launch_us"] < 500
+    # the node cost is the gap a node adds beyond its kernel's own (profiled) run
+    assert 0 < c["graph_tiny_kernel_us"] < c["graph_node_slope_us"]
+    assert c["graph_node_us"] == c["graph_node_slope_us"] - c["graph_tiny_kernel_us"]
 
 
 @pytest.fixture(scope="module")

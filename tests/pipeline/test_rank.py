@@ -795,3 +795,21 @@ def test_decode_graph_projection_replays_the_static_cache_step(decode, tmp_path)
     proj = rank_stage.project_graphs_with(tmp_path, w["key"], {})
     assert proj["unpatched_pass_us"] == pytest.approx(graphed(static, node, launch))
     assert proj["basis"] == "the step over a static KV cache"
+
+
+def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_again(
+        tmp_path, monkeypatch):
+    import json
+
+    from profiling import roofline
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(roofline, "measure_ceilings", lambda d: calls.append(d) or {"new": 1})
+    name = roofline.device_name('cpu').replace(' ', '_').replace('/', '_')
+    path = roofline.cache_dir() / f"ceilings-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"graph_node_us": 1.28, "graph_launch_us": 23.0}))
+    assert roofline.ceilings("cpu") == {"new": 1} and calls == ["cpu"]
+    path.write_text(json.dumps({"graph_node_us": 0.4, "graph_tiny_kernel_us": 0.9}))
+    assert roofline.ceilings("cpu")["graph_node_us"] == 0.4 and calls == ["cpu"]
