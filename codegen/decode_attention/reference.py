@@ -115,22 +115,18 @@ def make_out(case: Case, inputs: tuple) -> torch.Tensor:
 
 
 def edge_cases(case: Case) -> list[Case]:
-    """Lengths at the edges: 1 (the first decode step after a one-token prompt), just past
-    one and two 64-slot blocks (a chunk boundary of most split configs), the full cache; a
-    static cache whose slots are no multiple of a block (1040 = 1024 + 16, as the
-    head-to-head's); the dynamic layout; left padding; batch 3; 7 query heads per kv head
-    (Qwen2.5-0.5B's 14/2) and no grouping."""
-    slots = case["slots"]
-    heads = case["heads"]
+    """Lengths at the edges: 1 (the first step after a one-token prompt), just past one 64-slot
+    block (a chunk boundary of most split configs), the last slot of a static cache whose slots
+    are no multiple of a block; the dynamic layout at batch 3; left padding; 7 query heads per
+    kv head (Qwen2.5-0.5B's 14/2); no grouping. The case itself is the full cache."""
+    slots, heads = case["slots"], case["heads"]
     cases = [
         {**case, "length": 1},
         {**case, "length": min(65, slots)},
-        {**case, "length": min(129, slots)},
-        {**case, "length": max(1, slots - 1)},
-        {**case, "exact_slots": slots - 8 if slots > 16 else slots, "length": max(1, slots - 20)},
-        {**case, "dynamic": True, "length": min(37, slots)},
+        {**case, "exact_slots": slots - 8 if slots > 16 else slots,
+         "length": slots - 9 if slots > 16 else slots},
+        {**case, "dynamic": True, "batch": 3, "length": min(77, slots)},
         {**case, "padded": 3, "length": min(50, slots)},
-        {**case, "batch": 3, "length": min(77, slots)},
         {**case, "heads": 14, "kv_heads": 2, "length": min(40, slots)},
         {**case, "kv_heads": heads, "length": min(33, slots)},
     ]
