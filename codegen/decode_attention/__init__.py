@@ -26,8 +26,8 @@ interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
 
 from __future__ import annotations
 
-from codegen.attention import SDPA, one_token_query
 from codegen.attention import FAMILY as _ATTENTION
+from codegen.attention import SDPA, one_token_query
 from codegen.decode_attention.patch import cases_from_model, patch
 from codegen.decode_attention.reference import (
     decode_attention,

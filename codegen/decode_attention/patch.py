@@ -24,8 +24,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from codegen.attention.patch import DTYPES, GLOBAL_NAME, _Interfaces, _sdpa_forward, \
-    find_attentions
+from codegen.attention.patch import (
+    DTYPES,
+    GLOBAL_NAME,
+    _Interfaces,
+    _sdpa_forward,
+    find_attentions,
+)
 from codegen.decode_attention.reference import make_case, params
 from codegen.dtypes import dtype_name
 from core.family import Case, kernel_by_signature
