@@ -60,6 +60,10 @@ class Pattern:
     # gated activation in its epilogue replaces the activation that gated_act would replace).
     extends: str | None = None
     absorbs: tuple[str, ...] = ()
+    # accepts(ops) -> whether a scope whose op names fit is an occurrence, judged on the ops'
+    # recorded shapes (a one-token decode query against a prefill's causal square, both one
+    # SDPA call); None: the op names decide alone
+    accepts: Callable[[list[dict]], bool] | None = None
 
 
 @dataclass(frozen=True)

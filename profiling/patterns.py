@@ -107,7 +107,7 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
             if take is None:
                 continue
             idx = [i for i, keep in zip(free, take) if keep]
-            if not idx:
+            if not idx or (pat.accepts is not None and not pat.accepts([ops[i] for i in idx])):
                 continue
             claimed.update(idx)
             found.append(Occurrence(pat.name, pat.family, path or "", cls or scope["fn"], idx))

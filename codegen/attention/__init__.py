@@ -56,6 +56,18 @@ def _cost(ops: list[dict]) -> tuple[int, int]:
 NOT_COMPETITIVE = "no competitive kernel: SDPA is faster (0.19-0.23x measured on the H200)"
 
 
+def one_token_query(ops: list[dict]) -> bool:
+    """Whether the SDPA call attends one query token per sequence (a decode step): q's length
+    axis is 1, or the mask's is (transformers 5.2x packs a one-token query's heads of one kv
+    head into that axis, `pack_gqa`). Such a call is the decode_attention family's."""
+    sdpa = next((o for o in ops if o["name"] == SDPA), None)
+    shapes = (sdpa or {}).get("shapes", [])
+    if len(shapes) < 2 or len(shapes[0]) != 4:
+        return False
+    mask = shapes[3] if len(shapes) > 3 else []
+    return shapes[0][2] == 1 or (isinstance(mask, list) and len(mask) == 4 and mask[2] == 1)
+
+
 def declines(row: dict) -> str | None:
     return NOT_COMPETITIVE
 
@@ -65,7 +77,7 @@ PATTERNS = (
             function=r"^(sdpa_attention_forward|eager_attention_forward)$",
             description="scaled dot-product attention (SDPA)",
             ops={SDPA: 1}, extra_ok=("aten::to", "aten::repeat_interleave"),
-            cost=_cost),
+            cost=_cost, accepts=lambda ops: not one_token_query(ops)),
 )
 
 

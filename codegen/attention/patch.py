@@ -152,6 +152,7 @@ def dispatching_attention(original: Callable, forward_by_case: Callable) -> Call
         kernel(query, key, value, out=out, **params(case))
         return out, None  # SDPA returns no attention weights either
 
+    attention_forward.fronts_sdpa = True
     return attention_forward
 
 
@@ -180,7 +181,9 @@ class _Interfaces:
 
 def _wrapper(forward_by_case: Callable) -> Callable:
     def wrap(fn):
-        return dispatching_attention(fn, forward_by_case) if fn is _sdpa_forward() else fn
+        # a dispatcher of another family stacked beneath (decode_attention) fronts SDPA too
+        fronts = fn is _sdpa_forward() or getattr(fn, "fronts_sdpa", False)
+        return dispatching_attention(fn, forward_by_case) if fronts else fn
 
     return lambda previous: _Interfaces(previous, wrap)
 

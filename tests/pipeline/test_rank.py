@@ -813,3 +813,51 @@ def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_ag
     assert roofline.ceilings("cpu") == {"new": 1} and calls == ["cpu"]
     path.write_text(json.dumps({"graph_node_us": 0.4, "graph_tiny_kernel_us": 0.9}))
     assert roofline.ceilings("cpu")["graph_node_us"] == 0.4 and calls == ["cpu"]
+
+
+def test_decode_attention_is_proposed_on_the_decode_fixture_from_its_roofline(decode, prefill):
+    """The decode step's SDPA calls (one query token over the cached slots) are the
+    decode_attention family's row, costed as K/V read once over the kv heads; the prefill's stay
+    the attention family's. On this dynamic-cache step one cuDNN call of ~6 us is already
+    under one eager launch (launch_us 8.5) plus 0.5 us of bytes, so the roofline promises
+    nothing there; the static-cache step below is where it pays."""
+    w, ranked = decode
+    rows = {r["pattern"]: r for r in ranked["rows"]}
+    assert "attention" not in rows
+    row = rows["decode_attention"]
+    assert row["family"] == "decode_attention" and row["occurrences"] == 2
+    sdpa = [o for o in w["ops"] if o["name"] == "aten::scaled_dot_product_attention"]
+    b, kv, slots, d = sdpa[0]["shapes"][1]
+    assert kv == 8 and sdpa[0]["shapes"][0][2] == 1
+    moved = (2 * b * kv * slots * d + 2 * b * 32 * d) * 2
+    assert row["min_bytes"] == 2 * moved
+    floor = min(roofline_us(moved, 4 * 32 * d * slots, H200), sdpa[0]["time_us"])
+    assert row["roofline_us"] == pytest.approx(floor + min(
+        roofline_us(moved, 4 * 32 * d * slots, H200), sdpa[1]["time_us"]))
+    assert "decode_attention" in choose_families({"workloads": [ranked]}, None)
+    pre = {r["pattern"] for r in prefill[1]["rows"]}
+    assert "attention" in pre and "decode_attention" not in pre
+
+
+def test_static_cache_decode_attention_row_gains_the_repeat_kv_copies_and_mask_work():
+    """transformers 5.17's static-cache step: repeat_kv's two reshapes copy k and v over all
+    1040 slots to 32 heads (6.6 us each on the H200), then SDPA with the bool mask (6.8 us, its
+    mask conversion inside): one scope, one row, whose floor reads 8 kv heads' K/V once."""
+    wall = 2000.0
+    k5, k4, q = [1, 8, 4, 1040, 64], [1, 32, 1040, 64], [1, 32, 1, 64]
+    ops = []
+    for n, (name, shapes, t) in enumerate([
+            ("aten::expand", [[1, 8, 1, 1040, 64]], 0.0), ("aten::reshape", [k5], 6.6),
+            ("aten::expand", [[1, 8, 1, 1040, 64]], 0.0), ("aten::reshape", [k5], 6.6),
+            ("aten::scaled_dot_product_attention", [q, k4, k4, [1, 1, 1, 1040]], 6.8)]):
+        op = _op(name, "model.layers.0.self_attn", "LlamaAttention", [1, 10 + n], shapes,
+                 [BF16] * len(shapes), t, wall, launches=1 if t else 0)
+        op["functions"] = [["sdpa_attention_forward", 70]]
+        ops.append(op)
+    rows = {r["pattern"]: r for r in pattern_rows(_workload(ops, wall), H200)}
+    row = rows["decode_attention"]
+    moved = (2 * 8 * 1040 * 64 + 2 * 32 * 64) * 2
+    assert row["min_bytes"] == moved
+    assert row["attainable_speedup"] == pytest.approx(20.0 / roofline_us(moved, 4 * 32 * 64 * 1040,
+                                                                         H200))
+    assert row["attainable_speedup"] > 2

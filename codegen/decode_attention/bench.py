@@ -1,0 +1,104 @@
+"""GPU timing of the decode-attention kernel against HF's own path at one decode shape, with a
+correctness check; one JSON line per config and a summary. Default: Llama-3.2-1B's step (batch
+1, 32 query heads over 8 kv heads, head_dim 64, a static cache of 1040 slots, length 1024,
+bf16); HF's path is `sdpa_attention_forward` on the static buffers with the bool mask
+(repeat_kv + SDPA on transformers 5.17, pack_gqa + SDPA on 5.2x), as the model runs it.
+
+    python -m codegen.decode_attention.bench [--slots 1040 --length 1024 --dtype bfloat16]
+
+Each timing is the median of CUDA-event timings after warm-up (triton.testing.do_bench), and
+also inside one CUDA graph of 20 calls (what a graphed decode step pays: no launch gaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from codegen.decode_attention.reference import decode_attention, make_case, make_inputs
+
+GRAPH_CALLS = 20
+
+
+def _graph_us(fn) -> float:
+    """Per-call device time of `fn` captured GRAPH_CALLS times in one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    times = []
+    for _ in range(20):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+    return sorted(times)[len(times) // 2]
+
+
+def run(batch: int, heads: int, kv_heads: int, head_dim: int, slots: int, length: int,
+        dtype: str) -> dict:
+    import triton
+
+    from codegen.decode_attention.kernel import decode_attention_forward, search_space
+
+    case = {**make_case(batch, heads, kv_heads, head_dim, slots, dtype), "exact_slots": slots,
+            "length": length}
+    q, k, v, n, mask = make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(0))
+    scale = case["scale"]
+    want = decode_attention(q.double(), k.double(), v.double(), n, mask, scale=scale)
+    hf_out = decode_attention(q, k, v, n, mask, scale=scale)
+    hf_err = (hf_out.double() - want).abs().max().item()
+    hf = {"us": triton.testing.do_bench(lambda: decode_attention(q, k, v, n, mask, scale=scale))
+          * 1e3, "graph_us": _graph_us(lambda: decode_attention(q, k, v, n, mask, scale=scale))}
+    kv_bytes = 2 * batch * kv_heads * length * head_dim * q.element_size()
+    rows = []
+    for config in search_space(case):
+        out = torch.empty_like(hf_out)
+
+        def call(config=config, out=out):
+            decode_attention_forward(q, k, v, n, mask, out=out, scale=scale, **config)
+
+        call()
+        err = (out.double() - want).abs().max().item()
+        us = triton.testing.do_bench(call) * 1e3
+        row = {"config": config, "us": us, "graph_us": _graph_us(call), "max_abs_err": err,
+               "ok": err <= max(2 * hf_err, 1e-2 if dtype != "float32" else 1e-5),
+               "GBps_graph": None}
+        row["GBps_graph"] = kv_bytes / row["graph_us"] / 1e3
+        rows.append(row)
+        print(json.dumps(row))
+    best = min(rows, key=lambda r: r["graph_us"])
+    summary = {"case": case, "hf_us": hf["us"], "hf_graph_us": hf["graph_us"],
+               "hf_max_abs_err": hf_err, "best": best,
+               "speedup_graph": hf["graph_us"] / best["graph_us"],
+               "all_ok": all(r["ok"] for r in rows), "kv_bytes": kv_bytes}
+    print(json.dumps(summary))
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=1040)
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--dtype", default="bfloat16")
+    a = ap.parse_args()
+    run(a.batch, a.heads, a.kv_heads, a.head_dim, a.slots, a.length, a.dtype)
+
+
+if __name__ == "__main__":
+    main()

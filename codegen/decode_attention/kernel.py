@@ -1,0 +1,304 @@
+"""Triton decode attention (one query token per sequence) over a KV cache, GQA without repeat_kv.
+
+Flash-decoding: grid (batch x kv head, SPLITS). Each program takes every query head of one kv
+head's group at once (the group's rows padded to BLOCK_G >= 16, tl.dot's smallest M), so each
+key and value is read from memory once for the whole group, and streams its chunk of the cache
+in BLOCK_N slots with an online softmax. SPLITS == 1 writes the output directly; otherwise each
+split writes an fp32 partial (its unnormalised sum, row max and row sum) and a small combine
+kernel (one program per batch x kv head) merges them. How many splits pay at a given cache
+size is the search's question (`search_space`).
+
+The valid length is read on the device (`len_ptr`, the static cache's `cumulative_length` after
+the step's update) or, for a dynamic cache, is the keys' own length (`slots`): no host read,
+so a CUDA graph captures the launch once and each replay sees the current position. Slots at
+or past the length are never loaded; a split whose chunk starts past it stores an empty partial
+(max -inf, sum 0) and the combine skips it. An optional boolean mask row per sequence
+(HF's [batch or 1, 1, 1, slots] mask) is applied to the slots that are read.
+
+Numerics as in codegen/attention/kernel.py: QK^T on the input dtype with fp32 sums, softmax in
+fp32 (exp2, log2(e) folded into the scale), PV on fp32 probabilities times v promoted to fp32
+(3xTF32 on the GPU, IEEE for fp32 inputs); no FMA contraction (enable_fp_fusion=False).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import torch
+import triton
+import triton.language as tl
+
+from core.family import Case
+from core.source import kernel_source
+
+# (SPLITS, BLOCK_N, num_warps, num_stages), most programs first. One split per (batch, kv head)
+# leaves most SMs idle at batch 1 (8 programs for Llama-3.2-1B); more splits fill the GPU at the
+# price of a combine. The last, one split, is the fewest programs (what the interpreter runs).
+CONFIGS = (
+    (64, 32, 2, 2), (32, 64, 4, 2), (32, 32, 2, 2), (16, 32, 2, 3), (16, 64, 4, 2),
+    (8, 32, 2, 2), (8, 64, 4, 2), (4, 64, 4, 2), (1, 64, 4, 2),
+)
+LOG2E = 1.4426950408889634
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr, ml_ptr,
+                         slots, chunk, kv_heads, group, qk_scale,
+                         q_sb, q_sh, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
+                         m_sb, m_ss, o_sb, o_sh, o_sd,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                         LEN_ON_DEVICE: tl.constexpr, HAS_MASK: tl.constexpr,
+                         QK_PRECISION: tl.constexpr, PV_PRECISION: tl.constexpr):
+    bk = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (bk // kv_heads).to(tl.int64)
+    kv_h = (bk % kv_heads).to(tl.int64)
+    if LEN_ON_DEVICE:
+        length = tl.minimum(tl.load(len_ptr).to(tl.int32), slots)
+    else:
+        length = slots
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_ok = offs_g < group
+    d_ok = offs_d < HEAD_DIM
+    heads = kv_h * group + offs_g
+    q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :] * q_sd,
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + b * k_sb + kv_h * k_sh
+    v_base = v_ptr + b * v_sb + kv_h * v_sh
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, length)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * k_ss + offs_d[None, :] * k_sd, mask=kv_ok,
+                    other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * v_ss + offs_d[None, :] * v_sd, mask=kv_ok,
+                    other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * qk_scale
+        keep = n_ok
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + b * m_sb + offs_n * m_ss, mask=n_ok, other=0) != 0)
+        s = tl.where(keep[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # all -inf so far (masked slots only): subtract 0, not -inf, so no NaN appears
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PV_PRECISION)
+        m_i = m_new
+    row_ok = g_ok[:, None] & d_ok[None, :]
+    if SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :] * o_sd,
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok)
+    else:
+        # partials: [batch x kv head, SPLITS, BLOCK_G, BLOCK_D] and [.., SPLITS, 2, BLOCK_G]
+        row = (bk.to(tl.int64) * SPLITS + split)
+        tl.store(part_ptr + row * BLOCK_G * BLOCK_D + offs_g[:, None] * BLOCK_D
+                 + offs_d[None, :], acc)
+        tl.store(ml_ptr + row * 2 * BLOCK_G + offs_g, m_i)
+        tl.store(ml_ptr + row * 2 * BLOCK_G + BLOCK_G + offs_g, l_i)
+
+
+@triton.jit
+def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh, o_sd,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_G: tl.constexpr, SPLITS: tl.constexpr):
+    bk = tl.program_id(0)
+    b = (bk // kv_heads).to(tl.int64)
+    kv_h = (bk % kv_heads).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = bk.to(tl.int64) * SPLITS + offs_s
+    m = tl.load(ml_ptr + rows[:, None] * 2 * BLOCK_G + offs_g[None, :])  # [SPLITS, BLOCK_G]
+    lsum = tl.load(ml_ptr + rows[:, None] * 2 * BLOCK_G + BLOCK_G + offs_g[None, :])
+    m_all = tl.max(m, 0)
+    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.math.exp2(m - m_sub[None, :])  # empty splits: exp2(-inf) = 0
+    denom = tl.sum(lsum * w, 0)
+    out = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for s in range(SPLITS):
+        part = tl.load(part_ptr + (bk.to(tl.int64) * SPLITS + s) * BLOCK_G * BLOCK_D
+                       + offs_g[:, None] * BLOCK_D + offs_d[None, :])
+        ws = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), 0)
+        out += part * ws[:, None]
+    out = out / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    heads = kv_h * group + offs_g
+    tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :] * o_sd,
+             out.to(o_ptr.dtype.element_ty),
+             mask=(offs_g < group)[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+def block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def block_g(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))
+
+
+def precisions(dtype: str) -> tuple[str, str]:
+    """(QK^T, PV) dot precisions: IEEE for fp32 inputs; on bf16/fp16 the QK^T entry is moot
+    (tensor cores, fp32 sums) and PV runs as 3xTF32 on fp32 probabilities."""
+    return ("ieee", "ieee") if dtype == "float32" else ("tf32", "tf32x3")
+
+
+def chunk_of(slots: int, splits: int, block_n: int) -> int:
+    """Slots per split, a multiple of BLOCK_N, so that SPLITS chunks cover every slot."""
+    return triton.cdiv(triton.cdiv(max(slots, 1), splits), block_n) * block_n
+
+
+def search_space(case: Case) -> list[dict]:
+    """Split counts that leave each split at least one BLOCK_N of slots."""
+    configs = []
+    for splits, bn, warps, stages in CONFIGS:
+        if splits == 1 or splits * bn <= max(case["slots"], bn):
+            configs.append({"SPLITS": splits, "BLOCK_N": bn, "num_warps": warps,
+                            "num_stages": stages})
+    return configs
+
+
+def decode_attention_forward(q, k, v, length, mask, *, out, scale: float, SPLITS: int = 8,
+                             BLOCK_N: int = 64, num_warps: int = 4, num_stages: int = 2) -> None:
+    """Host wrapper. q (batch, heads, 1, d), k/v (batch, kv_heads, slots, d), any strides;
+    length: a 0-d int64 device tensor (valid slots) or None (all `slots`); mask: None or a bool
+    (batch or 1, 1, 1, slots) tensor; out (batch, 1, heads, d), any strides."""
+    launch(q, k, v, length, mask, out, scale, SPLITS, BLOCK_N, num_warps, num_stages)
+
+
+def launch(q, k, v, length, mask, out, scale, splits, block_n, num_warps, num_stages) -> None:
+    batch, heads, _, head_dim = q.shape
+    kv_heads, slots = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    bg, bd = block_g(group), block_d(head_dim)
+    qk_prec, pv_prec = precisions(str(q.dtype).removeprefix("torch."))
+    if mask is not None:
+        mask_arg = mask.view(torch.int8) if mask.dtype == torch.bool else mask
+        m_sb = mask_arg.stride(0) if mask_arg.shape[0] > 1 else 0
+        m_ss = mask_arg.stride(3)
+    else:
+        mask_arg, m_sb, m_ss = q, 0, 0
+    if splits > 1:
+        part = torch.empty((batch * kv_heads * splits, bg, bd), dtype=torch.float32,
+                           device=q.device)
+        ml = torch.empty((batch * kv_heads * splits, 2, bg), dtype=torch.float32,
+                         device=q.device)
+    else:
+        part = ml = q
+    o = out.squeeze(1)  # (batch, heads, d)
+    _decode_split_kernel[(batch * kv_heads, splits)](
+        q, k, v, length if length is not None else q, mask_arg, o, part, ml,
+        slots, chunk_of(slots, splits, block_n), kv_heads, group, scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(), m_sb, m_ss,
+        *o.stride(), HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_G=bg, BLOCK_N=block_n, SPLITS=splits,
+        LEN_ON_DEVICE=length is not None, HAS_MASK=mask is not None, QK_PRECISION=qk_prec,
+        PV_PRECISION=pv_prec, num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS)
+    if splits > 1:
+        _decode_combine_kernel[(batch * kv_heads,)](
+            part, ml, o, kv_heads, group, *o.stride(), HEAD_DIM=head_dim, BLOCK_D=bd,
+            BLOCK_G=bg, SPLITS=splits, num_warps=4, **LAUNCH_OPTIONS)
+
+
+_FORWARD = '''\
+def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
+    """q (batch, heads, 1, HEAD_DIM), k and v (batch, kv_heads, slots, HEAD_DIM), any strides,
+    heads a multiple of kv_heads; length: a 0-d int64 tensor on q's device (the valid slots,
+    read on the device) or None (every slot); mask: None or a bool (batch or 1, 1, 1, slots);
+    out (batch, 1, heads, HEAD_DIM), any strides."""
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, slots = k.shape[1], k.shape[2]
+    if (q_len != 1 or head_dim != HEAD_DIM or k.shape[0] != batch or k.shape[3] != HEAD_DIM
+            or v.shape != k.shape or heads % kv_heads
+            or tuple(out.shape) != (batch, 1, heads, HEAD_DIM)
+            or not (q.dtype == k.dtype == v.dtype == out.dtype)):
+        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"out {tuple(out.shape)} do not fit head_dim={HEAD_DIM}")
+    if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4
+                             or mask.shape[1:3] != (1, 1) or mask.shape[3] != slots
+                             or mask.shape[0] not in (1, batch)):
+        raise ValueError(f"mask {tuple(mask.shape)} {mask.dtype}: want bool (batch or 1, 1, 1, "
+                         f"{slots})")
+    if str(q.dtype).removeprefix("torch.") != DTYPE:
+        raise ValueError(f"specialised for {DTYPE}, called with {q.dtype}")
+    if batch == 0 or slots == 0:
+        return
+    group = heads // kv_heads
+    bg, bd = max(16, triton.next_power_of_2(group)), BLOCK_D
+    if mask is not None:
+        mask_arg = mask.view(torch.int8)
+        m_sb, m_ss = (mask_arg.stride(0) if mask_arg.shape[0] > 1 else 0), mask_arg.stride(3)
+    else:
+        mask_arg, m_sb, m_ss = q, 0, 0
+    if SPLITS > 1:
+        part = torch.empty((batch * kv_heads * SPLITS, bg, bd), dtype=torch.float32,
+                           device=q.device)
+        ml = torch.empty((batch * kv_heads * SPLITS, 2, bg), dtype=torch.float32,
+                         device=q.device)
+    else:
+        part = ml = q
+    o = out.squeeze(1)  # (batch, heads, HEAD_DIM)
+    chunk = triton.cdiv(triton.cdiv(slots, SPLITS), BLOCK_N) * BLOCK_N
+    # enable_fp_fusion=False: see codegen/attention/kernel.py (FMA next to the row max)
+    _decode_split_kernel[(batch * kv_heads, SPLITS)](
+        q, k, v, length if length is not None else q, mask_arg, o, part, ml,
+        slots, chunk, kv_heads, group, scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(), m_sb, m_ss,
+        *o.stride(), HEAD_DIM=HEAD_DIM, BLOCK_D=bd, BLOCK_G=bg, BLOCK_N=BLOCK_N, SPLITS=SPLITS,
+        LEN_ON_DEVICE=length is not None, HAS_MASK=mask is not None,
+        QK_PRECISION=QK_PRECISION, PV_PRECISION=PV_PRECISION,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=False)
+    if SPLITS > 1:
+        _decode_combine_kernel[(batch * kv_heads,)](
+            part, ml, o, kv_heads, group, *o.stride(), HEAD_DIM=HEAD_DIM, BLOCK_D=bd,
+            BLOCK_G=bg, SPLITS=SPLITS, num_warps=4, enable_fp_fusion=False)
+'''
+
+
+def render(config: dict, case: Case) -> str:
+    d, dtype = case["head_dim"], case["dtype"]
+    splits, bn = config["SPLITS"], config["BLOCK_N"]
+    warps, stages = config["num_warps"], config["num_stages"]
+    qk_prec, pv_prec = precisions(dtype)
+    split_line = ("one program per (batch, kv head), no combine" if splits == 1 else
+                  f"{splits} splits of the cache per (batch, kv head), then a combine")
+    header = textwrap.dedent(f'''\
+        """Decode attention (one query token, GQA, KV cache) candidate: flash-decoding.
+
+        Generated by codegen.decode_attention.kernel.render. Equals HF's sdpa_attention_forward
+        for a one-token query (no dropout, the mask a bool row per sequence or none); returns
+        HF's (batch, 1, heads, head_dim) layout. Reads the valid length on the device.
+        Specialised for head_dim={d}, {dtype}; batch, heads, kv heads and slots are free.
+        Tuned for batch {case["batch"]}, heads {case["heads"]}/{case["kv_heads"]}, {case["slots"]}
+        slots. Launch: {split_line}; {bn} slots per step, {warps} warps, {stages} stages.
+        case:   {json.dumps(case)}
+        config: {json.dumps(config)}
+        """
+
+        import torch
+        import triton
+        import triton.language as tl
+
+        HEAD_DIM = {d}
+        BLOCK_D = {block_d(d)}
+        DTYPE = "{dtype}"
+        SCALE = {case["scale"]!r}
+        LOG2E = {LOG2E!r}
+        SPLITS = {splits}
+        BLOCK_N = {bn}
+        NUM_WARPS = {warps}
+        NUM_STAGES = {stages}
+        QK_PRECISION = "{qk_prec}"
+        PV_PRECISION = "{pv_prec}"
+        ''')
+    return "\n\n".join([header, kernel_source(_decode_split_kernel),
+                        kernel_source(_decode_combine_kernel), _FORWARD])

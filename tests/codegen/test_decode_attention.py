@@ -1,0 +1,227 @@
+"""Decode-attention family: reference == transformers' sdpa_attention_forward on a static and a
+dynamic cache, rendered kernels == reference at lengths near the edges (stale slots past the
+length never read), the verifier accepts a candidate, and the patch on tiny-llama (4 query
+heads over 2 kv heads): a StaticDecoder's eager steps and a dynamic-cache step give the
+unpatched logits, the step stays free of host reads (capturable), prefill keeps HF's code, undo
+restores. CPU runs the kernels under Triton's interpreter (fp32, fp16); bf16 and Llama-3.2-1B's
+shape run on a GPU (`codegen/decode_attention/bench.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import (
+    DEVICE,
+    CountingChooser,
+    assert_close,
+    instance_forwards,
+    load_rendered,
+    verify_on_cpu_or_gpu,
+)
+from transformers import DynamicCache
+
+from codegen.decode_attention import FAMILY
+from codegen.decode_attention.reference import make_case
+from core.workload import Workload
+from models.graphs import StaticDecoder, host_reads
+from profiling.loader import build, resolve
+
+TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
+BASE = make_case(2, 4, 2, 16, 200, "float32")  # slots 256 (the bucket of 200)
+
+
+def _inputs(case, seed=0):
+    return FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
+
+
+def _run(forward, case, inputs):
+    out = FAMILY.make_out(case, inputs)
+    out.fill_(float("nan"))
+    forward(*inputs, out=out, **FAMILY.params(case))
+    return out
+
+
+def test_reference_is_the_hf_function_and_the_float64_math_agrees():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    for extra in ({"length": 70}, {"dynamic": True, "length": 9}, {"padded": 2, "length": 30}):
+        case = {**BASE, **extra}
+        q, k, v, length, mask = _inputs(case, 1)
+        assert q.stride(1) == 16 and q.shape == (2, 4, 1, 16)  # HF's transposed view
+        module = torch.nn.Module()
+        module.num_key_value_groups, module.is_causal = 2, True
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0,
+                                         scaling=case["scale"])
+        got = FAMILY.reference(q, k, v, length, mask, scale=case["scale"])
+        assert got.shape == (2, 1, 4, 16) and torch.equal(got, want)
+        exact = FAMILY.reference(q.double(), k.double(), v.double(), length, mask,
+                                 scale=case["scale"])
+        assert_close(got.double(), exact, TOL["float32"])
+
+
+def test_the_stale_slots_change_the_answer_when_unmasked():
+    """The inputs' slots past the length differ from valid ones enough that a kernel reading
+    them unmasked fails: attending to every slot gives another result."""
+    case = {**BASE, "length": 70}
+    q, k, v, length, mask = _inputs(case)
+    masked = FAMILY.reference(q, k, v, length, mask, scale=case["scale"])
+    every = FAMILY.reference(q, k, v, length, None, scale=case["scale"])
+    assert (masked - every).abs().max() > 0.1
+
+
+SPLIT4 = {"SPLITS": 4, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
+EDGES = [{"length": 1}, {"length": 64}, {"length": 65}, {"exact_slots": 200, "length": 200},
+         {"dynamic": True, "length": 37}]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_rendered_kernels_match_the_reference_at_edge_lengths(dtype, tmp_path):
+    """Every length on one program per kv head and on split chunks of 64 slots (boundaries at
+    64/65); fp16 and bf16 on the split kernel at a few."""
+    base = {**BASE, "dtype": dtype}
+    one = FAMILY.search_space(base)[-1]
+    assert one["SPLITS"] == 1
+    runs = [(one, EDGES), (SPLIT4, EDGES)] if dtype == "float32" else [(SPLIT4, EDGES[1:4])]
+    for config, lengths in runs:
+        forward = load_rendered(FAMILY, config, base, tmp_path)
+        for extra in lengths:
+            case = {**base, **extra}
+            inputs = _inputs(case)
+            before = [t.clone() if t is not None else None for t in inputs]
+            out = _run(forward, case, inputs)
+            assert all(b is None or torch.equal(t, b) for t, b in zip(inputs, before))
+            assert_close(out, FAMILY.reference(*inputs, **FAMILY.params(case)), TOL[dtype])
+
+
+def test_slots_past_the_length_are_never_read(tmp_path):
+    """NaN in every stale slot (keys, values and mask True there): the output stays the
+    reference's over the valid slots, for one program per kv head and for split chunks that
+    start past the length."""
+    case = {**BASE, "length": 40}
+    q, k, v, length, mask = _inputs(case)
+    want = FAMILY.reference(q, k[:, :, :40], v[:, :, :40], None, None, scale=case["scale"])
+    k[:, :, 40:], v[:, :, 40:] = float("nan"), float("nan")
+    mask[..., 40:] = True
+    for config in (FAMILY.search_space(case)[-1], SPLIT4):
+        out = _run(load_rendered(FAMILY, config, case, tmp_path), case, (q, k, v, length, mask))
+        assert torch.isfinite(out).all()
+        assert_close(out, want, TOL["float32"])
+
+
+def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
+    verify_on_cpu_or_gpu(FAMILY, make_case(1, 4, 2, 16, 100, "float16"), tmp_path)
+
+
+def test_rendered_source_is_specialised(tmp_path):
+    config = {"SPLITS": 8, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
+    source = FAMILY.render(config, {**BASE, "dtype": "float16"})
+    for line in ("HEAD_DIM = 16", 'DTYPE = "float16"', "SPLITS = 8", "BLOCK_N = 32",
+                 "def _decode_split_kernel", "def _decode_combine_kernel",
+                 "def forward(q, k, v, length, mask, *, out, scale=SCALE)",
+                 "enable_fp_fusion=False", "LEN_ON_DEVICE"):
+        assert line in source
+    assert ".item()" not in source and ".cpu()" not in source  # capturable: no host read
+    forward = load_rendered(FAMILY, config, {**BASE, "dtype": "float16"}, tmp_path)
+    q, k, v, length, mask = _inputs(BASE)  # float32 into a float16 kernel
+    with pytest.raises(ValueError, match="float16"):
+        forward(q, k, v, length, mask, out=FAMILY.make_out(BASE, (q,)))
+
+
+# ------------------------------------------------------------------ the patch on tiny-llama
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return build(resolve("tiny-llama"), torch.float32, DEVICE)
+
+
+def _static_logits(model, prompt, steps, max_len=40):
+    decoder = StaticDecoder(model, 1, max_len, graph=False)
+    out = [decoder.prefill(prompt).clone()]
+    out += [decoder.step(s).clone() for s in steps]
+    return out, decoder
+
+
+def test_patched_static_decode_gives_the_unpatched_logits_then_undo_restores(tiny, tmp_path):
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 500, (1, 6), generator=gen).to(DEVICE)
+    steps = [torch.randint(3, 500, (1, 1), generator=gen).to(DEVICE) for _ in range(3)]
+    want, _ = _static_logits(tiny, prompt, steps)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    try:
+        got, decoder = _static_logits(tiny, prompt, steps)
+        # every step of both layers ran the kernel; the prefill (6 queries) kept HF's code
+        assert chooser.calls == 2 * len(steps)
+        assert chooser.distinct_cases() == [make_case(1, 4, 2, 16, 40, "float32")]
+        assert host_reads(lambda: decoder.step(steps[0])) == []  # capturable as it stands
+    finally:
+        undo()
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, (1e-4, 1e-4))
+    assert instance_forwards(tiny) == []
+    again, _ = _static_logits(tiny, prompt, steps)
+    assert all(torch.equal(a, w) for a, w in zip(again, want))
+
+
+def test_patched_dynamic_cache_step_gives_the_unpatched_logits(tiny, tmp_path):
+    ids = torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    nxt = ids[:, -1:]
+
+    def step():
+        cache = DynamicCache()
+        with torch.no_grad():
+            tiny(ids, past_key_values=cache, use_cache=True)
+            return tiny(nxt, past_key_values=cache, use_cache=True).logits
+
+    want = step()
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    try:
+        got = step()
+    finally:
+        undo()
+    assert chooser.calls == 2
+    assert_close(got, want, (1e-4, 1e-4))
+
+
+def test_cases_from_model_are_the_decode_steps_and_match_the_dispatch(tiny):
+    assert FAMILY.cases_from_model(tiny, Workload(2, 64, "float32", DEVICE)) == []
+    cases = FAMILY.cases_from_model(tiny, Workload(1, 30, "float32", DEVICE, "decode"))
+    assert cases == [make_case(1, 4, 2, 16, 31, "float32", tiny.model.layers[0].self_attn.scaling)]
+    assert cases[0]["slots"] == 256  # a static cache of 40 slots dispatches to the same case
+
+
+@pytest.mark.gpu
+def test_gpu_llama_decode_shape_correct_and_faster_than_hf():
+    """Llama-3.2-1B's step (b1, 32/8 heads, d 64, 1040 slots, length 1024, bf16): every config
+    within bf16 error of the float64 reference, and the best under HF's sdpa path (repeat_kv
+    or pack_gqa + SDPA with the mask) per call inside a CUDA graph."""
+    from codegen.decode_attention.bench import run
+
+    summary = run(1, 32, 8, 64, 1040, 1024, "bfloat16")
+    assert summary["all_ok"], summary
+    assert summary["speedup_graph"] > 1.0, summary
+
+
+@pytest.mark.gpu
+def test_gpu_patched_static_decode_captures_and_replays_at_successive_positions(tmp_path):
+    """The patched tiny-llama's one-token step captured as a CUDA graph replays the eager
+    patched logits at each position (the kernel reads the advancing length on the device)."""
+    model = build(resolve("tiny-llama"), torch.bfloat16, "cuda")
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(3, 500, (1, 6), generator=gen).cuda()
+    steps = [torch.randint(3, 500, (1, 1), generator=gen).cuda() for _ in range(4)]
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(model, chooser)
+    try:
+        want, _ = _static_logits(model, prompt, steps)
+        graphed = StaticDecoder(model, 1, 40, graph=True)
+        got = [graphed.prefill(prompt).clone()] + [graphed.step(s).clone() for s in steps]
+        graphed.close()
+    finally:
+        undo()
+    assert chooser.calls > 0
+    for g, w in zip(got, want, strict=True):  # same kernels; cuBLAS may pick others in capture
+        assert_close(g, w, TOL["bfloat16"])
