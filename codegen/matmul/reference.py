@@ -56,16 +56,18 @@ FP32_UNIT = 2.0 ** -24  # unit roundoff of the fp32 accumulators
 
 
 def order_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, n: int,
-                layout: str) -> dict:
+                layout: str, reference: tuple | None = None) -> dict:
     """Per output element (inputs in float64): the classic dot-product bound on what any fp32
     summation order may change, k u / (1 - k u) * sum |x_k w_k|, plus an fp32 bias add's
     rounding (2^-20 relative, 16 ulps). "overflow": where sum |x_k w_k| passes fp32's largest
-    value, so the accumulator may overflow in one order and not in another."""
+    value, so the accumulator may overflow in one order and not in another. `reference`: the
+    verifier's float64 result of the same inputs (the exact product plus bias), reused rather
+    than computed again."""
     k = x.shape[-1] * FP32_UNIT
     weight = effective_weight(w, n, layout)
     wt = weight.T if layout == "linear" else weight
     mag = x.abs() @ wt.abs()
-    exact = x @ wt + (0 if b is None else b[:n])
+    exact = reference[0] if reference is not None else x @ wt + (0 if b is None else b[:n])
     bound = k / (1 - k) * mag + 2.0 ** -20 * exact.abs()
     top = torch.finfo(torch.float32).max
     return {"bound": bound, "overflow": (mag >= top) & mag.isfinite()}
