@@ -58,6 +58,7 @@ class Pattern:
     # named in `absorbs` (a Linear's own `linear` occurrence) forms one occurrence of this one.
     # Ranked beside the pattern it extends, never replaced together with it (a GEMM with the
     # gated activation in its epilogue replaces the activation that gated_act would replace).
+    # An `absorbs` entry "../name" names a sibling of the scope (GPT-2's c_fc beside its act).
     extends: str | None = None
     absorbs: tuple[str, ...] = ()
 
