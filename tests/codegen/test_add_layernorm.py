@@ -5,6 +5,7 @@ profile's block scope is this family's pattern."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from family_checks import (
     DEVICE,
@@ -81,3 +82,19 @@ def test_the_block_scope_is_this_familys_pattern(tmp_path):
     assert len(mine) == model.config.n_layer
     assert all([ops[i]["name"] for i in o.ops] == ["aten::add"] * 2 for o in mine)
     assert not any(o.pattern == "residual_add" for o in found)  # ours claims the block first
+
+
+@pytest.mark.gpu
+def test_patch_reaches_the_kernel_on_the_gpu_stack_in_bf16(tmp_path):
+    """GPT2Block's forward as the GPU stack's transformers writes it is recognised (its
+    syntax tree is read, so a version that changed it would decline here)."""
+    model = build(resolve("tiny-gpt2"), torch.bfloat16, "cuda")
+    ids = torch.randint(0, 500, (2, 64), device="cuda")
+    with torch.no_grad():
+        before = model(ids).logits.float()
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        patched = model(ids).logits.float()
+        undo()
+    assert chooser.calls == model.config.n_layer
+    torch.testing.assert_close(patched, before, atol=5e-2, rtol=5e-2)

@@ -117,3 +117,19 @@ def test_pattern_extends_gelu_new_and_absorbs_the_sibling_c_fc(tmp_path):
         assert [op["module"].rsplit(".", 1)[-1] for op in mine
                 if op["name"] == "aten::addmm"] == ["c_fc"]  # not c_proj
         assert gemm_gelu_cost(mine) == (FAMILY.min_bytes(case), FAMILY.flops(case))
+
+
+@pytest.mark.gpu
+def test_patch_reaches_the_kernel_on_the_gpu_stack_in_bf16(tmp_path):
+    """GPT2MLP's forward as the GPU stack's transformers writes it is recognised, and the
+    compiled bf16 kernel gives the logits within bf16 rounding."""
+    model = build(resolve("tiny-gpt2"), torch.bfloat16, "cuda")
+    ids = torch.randint(0, 500, (2, 64), device="cuda")
+    with torch.no_grad():
+        before = model(ids).logits.float()
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        patched = model(ids).logits.float()
+        undo()
+    assert chooser.calls == model.config.n_layer
+    torch.testing.assert_close(patched, before, atol=5e-2, rtol=5e-2)
