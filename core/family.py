@@ -58,6 +58,7 @@ class Pattern:
     # named in `absorbs` (a Linear's own `linear` occurrence) forms one occurrence of this one.
     # Ranked beside the pattern it extends, never replaced together with it (a GEMM with the
     # gated activation in its epilogue replaces the activation that gated_act would replace).
+    # An `absorbs` entry "../name" names a sibling of the scope (GPT-2's c_fc beside its act).
     extends: str | None = None
     absorbs: tuple[str, ...] = ()
     # accepts(ops) -> whether a scope whose op names fit is an occurrence, judged on the ops'
@@ -112,8 +113,10 @@ class Family:
     in_place: Callable[[tuple], tuple] | None = None
     # the input positions that get the verifier's stress values; None: every floating input
     stress_inputs: tuple[int, ...] | None = None
-    # order_bound(*inputs, **params) -> per output, the classic bound on what any summation
-    # order can change (dot products that cancel); the verifier allows either order within it
+    # order_bound(*inputs, reference, **params) -> per output, the classic bound on what any
+    # summation order can change (dot products that cancel); the verifier allows either order
+    # within it. `reference`: the float64 reference outputs of those inputs, or None (a bound
+    # that needs the exact result reuses them instead of computing a second float64 GEMM)
     order_bound: Callable[..., Any] | None = None
     cuda: CudaVariant | None = None
     # families that replace the same ops as this one: at most one of each pair is integrated

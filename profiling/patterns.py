@@ -132,7 +132,7 @@ def alternatives(occurrences: list[Occurrence], patterns: list[Pattern]) -> list
         for pat in patterns:
             if pat.extends != o.pattern:
                 continue
-            parts = [next((c for c in by_module.get(f"{o.module}.{child}", [])
+            parts = [next((c for c in by_module.get(_child_path(o.module, child), [])
                            if id(c) not in taken), None) for child in pat.absorbs]
             if any(c is None for c in parts):
                 continue
@@ -142,6 +142,15 @@ def alternatives(occurrences: list[Occurrence], patterns: list[Pattern]) -> list
                                     extends=o.pattern))
             break
     return found
+
+
+def _child_path(module: str, child: str) -> str:
+    """The module path of an absorbed child: `module.child`, or for "../name" the sibling
+    `name` under module's parent (GPT-2's c_fc beside the activation module it feeds)."""
+    if child.startswith("../"):
+        parent = module.rpartition(".")[0]
+        return f"{parent}.{child[3:]}" if parent else child[3:]
+    return f"{module}.{child}"
 
 
 def claim_order(pat: Pattern) -> tuple:

@@ -86,21 +86,27 @@ class GuardedOut:
     @classmethod
     def random(cls, template: torch.Tensor, seed: int) -> GuardedOut:
         """Prefilled with random finite values of an activation's spread (and random integers
-        or booleans), drawn on the CPU from `seed` so the fill is the same on every device."""
+        or booleans), drawn from `seed` by a generator on the output's own device.
+
+        Drawn where the output lives: on the CPU, the LM head's 8192 x 50257 logits took
+        seconds per input set to draw (two serial generator passes over 412 M values) and
+        then a pageable copy to the GPU, which made it the largest cost of verifying that
+        case (verify.harness's cost note); a device generator draws them in about a
+        millisecond. The fill is as unpredictable; it repeats per (seed, device type)."""
         backing, guard = cls._allocate(template)
-        gen = torch.Generator().manual_seed(seed)
-        n, dtype = backing.numel(), template.dtype
+        gen = torch.Generator(device=template.device).manual_seed(seed)
+        n, dtype, dev = backing.numel(), template.dtype, template.device
         if dtype.is_floating_point:
             # a few units, and now and then a large value (as a real uninitialised buffer has)
-            v = torch.randn(n, generator=gen, dtype=torch.float32) * \
-                torch.where(torch.rand(n, generator=gen) < 0.01, 1e3, 2.0)
+            v = torch.randn(n, generator=gen, dtype=torch.float32, device=dev) * \
+                torch.where(torch.rand(n, generator=gen, device=dev) < 0.01, 1e3, 2.0)
             half = torch.finfo(dtype).max / 2  # fp16/fp8 would turn the large ones into inf
             values = v.clamp(-half, half).to(dtype)
         elif dtype == torch.bool:
-            values = torch.rand(n, generator=gen) < 0.5
+            values = torch.rand(n, generator=gen, device=dev) < 0.5
         else:
-            values = torch.randint(-100, 100, (n,), generator=gen).to(dtype)
-        backing.copy_(values.to(template.device))
+            values = torch.randint(-100, 100, (n,), generator=gen, device=dev).to(dtype)
+        backing.copy_(values)
         return cls._place(template, backing, guard)
 
     def meta(self) -> tuple:

@@ -54,4 +54,6 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::pow", "aten::mul", "aten::add", "aten::tanh"),
     params=params,
+    # matmul_gelu computes the activation in c_fc's epilogue: one of the two is integrated
+    rivals=("matmul_gelu",),
 )

@@ -22,9 +22,9 @@ Linear or Conv1D module running aten::linear; a Conv1D running aten::addmm). mat
 patterns absorb a gated MLP's gate and up `linear` occurrences; the rank stage marks its row an
 alternative to this one's for that reason (both replace those GEMMs).
 
-Not here (yet): GPT-2's c_fc + gelu_new in one epilogue (the kernel would have to replace the
-MLP's forward, as matmul_epilogue does; gelu's own family fuses the activation today), the
-other weight layout as a cuBLAS candidate (a second copy of every weight), and TMA loads.
+GPT-2's c_fc + gelu_new in one epilogue is codegen.matmul_gelu (a family of its own: it is
+gelu's rival, and this family must not be). Not here (yet): the other weight layout as a
+cuBLAS candidate (kernel.py says why), and TMA loads.
 """
 
 from __future__ import annotations

@@ -1,11 +1,19 @@
 """Candidates for one projection: cuBLAS on the adapter's (padded) weight, or a Triton GEMM.
 
 "cublas": torch.mm / torch.addmm on the weight as the adapter holds it. Where the adapter
-padded the weight (n_pad > n), the product is computed `n_pad` columns wide, whose leading
-dimension is aligned for cuBLAS's vector loads and stores (GPT-2's LM head, vocab 50257, ran
-at about 96 TFLOP/s unpadded on an H200, 8x under the measured peak; issue 26). The adapter
-hands such a candidate its own `n_pad`-wide buffer and slices it, so nothing is copied; given
-an `n`-wide `out` (the verifier's), the candidate computes into a padded buffer and copies.
+padded the weight (n_pad > n), the product is computed n rounded up to a multiple of 64, 128
+or 256 columns wide (a config each where the widths differ: which multiple tiles best for
+cuBLAS is measured by the search, not assumed), into a buffer whose leading dimension is
+aligned for cuBLAS's vector loads and stores (GPT-2's LM head, vocab 50257, ran at about 96
+TFLOP/s unpadded on an H200, 8x under the measured peak; issue 26). The adapter holds the
+weight padded to the widest choice and hands a candidate its own `n_pad`-wide buffer, sliced
+afterwards, so every width is a view and nothing is copied; given an `n`-wide `out` (the
+verifier's), the candidate computes into a padded buffer and copies.
+
+Not searched: the other weight layout (a (K, N) contiguous copy of a Linear's (N, K) weight
+for cuBLAS's NN kernels). The adapter must hold the layout before it learns which candidate
+won (the chooser hands it a forward, not a config), so that would mean holding both copies
+of every padded weight, or a chooser that reports the winning config.
 
 Triton: one fp32 accumulator per (BM, BN) output tile, the bias added in the epilogue and one
 rounding to the output dtype; the weight is read through its strides, so both layouts run the
@@ -28,7 +36,7 @@ import triton
 import triton.language as tl
 
 from codegen.dtypes import element_size
-from codegen.matmul.reference import MAX_BLOCK_M
+from codegen.matmul.reference import MAX_BLOCK_M, PAD_CHOICES, padded
 from codegen.matmul_epilogue.kernel import _tile
 from core.family import Case
 from core.source import kernel_source
@@ -95,14 +103,24 @@ def _config(tile: tuple, elem_bytes: int) -> dict:
             "num_warps": warps, "num_stages": stages, "GROUP_M": group_m}
 
 
+def cublas_configs(case: Case) -> list[dict]:
+    """cuBLAS computing `padded(n, pad)` columns for each pad of PAD_CHOICES that gives a
+    distinct width (on GPT-2's LM head 50304, 50304 and 50432: two), widest first, so the
+    narrowest (the fewest wasted columns) comes last."""
+    widths = {}
+    for pad in sorted(PAD_CHOICES, reverse=True):
+        widths.setdefault(padded(case["n"], pad), pad)
+    return [{"impl": "cublas", "pad": pad} for pad in widths.values()]
+
+
 def search_space(case: Case) -> list[dict]:
-    """The Triton tiles by area, then cuBLAS on the adapter's weight, last: the one a CPU run
-    uses (a single config there: the cheapest for the interpreter, and the one that carries
-    the padding)."""
+    """The Triton tiles by area, then the cuBLAS widths; the last (cuBLAS at the narrowest
+    padded width) is the one a CPU run uses (a single config there: the cheapest for the
+    interpreter, and one that carries the padding)."""
     tiles = FEW_ROWS_TILES if case["rows"] <= FEW_ROWS else PREFILL_TILES
     configs = sorted((_config(t, element_size(case)) for t in tiles),
                      key=lambda c: c["BM"] * c["BN"])
-    return configs + [{"impl": "cublas"}]
+    return configs + cublas_configs(case)
 
 
 def input_precision(dtype: str) -> str:
@@ -147,6 +165,11 @@ def _check(x, w, b, out, params):
 
 _CUBLAS = '''\
 
+# The columns computed: n padded to a multiple of {pad} (searched per shape), a view of the
+# adapter's {n_pad}-wide weight; the output's row stride stays the buffer's.
+N_COMPUTE = {n_compute}
+
+
 def forward(x, w, b=None, *, out, **params) -> None:
     """x: (..., K); w, b: the adapter's weight and bias ({n_pad} columns); out: (..., N), or
     (..., N_PAD) when the caller slices its own padded buffer (nothing copied then)."""
@@ -155,13 +178,15 @@ def forward(x, w, b=None, *, out, **params) -> None:
     dst = out.view(-1, out.shape[-1])
     if dst.shape[0] == 0:
         return
-    wt = w.t() if LAYOUT == "linear" else w  # (K, N_PAD): cuBLAS takes either as given
+    # (K, N_COMPUTE): cuBLAS takes the transposed view as given, no copy
+    wt = w[:N_COMPUTE].t() if LAYOUT == "linear" else w[:, :N_COMPUTE]
     wide = dst.shape[1] == N_PAD
-    res = dst if wide else torch.empty((dst.shape[0], N_PAD), dtype=dst.dtype, device=dst.device)
+    res = dst[:, :N_COMPUTE] if wide else torch.empty((dst.shape[0], N_COMPUTE),
+                                                      dtype=dst.dtype, device=dst.device)
     if b is None:
         torch.mm(x, wt, out=res)
     else:
-        torch.addmm(b, x, wt, out=res)
+        torch.addmm(b[:N_COMPUTE], x, wt, out=res)
     if not wide:
         dst.copy_(res[:, :N])
 '''
@@ -213,8 +238,11 @@ def render(config: dict, case: Case) -> str:
     fields = dict(case, case_json=json.dumps(case), config_json=json.dumps(config), impl=impl,
                   t="^T" if case["layout"] == "linear" else "")
     if impl == "cublas":
-        fields["how"] = ("torch.mm/addmm on the weight, computed n_pad columns wide where the "
-                         "adapter padded it (aligned leading dimension).")
+        pad = config.get("pad", PAD_CHOICES[0])
+        fields.update(pad=pad, n_compute=padded(case["n"], pad))
+        fields["how"] = (f"torch.mm/addmm on the weight, computed {fields['n_compute']} "
+                         f"columns wide (n padded to a multiple of {pad}) where the adapter "
+                         "padded it (aligned leading dimension).")
         return _HEADER.format(**fields) + _CUBLAS.format(**fields)
     precision = input_precision(case["dtype"])
     fields.update(config, how=(f"One fp32 accumulator per ({config['BM']} x {config['BN']}) "

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.matmul.reference import make_case, padded, params
+from codegen.matmul.reference import held_width, make_case, padded, params
 from core.family import Case, kernel_by_signature
 from models.patching import wrap_instance_forward
 
@@ -88,9 +88,10 @@ def needs_graph(*tensors: torch.Tensor) -> bool:
 
 def pad_weight(weight: torch.Tensor, bias: torch.Tensor | None, layout: str
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weight (and bias) zero-padded to `padded(n)` output columns, detached copies."""
+    """The weight (and bias) zero-padded to `held_width(n)` output columns, detached
+    copies."""
     n = weight.shape[0] if layout == "linear" else weight.shape[1]
-    n_pad = padded(n)
+    n_pad = held_width(n)
     with torch.no_grad():
         if layout == "linear":
             w = weight.new_zeros((n_pad, weight.shape[1]))
@@ -126,7 +127,7 @@ def patch_memory(undo: Callable[[], None]) -> int:
 def _wrapper(module: nn.Module, layout: str, forward_by_case: Callable,
              held: list) -> tuple[Callable[[Callable], Callable], int]:
     k, n = widths(module, layout)
-    n_pad = padded(n)
+    n_pad = held_width(n)
     weight, bias = module.weight, module.bias
     stamp = (weight.data_ptr(), weight._version,
              None if bias is None else (bias.data_ptr(), bias._version))

@@ -24,13 +24,24 @@ LAYOUTS = ("linear", "conv1d")
 # Output widths are padded to a multiple of this many elements (128 bytes of bf16): what
 # Inductor's pad_mm and nanoGPT's 50304-wide vocab do for the same reason.
 PAD_MULTIPLE = 64
+# The widths a cuBLAS candidate may compute, searched per shape (kernel.search_space): which
+# multiple gives cuBLAS the better tiling of the last columns is a measurement, not a rule.
+# The adapter holds the weight padded to the largest, so every choice is a view of it.
+PAD_CHOICES = (64, 128, 256)
 # The largest row block of kernel.search_space (edge cases go one row past it).
 MAX_BLOCK_M = 128
 
 
-def padded(n: int) -> int:
-    """The width the adapter pads `n` output columns to; `n` itself when already aligned."""
-    return n if n % PAD_MULTIPLE == 0 else n + PAD_MULTIPLE - n % PAD_MULTIPLE
+def padded(n: int, multiple: int = PAD_MULTIPLE) -> int:
+    """`n` output columns rounded up to `multiple`; `n` itself when a multiple of
+    PAD_MULTIPLE already (such a projection is not padded at all)."""
+    return n if n % PAD_MULTIPLE == 0 else -(-n // multiple) * multiple
+
+
+def held_width(n: int) -> int:
+    """The width of the weight (and bias) the adapter holds: padded to the largest of
+    PAD_CHOICES, so a candidate computing any of them reads a view of it."""
+    return padded(n, max(PAD_CHOICES))
 
 
 def effective_weight(w: torch.Tensor, n: int, layout: str) -> torch.Tensor:
@@ -56,26 +67,29 @@ FP32_UNIT = 2.0 ** -24  # unit roundoff of the fp32 accumulators
 
 
 def order_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, n: int,
-                layout: str) -> dict:
+                layout: str, reference: tuple | None = None) -> dict:
     """Per output element (inputs in float64): the classic dot-product bound on what any fp32
     summation order may change, k u / (1 - k u) * sum |x_k w_k|, plus an fp32 bias add's
     rounding (2^-20 relative, 16 ulps). "overflow": where sum |x_k w_k| passes fp32's largest
-    value, so the accumulator may overflow in one order and not in another."""
+    value, so the accumulator may overflow in one order and not in another. `reference`: the
+    verifier's float64 result of the same inputs (the exact product plus bias), reused rather
+    than computed again."""
     k = x.shape[-1] * FP32_UNIT
     weight = effective_weight(w, n, layout)
     wt = weight.T if layout == "linear" else weight
     mag = x.abs() @ wt.abs()
-    exact = x @ wt + (0 if b is None else b[:n])
+    exact = reference[0] if reference is not None else x @ wt + (0 if b is None else b[:n])
     bound = k / (1 - k) * mag + 2.0 ** -20 * exact.abs()
     top = torch.finfo(torch.float32).max
     return {"bound": bound, "overflow": (mag >= top) & mag.isfinite()}
 
 
 def make_case(rows: int, k: int, n: int, dtype: str, layout: str, bias: bool) -> Case:
-    """`rows` tokens of width `k` in, `n` out; `n_pad` is the width the adapter's weight has."""
+    """`rows` tokens of width `k` in, `n` out; `n_pad` is the width the adapter's weight has
+    (`held_width`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unsupported weight layout {layout!r}; known: {', '.join(LAYOUTS)}")
-    return {"rows": int(rows), "k": int(k), "n": int(n), "n_pad": padded(int(n)),
+    return {"rows": int(rows), "k": int(k), "n": int(n), "n_pad": held_width(int(n)),
             "dtype": dtype, "layout": layout, "bias": bool(bias)}
 
 

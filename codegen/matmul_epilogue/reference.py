@@ -42,7 +42,7 @@ FP32_UNIT = 2.0 ** -24  # unit roundoff of the fp32 accumulators
 
 
 def order_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                act: str = "silu") -> dict:
+                act: str = "silu", reference: tuple | None = None) -> dict:
     """Per output element (inputs in float64), how far any fp32-accumulated implementation may
     land from the exact value: the classic dot-product bound K u / (1 - K u) * sum |x_k w_k| for
     gate and for up, carried through the activation (slope <= MAX_SLOPE) and the product, plus
@@ -51,7 +51,8 @@ def order_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     (verify/tolerances.py; the verifier lets the bound excuse only a few elements, and only
     when the errors match HF's in distribution). "overflow": where sum |x_k w_k| passes fp32's
     largest value, so the accumulator may overflow in one order and not in another (the
-    verifier's "large" x)."""
+    verifier's "large" x). `reference` (the float64 product) is not used: the bound needs gate
+    and up apart."""
     k = x.shape[-1] * FP32_UNIT
     gamma = k / (1 - k)
     mag_gate, mag_up = x.abs() @ w_gate.abs().T, x.abs() @ w_up.abs().T
