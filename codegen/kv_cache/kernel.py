@@ -109,16 +109,26 @@ def _kv_static_rows(past_ptr, new_ptr, out_ptr, rows, n_rows, slots, new_len, po
 
 
 @triton.jit
-def _kv_static_kernel(pk_ptr, pv_ptr, nk_ptr, nv_ptr, ok_ptr, ov_ptr, pos_ptr, n_rows, slots,
-                      new_len, pk_sb, pk_sh, pk_st, pk_sd, pv_sb, pv_sh, pv_st, pv_sd,
-                      nk_sb, nk_sh, nk_st, nk_sd, nv_sb, nv_sh, nv_st, nv_sd,
+def _kv_static_kernel(pk_ptr, pv_ptr, nk_ptr, nv_ptr, ok_ptr, ov_ptr, pos_ptr, ticket_ptr,
+                      n_rows, slots, new_len, pk_sb, pk_sh, pk_st, pk_sd, pv_sb, pv_sh, pv_st,
+                      pv_sd, nk_sb, nk_sh, nk_st, nk_sd, nv_sb, nv_sh, nv_st, nv_sd,
                       ok_sb, ok_sh, ok_st, ok_sd, ov_sb, ov_sh, ov_st, ov_sd,
                       KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_D: tl.constexpr, WRITE_ALL: tl.constexpr):
+                      BLOCK_D: tl.constexpr, WRITE_ALL: tl.constexpr, ADVANCE: tl.constexpr):
     # StaticLayer.update's two index_copy_ in one launch: keys' row blocks, then values'; the
     # position is read here, on the device, so a captured step replays at whatever
     # cumulative_length holds then
-    position = tl.load(pos_ptr).to(tl.int32)
+    position64 = tl.load(pos_ptr)
+    position = position64.to(tl.int32)
+    if ADVANCE:
+        # cumulative_length += new in this launch too (HF's add_ is one more kernel per layer
+        # and step): every program takes a ticket after its read of the position (acq_rel
+        # orders that read first); the last one to take one has seen every read done, writes
+        # the new position and resets the ticket for the next launch
+        taken = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+        if taken == tl.num_programs(0) - 1:
+            tl.store(pos_ptr, position64 + new_len)
+            tl.store(ticket_ptr, 0)
     blocks = tl.cdiv(n_rows, BLOCK_R)
     block = tl.program_id(0)
     if block < blocks:
@@ -220,12 +230,15 @@ def _same_buffer(a, b):
     return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
 
 
-def forward(keys, values, key_states, value_states, position, *, out, **params) -> None:
+def forward(keys, values, key_states, value_states, position, *, out, ticket=None,
+            **params) -> None:
     """StaticLayer.update's writes: keys, values (batch, KV_HEADS, slots, HEAD_DIM), the static
     buffers; key_states, value_states (batch, KV_HEADS, new, HEAD_DIM), any strides;
     position: 0-d int64 on the device, read there only (capturable). out = (new_keys,
     new_values) of the buffers' shape: the buffers themselves (in place, the adapter's way:
-    only the new rows are written) or other tensors (every row written)."""
+    only the new rows are written) or other tensors (every row written). ticket: a zeroed
+    1-element int32 tensor kept per cache layer: with it (in place only) the launch also
+    advances `position` by new, as StaticLayer.update's add_ does."""
     if params:
         _check_params(params)
     new_keys, new_values = out
@@ -250,20 +263,31 @@ def forward(keys, values, key_states, value_states, position, *, out, **params) 
     n_rows = batch * KV_HEADS * (new if in_place else slots)
     if n_rows == 0:
         return
-    launch, block = (_launch_new, BLOCK_R) if in_place else (_launch_all, ALL_BLOCK_R)
+    if ticket is not None and not (in_place and ticket.dtype is torch.int32
+                                   and ticket.device == keys.device and ticket.numel() == 1):
+        raise ValueError("ticket: a 1-element int32 tensor on the buffers' device, in place only")
+    if not in_place:
+        launch, block = _launch_all, ALL_BLOCK_R
+    else:
+        launch, block = (_launch_new, BLOCK_R) if ticket is None else (_launch_advance, BLOCK_R)
     launch((2 * cdiv(n_rows, block),), keys, values, key_states, value_states, new_keys,
-           new_values, position, n_rows, slots, new, *keys.stride(), *values.stride(),
+           new_values, position, position if ticket is None else ticket, n_rows, slots, new,
+           *keys.stride(), *values.stride(),
            *key_states.stride(), *value_states.stride(), *new_keys.stride(),
            *new_values.stride())
 
 
 _launch_new = launcher(_kv_static_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
-                       BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=False, num_warps=NUM_WARPS)
+                       BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=False, ADVANCE=False,
+                       num_warps=NUM_WARPS)
+_launch_advance = launcher(_kv_static_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
+                           BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=False, ADVANCE=True,
+                           num_warps=NUM_WARPS)
 # the out-of-place copy of every slot (the verifier's way, never the model's) takes wider
 # blocks: the tuned BLOCK_R fits a decode step's few new rows, not the whole buffer
 ALL_BLOCK_R = max(BLOCK_R, 32)
 _launch_all = launcher(_kv_static_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
-                       BLOCK_R=ALL_BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=True,
+                       BLOCK_R=ALL_BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=True, ADVANCE=False,
                        num_warps=NUM_WARPS)
 '''
 
