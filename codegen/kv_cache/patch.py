@@ -283,8 +283,12 @@ def static_dispatching_update(layer, original: Callable, resolve: Callable) -> C
     their index, and the counter's add_ become one launch that reads `cumulative_length` and
     advances it on the device; nothing is read on the host, so a captured step stays a
     replayable step. Per Llama-3.2-1B step that is 16 x 5 aten kernels less 16 (the count in
-    tests/codegen/test_static_decode.py). The first update (its lazy allocation), states that
-    do not fit the buffers, and declined cases run HF's code."""
+    tests/codegen/test_static_decode.py). Of what the count left per layer (5 GEMMs, the
+    mask's where, the MLP's residual add, the counter's add_), the add_ was the cheapest to
+    remove: a few lines in a kernel we own, where fusing q/k/v into one GEMM is the matmul
+    family's work and the mask's where and the residual add cross module boundaries. The
+    first update (its lazy allocation), states that do not fit the buffers, and declined
+    cases run HF's code."""
 
     def update(key_states, value_states, *args, **kwargs):
         if not layer.is_initialized:
