@@ -413,8 +413,15 @@ def test_static_kernel_writes_at_the_device_position_in_place_and_out_of_place(d
         _assert_same(out, ref)
         inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(1))
         ref = FAMILY.reference(*inputs)
-        forward(*inputs, out=FAMILY.in_place(inputs))  # the adapter's way: one launch
+        forward(*inputs, out=FAMILY.in_place(inputs))  # the verifier's in-place run
         _assert_same(inputs[:2], ref)
+        # the adapter's way: in place, and the same launch advances the position
+        inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(2))
+        ref, start = FAMILY.reference(*inputs), int(inputs[4])
+        ticket = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        forward(*inputs, out=FAMILY.in_place(inputs), ticket=ticket)
+        _assert_same(inputs[:2], ref)
+        assert int(inputs[4]) == start + case["new"] and int(ticket) == 0
 
 
 def test_the_verifier_accepts_a_rendered_static_candidate(tmp_path):
