@@ -25,8 +25,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from codegen.attention import FAMILY as ATTENTION
 from codegen.kv_cache import FAMILY
-from codegen.kv_cache import patch as kv_patch
-from codegen.kv_cache.patch import dynamic_layer, static_layer
+from codegen.kv_cache.patch import _TICKETS, dynamic_layer, static_layer
 from codegen.kv_cache.reference import (
     dynamic_layer_update,
     is_static,
@@ -463,7 +462,7 @@ def test_static_cache_decode_steps_take_the_kernel_and_match_hf(tmp_path):
     # the index's add and the counter's add_ per layer and step: the counter advances in the
     # kernel's own launch (its ticket back at 0 for the next one)
     assert hf_ops["aten::add"] - ops["aten::add"] == 2 * 2 * layers
-    assert all(int(t) == 0 for t in kv_patch._TICKETS.values())
+    assert all(int(t) == 0 for t in _TICKETS.values())
     assert ops.get("aten::arange", 0) < hf_ops.get("aten::arange", 0)
     assert make_static_case(1, 2, 16, 1, "float32") in FAMILY.cases_from_model(
         model, Workload(1, 8, mode="decode"))
