@@ -20,8 +20,9 @@ Variants (`--variants`, eager always included; the default is the first three):
   `model(ids)`, decode one token over the default dynamic cache cropped back to `seq`.
 - compile-reduce-overhead: torch.compile(mode="reduce-overhead") of a twin; prefill
   `model(ids, use_cache=False)`, decode the static-cache step below.
-- graph / ours-graphs: the unpatched / patched twin captured (`GraphedPrefill` on
-  `use_cache=False`; `StaticDecoder(graph=True)`).
+- graph / ours-graphs: the unpatched twin / a twin patched with the set the graphs stage put
+  in the graph (`apply_kernels(graph_set=True)`: the eager shipped set or the integrable one)
+  captured (`GraphedPrefill` on `use_cache=False`; `StaticDecoder(graph=True)`).
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
 Static-cache decode variants time `rewind(seq)` then `step`, so every call writes position
 `seq` as the dynamic cache's does; the cache holds `--max-len` slots (default: seq + 1 rounded
