@@ -3,9 +3,8 @@
 # and workload, then head_to_head.py with every variant in one process (eager, ours, compile,
 # compile-reduce-overhead, the unpatched and the patched model as CUDA graphs, and for decode
 # eager over the static cache), then one tarball of what it made.
-# Env: M (model), B, S (workload), MODE (prefill or decode), TOP, FAMILIES (comma list: exactly
-# those families instead of the top N, e.g. the decode set
-# rmsnorm,add_rmsnorm,rope,matmul_epilogue,kv_cache), MAXC (configs per case; "all":
+# Env: M (model), B, S (workload), MODE (prefill or decode), TOP, FAMILIES (instead of TOP:
+# exactly these, comma-separated), MAXC (configs per case; "all":
 # the default exhaustive search), PAIRS, BACKEND, ROUNDS, VARIANTS, and the limits in seconds
 # T_PROFILE, T_OPTIMIZE, T_H2H. Each step runs under `timeout`, which (without --foreground)
 # puts itself and the step in one process group and signals the whole group on expiry, TERM
@@ -40,9 +39,9 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 step profile $T_PROFILE python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 \
   --mode $MODE --run-dir $run --top 8
 maxc="--max-configs $MAXC"; [ "$MAXC" != all ] || maxc=""
-pick="--top $TOP"; [ -z "${FAMILIES:-}" ] || pick="--families $FAMILIES"
+choice="--top $TOP"; [ -z "${FAMILIES:-}" ] || choice="--families $FAMILIES"
 [ -f $run/profile.json ] && step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline \
-  optimize $run $pick $maxc --pairs $PAIRS --backend $BACKEND
+  optimize $run $choice $maxc --pairs $PAIRS --backend $BACKEND
 # without an optimize run, head_to_head skips ours and ours-graphs and says why
 [ -f $run/profile.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
   $logs/h2h.json --rounds $ROUNDS --variants $VARIANTS
