@@ -20,8 +20,9 @@ Variants (`--variants`, eager always included; the default is the first three):
   `model(ids)`, decode one token over the default dynamic cache cropped back to `seq`.
 - compile-reduce-overhead: torch.compile(mode="reduce-overhead") of a twin; prefill
   `model(ids, use_cache=False)`, decode the static-cache step below.
-- graph / ours-graphs: the unpatched / patched twin captured (`GraphedPrefill` on
-  `use_cache=False`; `StaticDecoder(graph=True)`).
+- graph / ours-graphs: the unpatched twin / a twin patched with the set the graphs stage put
+  in the graph (`apply_kernels(graph_set=True)`: the eager shipped set or the integrable one)
+  captured (`GraphedPrefill` on `use_cache=False`; `StaticDecoder(graph=True)`).
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
 Static-cache decode variants time `rewind(seq)` then `step`, so every call writes position
 `seq` as the dynamic cache's does; the cache holds `--max-len` slots (default: seq + 1 rounded
@@ -206,9 +207,20 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
     def ours_twin():  # built on first use, inside the variant's try: a run without kept
         if "ours" not in made:  # kernels skips ours and ours-graphs, not the others
             patched = twin(model)
-            owned.append(apply_kernels(patched, run_dir, workload=workload.key))
+            handle = apply_kernels(patched, run_dir, workload=workload.key)
+            handle.role = "ours"
+            owned.append(handle)
             made["ours"] = patched  # only once patched: a failed apply_kernels fails again
         return made["ours"]
+
+    def graph_twin():  # the set the graphs stage put in the graph (may differ from ours)
+        if "graph_set" not in made:
+            patched = twin(model)
+            handle = apply_kernels(patched, run_dir, workload=workload.key, graph_set=True)
+            handle.role = "graph_set"
+            owned.append(handle)
+            made["graph_set"] = patched
+        return made["graph_set"]
 
     def plain_twin():
         return made.setdefault("plain", twin(model))
@@ -242,7 +254,7 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                 else:
                     calls[name] = mark_step(no_grad(lambda m=compiled: m(ids, use_cache=False)))
             elif name in ("graph", "ours-graphs"):
-                target = plain_twin() if name == "graph" else ours_twin()
+                target = plain_twin() if name == "graph" else graph_twin()
                 if decode:
                     dec = StaticDecoder(target, workload.batch, max_len, graph=True)
                     calls[name] = static_step(name, dec)
@@ -321,12 +333,15 @@ def main() -> None:
             except Exception as exc:  # optional: a count the profiler cannot give is noted
                 kernels[name] = None
                 skipped.setdefault(f"kernels:{name}", capture_reason(exc))
-    kept = next((h.families for h in owned if hasattr(h, "families")), [])
+    kept = next((h.families for h in owned if getattr(h, "role", None) == "ours"), [])
+    in_graph = next((h.families for h in owned if getattr(h, "role", None) == "graph_set"),
+                    None)
     for h in reversed(owned):
         (h.undo if hasattr(h, "undo") else h.close)()
 
     result = {
         "run_dir": str(args.run_dir), "workload": workload.key, "kept": kept,
+        "graph_families": in_graph,
         "torch": torch.__version__, "device": torch.cuda.get_device_name(0)
         if workload.device.startswith("cuda") else "cpu",
         "rounds": args.rounds, "warmup_s": warm_s, "variants": names, "skipped": skipped,

@@ -109,7 +109,8 @@ class Family:
     # entries the reference names as keyword parameters (verify.loading.case_params).
     params: Callable[[Case], dict] | None = None
     # in_place(inputs) -> the inputs the kernel overwrites with its result (the adapter runs it
-    # that way); the verifier then runs each candidate in place too. None: writes `out` only.
+    # that way); the verifier then runs each candidate in place too. None (the field, or what
+    # it returns for a case's inputs): writes `out` only.
     in_place: Callable[[tuple], tuple] | None = None
     # the input positions that get the verifier's stress values; None: every floating input
     stress_inputs: tuple[int, ...] | None = None

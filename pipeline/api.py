@@ -74,7 +74,8 @@ class KernelHandle:
 
 
 def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
-                  graphs: bool = False, max_len: int | None = None) -> KernelHandle:
+                  graphs: bool = False, max_len: int | None = None,
+                  graph_set: bool = False) -> KernelHandle:
     """Patch `model` with the run's accepted kernels (kept for `workload`, if given).
 
     `graphs=True` needs `workload`, and CUDA graphs shipped there (integration.json
@@ -84,7 +85,12 @@ def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
     plus DECODE_HEADROOM). Where graphs did not ship (not faster, capture failed, a CPU run)
     it raises UserError saying why, rather than silently patching kernels alone: the caller
     asked for the measured graph speed, and `graphs=False` is the explicit way to take the
-    kernels without it."""
+    kernels without it.
+
+    The graph holds the set the graphs stage chose for it (workloads[key]["graphs"]
+    ["families"]), which may differ from the eager shipped set: families rolled back in eager
+    for host time can win once the host is gone. `graph_set=True` patches that set without
+    capturing anything (to capture it yourself, as benchmarks/head_to_head.py does)."""
     use_interpreter_without_gpu()  # in case the environment changed since the import
     from codegen.registry import get_family
     from pipeline.patching import make_chooser
@@ -100,13 +106,18 @@ def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
     if workload is not None and workload not in measured:
         raise UserError(f"workload {workload!r} not measured in {run_dir}; measured: "
                         f"{', '.join(measured)}")
+    if graphs:
+        _graphs_shipped(measured, workload)
+    if graph_set and workload is None:
+        raise UserError("graph_set=True needs a workload: a graph's set is chosen per workload")
     allowed: dict[str, set[str]] = {}
     for key, w in measured.items():
         if workload is None or key == workload:
-            for fam in w["kept"]:
+            fams = w["kept"]
+            if graphs or graph_set:
+                fams = (w.get("graphs") or {}).get("families", fams)
+            for fam in fams:
                 allowed.setdefault(fam, set()).update(w["cases"].get(fam, []))
-    if graphs:
-        _graphs_shipped(measured, workload)
     handle = KernelHandle(sorted(allowed), model=model)
     try:
         for name in handle.families:

@@ -9,6 +9,7 @@ unpatched model can run interleaved without re-patching per call.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -79,6 +80,7 @@ def counting_chooser(inner, calls: dict, name: str):
         if fn is None:
             return None
 
+        @functools.wraps(fn)  # adapters may read the kernel's signature (kv_cache's ticket)
         def counted(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)

@@ -143,10 +143,13 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
             w["projection_for_kept"] = {"families": kept, **project_set(
                 run_dir, ranking[key], proj["kernel_speedups"], host_of(proj, key),
                 on_gpu, only=kept)}
-            if (w.get("graphs") or {}).get("captured"):
-                # the graph ran the shipped set: its kernels + graph projection, same numbers
-                w["graphs"]["projected_for_kept"] = project_graphs(
-                    run_dir, ranking[key], proj["kernel_speedups"], on_gpu, only=kept)
+            changed = True
+        g = w.get("graphs") or {}
+        in_graph = list(g.get("families", kept))  # the graphs stage chooses its own set
+        if key in ranking and g.get("captured") and set(in_graph) != set(proj["families"]):
+            # the graph ran that set: its kernels + graph projection, same numbers
+            g["projected_for_kept"] = project_graphs(
+                run_dir, ranking[key], proj["kernel_speedups"], on_gpu, only=in_graph)
             changed = True
     if changed:
         write_json(run_dir / "integration.json", integ)

@@ -363,7 +363,19 @@ def graphs_blocks(w: dict) -> list[tuple]:
         ("graph pool memory", " / ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in pool.items()
                                          if v is not None) or "-"),
         ("kernels per pass (eager, unpatched -> kept)",
-         f"{kpp['unpatched']} -> {kpp['kept']}" if kpp else "-")]))
+         f"{kpp['unpatched']} -> {kpp['kept']}" if kpp else "-"),
+        *([("kernels per pass (graphed, unpatched -> in the graph)",
+            f"{kpp.get('graphed_unpatched', '-')} -> {kpp['graphed']}")]
+          if "graphed" in kpp else [])]))
+    sets = g.get("sets")
+    if sets:
+        b.append(("p", f"Kernels in the graph: {', '.join(g.get('families') or []) or 'none'}; "
+                       f"chosen between the eager shipped set and the integrable set: "
+                       f"{sets.get('why')}."))
+        b.append(("table", ["set", "families", "graphed median", "kernels per pass"], [
+            (name, ", ".join(s["families"]) or "none", ms(s.get("graphed_ms")),
+             s.get("kernels_per_pass", "-")) for name, s in
+            (("eager shipped", sets["kept"]), ("integrable", sets["integrable"]))]))
     return b
 
 

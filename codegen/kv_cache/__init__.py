@@ -12,7 +12,9 @@ Case keys: batch, kv_heads, head_dim, past, new, dtype; edge cases may add `cont
 states not transposed views) and `cropped` (the cache a strided view). No params.
 
 Patch: per attention instance, through the cache layer's `update` during the instance's own
-call (see patch.py); only plain DynamicLayer layers.
+call (see patch.py); plain DynamicLayer layers, and StaticLayer layers (StaticCache, what a
+captured decode step runs: the static layout, `layout: "static"` in the case, written in place
+at the on-device position in one launch).
 
 The kernel module is imported lazily: importing it applies `@triton.jit`, which fixes the
 interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
@@ -71,5 +73,7 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::cat",),
     params=params,
+    # the static layout's adapter writes into the cache buffers themselves
+    in_place=lambda inputs: inputs[:2] if len(inputs) == 5 else None,
     benchmark="codegen.kv_cache.bench",
 )

@@ -79,13 +79,79 @@ def _kv_append_kernel(pk_ptr, pv_ptr, nk_ptr, nv_ptr, ok_ptr, ov_ptr, n_rows, to
                       ov_sb, ov_sh, ov_st, ov_sd, KV_HEADS, HEAD_DIM, BLOCK_D)
 
 
+@triton.jit
+def _kv_static_rows(past_ptr, new_ptr, out_ptr, rows, n_rows, slots, new_len, position,
+                    p_sb, p_sh, p_st, p_sd, n_sb, n_sh, n_st, n_sd, o_sb, o_sh, o_st, o_sd,
+                    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    WRITE_ALL: tl.constexpr):
+    # in place (WRITE_ALL false) rows enumerate (batch, head, j < new): row j goes to slot
+    # position + j; out of place they enumerate every (batch, head, slot), each copied from
+    # the new states where it is one of theirs and from the buffer elsewhere
+    if WRITE_ALL:
+        t = rows % slots
+        bh = rows // slots
+    else:
+        t = rows % new_len + position
+        bh = rows // new_len
+    b = (bh // KV_HEADS).to(tl.int64)
+    h = (bh % KV_HEADS).to(tl.int64)
+    j = (t - position).to(tl.int64)
+    t = t.to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)[None, :]
+    # a position past the buffer writes nothing (index_copy_ would raise: no host check here,
+    # the position lives on the device)
+    mask = ((rows < n_rows) & (t < slots))[:, None] & (cols < HEAD_DIM)
+    fresh = ((t >= position) & (j < new_len))[:, None]
+    past_rows = past_ptr + (b * p_sb + h * p_sh + t * p_st)[:, None] + cols * p_sd
+    new_rows = new_ptr + (b * n_sb + h * n_sh + j * n_st)[:, None] + cols * n_sd
+    x = tl.load(tl.where(fresh, new_rows, past_rows), mask=mask)
+    tl.store(out_ptr + (b * o_sb + h * o_sh + t * o_st)[:, None] + cols * o_sd, x, mask=mask)
+
+
+@triton.jit
+def _kv_static_kernel(pk_ptr, pv_ptr, nk_ptr, nv_ptr, ok_ptr, ov_ptr, pos_ptr, ticket_ptr,
+                      n_rows, slots, new_len, pk_sb, pk_sh, pk_st, pk_sd, pv_sb, pv_sh, pv_st,
+                      pv_sd, nk_sb, nk_sh, nk_st, nk_sd, nv_sb, nv_sh, nv_st, nv_sd,
+                      ok_sb, ok_sh, ok_st, ok_sd, ov_sb, ov_sh, ov_st, ov_sd,
+                      KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_D: tl.constexpr, WRITE_ALL: tl.constexpr, ADVANCE: tl.constexpr):
+    # StaticLayer.update's two index_copy_ in one launch: keys' row blocks, then values'; the
+    # position is read here, on the device, so a captured step replays at whatever
+    # cumulative_length holds then
+    position64 = tl.load(pos_ptr)
+    position = position64.to(tl.int32)
+    if ADVANCE:
+        # cumulative_length += new in this launch too (HF's add_ is one more kernel per layer
+        # and step): every program takes a ticket after its read of the position (acq_rel
+        # orders that read first); the last one to take one has seen every read done, writes
+        # the new position and resets the ticket for the next launch
+        taken = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+        if taken == tl.num_programs(0) - 1:
+            tl.store(pos_ptr, position64 + new_len)
+            tl.store(ticket_ptr, 0)
+    blocks = tl.cdiv(n_rows, BLOCK_R)
+    block = tl.program_id(0)
+    if block < blocks:
+        rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+        _kv_static_rows(pk_ptr, nk_ptr, ok_ptr, rows, n_rows, slots, new_len, position,
+                        pk_sb, pk_sh, pk_st, pk_sd, nk_sb, nk_sh, nk_st, nk_sd,
+                        ok_sb, ok_sh, ok_st, ok_sd, KV_HEADS, HEAD_DIM, BLOCK_D, WRITE_ALL)
+    else:
+        rows = (block - blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+        _kv_static_rows(pv_ptr, nv_ptr, ov_ptr, rows, n_rows, slots, new_len, position,
+                        pv_sb, pv_sh, pv_st, pv_sd, nv_sb, nv_sh, nv_st, nv_sd,
+                        ov_sb, ov_sh, ov_st, ov_sd, KV_HEADS, HEAD_DIM, BLOCK_D, WRITE_ALL)
+
+
 def search_space(case: Case) -> list[dict]:
     """Rows per program x warps, each thread moving 16 to 128 bytes of a tile (at most four
     row blocks per warp count, so at most 16 configs). A decode step copies the whole cache,
     so it has as many rows as a prefill of that length; only tiny calls cut the row blocks
     (no block of more than twice the rows there are)."""
     block_d = triton.next_power_of_2(case["head_dim"])
-    rows = case["batch"] * case["kv_heads"] * (case["past"] + case["new"])
+    # static: the in-place write moves the new rows only (a decode step: batch x kv_heads)
+    span = case["new"] if case.get("layout") == "static" else case["past"] + case["new"]
+    rows = case["batch"] * case["kv_heads"] * span
     low, high = THREAD_BYTES
     configs = []
     for block_r in ROW_BLOCKS:
@@ -154,17 +220,99 @@ _launch = launcher(_kv_append_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM, BLOC
 '''
 
 
+_STATIC_FORWARD = '''\
+def _check_params(params):
+    if params and params != BAKED_PARAMS:
+        raise ValueError(f"specialised for {BAKED_PARAMS}, called with {params}")
+
+
+def _same_buffer(a, b):
+    return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
+
+
+def forward(keys, values, key_states, value_states, position, *, out, ticket=None,
+            **params) -> None:
+    """StaticLayer.update's writes: keys, values (batch, KV_HEADS, slots, HEAD_DIM), the static
+    buffers; key_states, value_states (batch, KV_HEADS, new, HEAD_DIM), any strides;
+    position: 0-d int64 on the device, read there only (capturable). out = (new_keys,
+    new_values) of the buffers' shape: the buffers themselves (in place, the adapter's way:
+    only the new rows are written) or other tensors (every row written). ticket: a zeroed
+    1-element int32 tensor kept per cache layer: with it (in place only) the launch also
+    advances `position` by new, as StaticLayer.update's add_ does."""
+    if params:
+        _check_params(params)
+    new_keys, new_values = out
+    shape = key_states.shape
+    batch, new = shape[0], shape[2]
+    slots = keys.shape[2] if keys.dim() == 4 else -1
+    want = (batch, KV_HEADS, slots, HEAD_DIM)
+    if (shape != (batch, KV_HEADS, new, HEAD_DIM) or value_states.shape != shape
+            or keys.shape != want or values.shape != want or new_keys.shape != want
+            or new_values.shape != want or position.numel() != 1
+            or position.dtype is not torch.int64 or position.device != keys.device):
+        raise ValueError(f"shapes buffers {tuple(keys.shape)}/{tuple(values.shape)}, states "
+                         f"{tuple(key_states.shape)}/{tuple(value_states.shape)}, out "
+                         f"{tuple(new_keys.shape)}, position {tuple(position.shape)} "
+                         f"{position.dtype} do not fit kv_heads={KV_HEADS}, "
+                         f"head_dim={HEAD_DIM}")
+    dtype = key_states.dtype
+    if not (keys.dtype is dtype and values.dtype is dtype and value_states.dtype is dtype
+            and new_keys.dtype is dtype and new_values.dtype is dtype):
+        raise ValueError("buffers, states and outputs must share one dtype")
+    in_place = _same_buffer(new_keys, keys) and _same_buffer(new_values, values)
+    n_rows = batch * KV_HEADS * (new if in_place else slots)
+    if n_rows == 0:
+        return
+    if ticket is not None and not (in_place and ticket.dtype is torch.int32
+                                   and ticket.device == keys.device and ticket.numel() == 1):
+        raise ValueError("ticket: a 1-element int32 tensor on the buffers' device, in place only")
+    if not in_place:
+        launch, block = _launch_all, ALL_BLOCK_R
+    else:
+        launch, block = (_launch_new, BLOCK_R) if ticket is None else (_launch_advance, BLOCK_R)
+    launch((2 * cdiv(n_rows, block),), keys, values, key_states, value_states, new_keys,
+           new_values, position, position if ticket is None else ticket, n_rows, slots, new,
+           *keys.stride(), *values.stride(),
+           *key_states.stride(), *value_states.stride(), *new_keys.stride(),
+           *new_values.stride())
+
+
+_launch_new = launcher(_kv_static_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
+                       BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=False, ADVANCE=False,
+                       num_warps=NUM_WARPS)
+_launch_advance = launcher(_kv_static_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
+                           BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=False, ADVANCE=True,
+                           num_warps=NUM_WARPS)
+# the out-of-place copy of every slot (the verifier's way, never the model's) takes wider
+# blocks: the tuned BLOCK_R fits a decode step's few new rows, not the whole buffer
+ALL_BLOCK_R = max(BLOCK_R, 32)
+_launch_all = launcher(_kv_static_kernel, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM,
+                       BLOCK_R=ALL_BLOCK_R, BLOCK_D=BLOCK_D, WRITE_ALL=True, ADVANCE=False,
+                       num_warps=NUM_WARPS)
+'''
+
+
 def render(config: dict, case: Case) -> str:
     kv_heads, d = case["kv_heads"], case["head_dim"]
     block_r, warps = config["BLOCK_R"], config["num_warps"]
     block_d = triton.next_power_of_2(d)
+    static = case.get("layout") == "static"
+    if static:
+        what = ("StaticLayer.update's two index_copy_ in one launch",
+                "Writes the new rows into the static (batch, kv_heads, slots, head_dim) keys and\n"
+                "        values at the on-device position, bit for bit (in place).",
+                f"{case['new']} new positions of {case['dtype']} at any position.")
+    else:
+        what = ("DynamicLayer.update's two cats in one launch",
+                "Copies the cached rows and the new ones into contiguous\n"
+                "        (batch, kv_heads, past + new, head_dim) keys and values, bit for bit.",
+                f"{case['past']} cached + {case['new']} new positions of {case['dtype']}.")
     header = textwrap.dedent(f'''\
-        """KV-cache append candidate: DynamicLayer.update's two cats in one launch.
+        """KV-cache append candidate: {what[0]}.
 
-        Generated by codegen.kv_cache.kernel.render. Copies the cached rows and the new ones
-        into contiguous (batch, kv_heads, past + new, head_dim) keys and values, bit for bit.
+        Generated by codegen.kv_cache.kernel.render. {what[1]}
         Specialised for kv_heads={kv_heads}, head_dim={d}; tuned for batch {case["batch"]},
-        {case["past"]} cached + {case["new"]} new positions of {case["dtype"]}.
+        {what[2]}
         Launch: one program per {block_r} output rows of keys or of values, {warps} warps.
         case:   {json.dumps(case)}
         config: {json.dumps(config)}
@@ -182,5 +330,9 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {warps}
         BAKED_PARAMS = {{}}
         ''')
+    if static:
+        header = header.replace("import triton\n", "import torch\nimport triton\n", 1)
+        return "\n\n".join([header, kernel_source(_kv_static_rows),
+                            kernel_source(_kv_static_kernel), _STATIC_FORWARD])
     return "\n\n".join([header, kernel_source(_kv_copy_rows), kernel_source(_kv_append_kernel),
                         _FORWARD])

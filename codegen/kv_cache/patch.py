@@ -12,7 +12,8 @@ the two cats. Three ways in were weighed:
 - shadowing `update` on the Cache object: the dispatcher would have to repeat Cache.update
   (layer replication, offload streams), which differs between 5.17 and 5.24;
 - what is done here: each attention instance gets an instance-level forward that, for the
-  duration of its own call only, shadows `update` on the one DynamicLayer object of its layer
+  duration of its own call only, shadows `update` on the one DynamicLayer (or StaticLayer)
+  object of its layer
   (`cache.layers[self.layer_idx]`) and restores it in a `finally`. Cache.update stays HF's
   code; only DynamicLayer.update's body is replaced, and only where it is, as a syntax tree,
   the code `reference.dynamic_layer_update` repeats. Other layer types (sliding window,
@@ -31,6 +32,7 @@ chooser declines goes to the original update. Not thread-safe, like the other ad
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable
 from functools import cache
 
@@ -42,7 +44,9 @@ from codegen.kv_cache.reference import (
     INITIALISED_FROM_KEYS,
     dynamic_layer_update,
     make_case,
+    make_static_case,
     params,
+    static_layer_update,
 )
 from core.family import Case, kernel_by_signature
 from models.patching import code_shape, wrap_instance_forwards
@@ -66,6 +70,20 @@ def dynamic_layer() -> type | None:
     except (ImportError, OSError, TypeError, ValueError):  # no such class, or no source
         return None
     return DynamicLayer if same else None
+
+
+@cache
+def static_layer() -> type | None:
+    """transformers' StaticLayer when its `update` is the code the static dispatcher repeats
+    (`reference.static_layer_update`); a layer class whose update differs keeps its code."""
+    try:
+        from transformers.cache_utils import StaticLayer
+
+        same = (_parameters(StaticLayer.update) == _parameters(static_layer_update)
+                and code_shape(StaticLayer.update) == code_shape(static_layer_update))
+    except (ImportError, OSError, TypeError, ValueError):
+        return None
+    return StaticLayer if same else None
 
 
 @cache
@@ -134,18 +152,23 @@ def _plain_layers(model: nn.Module) -> Callable[[int], bool]:
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """One case per distinct attention shape: a prefill appends `seq` positions to an empty
     cache, a decode step one position to `seq` cached ones (the decode runner crops back to
-    `seq` after each step)."""
+    `seq` after each step). A decode workload also has the static layout's one-position case:
+    the step the graphs stage captures runs over a StaticCache (models.graphs)."""
     past, new = (0, workload.seq) if workload.mode == "prefill" else (workload.seq, 1)
     plain = _plain_layers(model)
+    static = workload.mode == "decode" and static_layer() is not None
     cases = []
     for _, module, _ in find_cached_attentions(model):
         if not plain(module.layer_idx):
             continue
         config = module.config
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        case = make_case(workload.batch, kv_heads, module.head_dim, past, new, workload.dtype)
-        if case not in cases:
-            cases.append(case)
+        found = [make_case(workload.batch, kv_heads, module.head_dim, past, new,
+                           workload.dtype)]
+        if static:
+            found.append(make_static_case(workload.batch, kv_heads, module.head_dim, 1,
+                                          workload.dtype))
+        cases += [c for c in found if c not in cases]
     return cases
 
 
@@ -229,6 +252,91 @@ def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable
     return update
 
 
+def static_resolver(forward_by_case: Callable) -> Callable:
+    """(new states' shape, dtype) -> (kernel or None, its params) of the static layout."""
+
+    def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
+        batch, kv_heads, new, head_dim = shape
+        return make_static_case(batch, kv_heads, head_dim, new, dtype_name(dtype))
+
+    return kernel_by_signature(forward_by_case, case_of, params)
+
+
+# per StaticLayer, the kernel's ticket (see kernel._kv_static_kernel): allocated once, on the
+# layer's first patched update (a warm-up before capture), so a captured step keeps its address
+_TICKETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@cache
+def _advances(kernel) -> bool:
+    """Whether a candidate's forward takes `ticket` (advances the position in its launch);
+    one that does not gets HF's add_ after it. Wrappers that count calls keep the signature
+    (functools.wraps), so this sees the candidate's own."""
+    try:
+        return "ticket" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def static_dispatching_update(layer, original: Callable, resolve: Callable) -> Callable:
+    """StaticLayer.update of `layer`: its two index_copy_, the arange and add that build
+    their index, and the counter's add_ become one launch that reads `cumulative_length` and
+    advances it on the device; nothing is read on the host, so a captured step stays a
+    replayable step. Per Llama-3.2-1B step that is 16 x 5 aten kernels less 16 (the count in
+    tests/codegen/test_static_decode.py). Of what the count left per layer (5 GEMMs, the
+    mask's where, the MLP's residual add, the counter's add_), the add_ was the cheapest to
+    remove: a few lines in a kernel we own, where fusing q/k/v into one GEMM is the matmul
+    family's work and the mask's where and the residual add cross module boundaries. The
+    first update (its lazy allocation), states that do not fit the buffers, and declined
+    cases run HF's code."""
+
+    def update(key_states, value_states, *args, **kwargs):
+        if not layer.is_initialized:
+            return original(key_states, value_states, *args, **kwargs)
+        keys, values = layer.keys, layer.values
+        shape = key_states.shape
+        if _fits_static(keys, values, key_states, value_states, layer.cumulative_length):
+            kernel, kw = resolve(shape, key_states.dtype)
+        else:
+            kernel = None
+        if kernel is None:
+            return original(key_states, value_states, *args, **kwargs)
+        if _advances(kernel):
+            ticket = _TICKETS.get(layer)
+            if ticket is None or ticket.device != keys.device:
+                ticket = _TICKETS[layer] = torch.zeros(1, dtype=torch.int32,
+                                                       device=keys.device)
+            kernel(keys, values, key_states, value_states, layer.cumulative_length,
+                   out=(keys, values), ticket=ticket, **kw)
+        else:
+            kernel(keys, values, key_states, value_states, layer.cumulative_length,
+                   out=(keys, values), **kw)
+            layer.cumulative_length.add_(shape[-2])
+        return keys, values
+
+    return update
+
+
+def _fits_static(keys, values, key_states, value_states, position) -> bool:
+    """Where the kernel writes what index_copy_ would (index_copy_ raises on mixed dtypes)."""
+    if not all(isinstance(t, torch.Tensor) for t in (keys, values, position)):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (keys, values, key_states,
+                                                                 value_states)):
+        return False
+    dtype = key_states.dtype
+    if dtype not in DTYPES or not (value_states.dtype is keys.dtype is values.dtype is dtype):
+        return False
+    device = key_states.get_device()
+    if not (value_states.get_device() == keys.get_device() == values.get_device()
+            == position.get_device() == device):
+        return False
+    shape = key_states.shape
+    return (len(shape) == 4 and value_states.shape == shape and values.shape == keys.shape
+            and keys.dim() == 4 and keys.shape[:2] == shape[:2] and keys.shape[3] == shape[3]
+            and position.dtype is torch.int64 and position.numel() == 1)
+
+
 _MISSING = object()
 
 
@@ -237,8 +345,11 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
     attention call of a host-bound pass pays this, so it stays a few lookups: the cache
     argument by name, then by position, and the layer checked by exact type."""
     layer_idx = module.layer_idx
-    resolve = kernel_resolver(forward_by_case)
-    layer_type = dynamic_layer()
+    resolvers = {}
+    if dynamic_layer() is not None:
+        resolvers[dynamic_layer()] = (dispatching_update, kernel_resolver(forward_by_case))
+    if static_layer() is not None:
+        resolvers[static_layer()] = (static_dispatching_update, static_resolver(forward_by_case))
     first, second = CACHE_ARGS
 
     def wrap(below: Callable) -> Callable:
@@ -249,13 +360,15 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
                 if cache_obj is _MISSING:
                     cache_obj = args[index] if index < len(args) else None
             layers = getattr(cache_obj, "layers", None)
-            if type(layers) is not list or not 0 <= layer_idx < len(layers) \
-                    or type(layers[layer_idx]) is not layer_type:
+            if type(layers) is not list or not 0 <= layer_idx < len(layers):
                 return below(*args, **kwargs)
             layer = layers[layer_idx]
+            how = resolvers.get(type(layer))
+            if how is None:
+                return below(*args, **kwargs)
             own = layer.__dict__
             had, previous = "update" in own, own.get("update")
-            layer.update = dispatching_update(layer, layer.update, resolve)
+            layer.update = how[0](layer, layer.update, how[1])
             try:
                 return below(*args, **kwargs)
             finally:
@@ -270,7 +383,7 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    if dynamic_layer() is None:  # a transformers whose DynamicLayer.update we do not know
+    if dynamic_layer() is None and static_layer() is None:  # layer code we do not know
         return lambda: None
     return wrap_instance_forwards((module, _wrapper(module, index, forward_by_case))
                                   for _, module, index in find_cached_attentions(model))

@@ -12,6 +12,17 @@ empty tensor, so the "append" is a copy of the strided states into contiguous on
 real class); `dynamic_layer_update` is the body of `DynamicLayer.update` verbatim, which the
 patch compares the installed code with before touching anything; likewise the two known
 bodies of `lazy_initialization`.
+
+The static layout (`layout: "static"` in the case) is `StaticLayer.update` (StaticCache, what
+a captured decode step runs): the cache is a preallocated (batch, kv_heads, slots, head_dim)
+buffer per keys and values, and the new states go to positions [p, p + new) with two
+`index_copy_`, where p is the layer's `cumulative_length`, a 0-d int64 tensor on the device
+(read on the device only, so the step stays capturable). Its inputs are (keys, values,
+key_states, value_states, position); `kv_append` then returns the buffers with those rows
+replaced, out of place, and the adapter runs the kernel in place (out is the buffers
+themselves, `Family.in_place`). A static case carries no position and no slot count: both are
+known on the device only, and a kernel is generic over them. Its inputs put the position at
+`position` of `slots` (defaults below: not at either end); edge cases vary both.
 """
 
 from __future__ import annotations
@@ -23,8 +34,39 @@ from core.family import Case, distinct
 
 
 def kv_append(keys: torch.Tensor, values: torch.Tensor, key_states: torch.Tensor,
-              value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+              value_states: torch.Tensor, position: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DynamicLayer's two cats; with `position` (the static layout) StaticLayer's two
+    index_copy_ at arange(new) + position, out of place."""
+    if position is None:
+        return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+    index = torch.arange(key_states.shape[-2], device=keys.device) + position
+    return keys.index_copy(2, index, key_states), values.index_copy(2, index, value_states)
+
+
+def static_layer_update(self, key_states, value_states, *args, **kwargs):
+    """transformers' StaticLayer.update (5.24, read here; 5.17 keeps the same on-device
+    `cumulative_length` and `index_copy_`), statement for statement (docstring aside)."""
+    # Lazy initialization
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+
+    # Create a tensor to slice the static kv at the correct indices
+    kv_length = key_states.shape[-2]
+    cache_position = torch.arange(kv_length, device=self.device) + self.cumulative_length
+    # Note that has to be performed in-place, as we have a static address that we need to keep
+    self.cumulative_length.add_(kv_length)
+
+    # Update the cache
+    try:
+        self.keys.index_copy_(2, cache_position, key_states)
+        self.values.index_copy_(2, cache_position, value_states)
+    except NotImplementedError:
+        # Fallback for devices like MPS where index_copy_ might not be supported.
+        self.keys[:, :, cache_position] = key_states
+        self.values[:, :, cache_position] = value_states
+
+    return self.keys, self.values
 
 
 def dynamic_layer_update(self, key_states, value_states, *args, **kwargs):
@@ -69,6 +111,27 @@ def make_case(batch: int, kv_heads: int, head_dim: int, past: int, new: int,
             "past": int(past), "new": int(new), "dtype": dtype}
 
 
+STATIC = "static"
+
+
+def make_static_case(batch: int, kv_heads: int, head_dim: int, new: int, dtype: str) -> Case:
+    """StaticLayer.update appending `new` positions at the cache's on-device position."""
+    return {"batch": int(batch), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
+            "new": int(new), "dtype": dtype, "layout": STATIC}
+
+
+def is_static(case: Case) -> bool:
+    return case.get("layout") == STATIC
+
+
+def static_geometry(case: Case) -> tuple[int, int]:
+    """(slots, position) of a static case's inputs: by default the write lands inside the
+    buffer, with stale slots on both sides (a kernel that writes at 0 or at the end, or
+    copies the whole buffer out of place, differs from the reference)."""
+    slots = case.get("slots", case["new"] + 11)
+    return slots, case.get("position", min(5, slots - case["new"]))
+
+
 def params(case: Case) -> dict:
     """The append has no scalar params (dim -2 is the layout itself)."""
     return {}
@@ -88,19 +151,40 @@ def _past(case: Case, device, generator) -> torch.Tensor:
     return x.to(device=device, dtype=dtype)[:, :, :past]
 
 
+def _static_buffer(case: Case, slots: int, device, generator) -> torch.Tensor:
+    """A StaticLayer's keys or values: contiguous, allocated once (stale values past the
+    position: random here, so a kernel that leaves them alone is told from one that zeroes)."""
+    gen_device = generator.device if generator is not None else "cpu"
+    x = torch.randn((case["batch"], case["kv_heads"], slots, case["head_dim"]),
+                    generator=generator, device=gen_device)
+    return x.to(device=device, dtype=torch_dtype(case["dtype"]))
+
+
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(keys, values, key_states, value_states): the cache before the call and the new states,
-    transposed views of (batch, new, kv_heads, head_dim) buffers unless `contiguous`."""
+    transposed views of (batch, new, kv_heads, head_dim) buffers unless `contiguous`. Static
+    layout: (keys, values, key_states, value_states, position), the buffers of `slots`
+    positions and the 0-d int64 position on the device (`static_geometry`)."""
+    states = {**case, "seq": case["new"]}
+    if is_static(case):
+        slots, position = static_geometry(case)
+        keys = _static_buffer(case, slots, device, generator)
+        values = _static_buffer(case, slots, device, generator)
+        key_states = random_heads(states, case["kv_heads"], device, generator)
+        value_states = random_heads(states, case["kv_heads"], device, generator)
+        return (keys, values, key_states, value_states,
+                torch.tensor(position, dtype=torch.long, device=device))
     keys = _past(case, device, generator)
     values = _past(case, device, generator)
-    states = {**case, "seq": case["new"]}
     key_states = random_heads(states, case["kv_heads"], device, generator)
     value_states = random_heads(states, case["kv_heads"], device, generator)
     return keys, values, key_states, value_states
 
 
 def make_out(case: Case, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous, as cat returns them for these layouts."""
+    """Contiguous, as cat returns them for these layouts (static: the buffers' shape)."""
+    if is_static(case):
+        return torch.empty_like(inputs[0]), torch.empty_like(inputs[1])
     states = inputs[2]
     shape = (case["batch"], case["kv_heads"], case["past"] + case["new"], case["head_dim"])
     return (torch.empty(shape, dtype=states.dtype, device=states.device),
@@ -111,7 +195,15 @@ def edge_cases(case: Case) -> list[Case]:
     """Variations a candidate rendered for `case` must survive: kv_heads and head_dim are baked
     into it, batch and both lengths stay free. A one-token decode step after a cached prefix;
     batch 1; a prime-length prefill from an empty cache; contiguous new states after a cached
-    prefix; a cropped (strided) cache."""
+    prefix; a cropped (strided) cache. Static layout: a write at slot 0, one that ends at
+    the last slot, several new positions (a prefill into the static cache), batch 3."""
+    if is_static(case):
+        return distinct(case, [
+            {**case, "new": 1, "slots": 9, "position": 0},
+            {**case, "new": 1, "slots": 9, "position": 8},
+            {**case, "batch": 3, "new": 5, "slots": 12, "position": 4},
+            {**case, "batch": 1, "contiguous": True},
+        ])
     cases = [
         {**case, "past": 13, "new": 1},
         {**case, "batch": 1},
@@ -123,7 +215,11 @@ def edge_cases(case: Case) -> list[Case]:
 
 
 def min_bytes(case: Case) -> int:
-    """Keys and values: the cached and the new positions read once, all of them written once."""
+    """Keys and values: the cached and the new positions read once, all of them written once
+    (static: the new positions only, read once and written in place)."""
+    if is_static(case):
+        rows = case["batch"] * case["kv_heads"] * case["new"]
+        return 2 * 2 * rows * case["head_dim"] * element_size(case)
     rows = case["batch"] * case["kv_heads"] * (case["past"] + case["new"])
     return 2 * 2 * rows * case["head_dim"] * element_size(case)
 

@@ -10,12 +10,23 @@ rule); then timed, paired and interleaved, against the user's eager call and aga
 shipped set. Graphs ship for a workload only where both paired 95 % intervals say the graphed
 patched model is faster. A capture that fails records its one-line reason and the workload
 stays eager; nothing here ends the run.
+
+Which kernels go into the graph is the stage's own choice between two sets: the eager shipped
+set, and the integrable set (every family that passed verification and the whole-model check
+for the workload, including those the eager timing rolled back). Eager integration decides by
+wall time, which at batch 1 is host time: a family that costs host time per call is rolled
+back there (Llama-3.2-1B decode on the H200: matmul_epilogue and add_rmsnorm, leaving rmsnorm
+alone), while inside a graph the host is gone and kernel count and kernel time decide. Where
+the two sets differ, the integrable one is captured and verified too and the two graphs are
+timed against each other (one extra capture and one paired timing, not a search over subsets);
+it is kept only where the paired 95 % interval says it is faster, else the eager set stays.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
@@ -65,7 +76,8 @@ def graphs_stage(run_dir: Path, spec, workloads, summary: dict, say: Callable[[s
             try:
                 rec["graphs"] = graph_workload(model, ref, w, summary["accepted"], rec["kept"],
                                                rec.get("cases") or {}, pairs, timer, projected,
-                                               count_kernels=w.device.startswith("cuda"))
+                                               count_kernels=w.device.startswith("cuda"),
+                                               integrable=integrable_set(rec))
             except Exception as e:  # noqa: BLE001 - the host's remedy must not end the run
                 rec["graphs"] = {"captured": False, "error": _one_line(e),
                                  "decision": "eager: the graphs stage failed here",
@@ -81,35 +93,69 @@ def can_graph(device: str) -> bool:
     return device.startswith("cuda")
 
 
+def integrable_set(rec: dict) -> list[str]:
+    """The eager shipped set plus every family the whole-model check kept for the workload
+    (verified, correct in the model) that the eager timing rolled back, less any that replaces
+    the same ops as one already in the set (`Family.rivals`: both would patch one MLP)."""
+    from codegen.registry import get_family
+
+    out = list(rec.get("kept") or [])
+    for fam in (rec.get("check") or {}).get("kept") or []:
+        if fam not in out and not set(get_family(fam).rivals) & set(out):
+            out.append(fam)
+    return out
+
+
 def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases: dict,
                    pairs: int, timer, projected: dict | None = None,
-                   count_kernels: bool = False) -> dict:
+                   count_kernels: bool = False, integrable: list[str] | None = None) -> dict:
     """Capture, verify, time and decide graphs for one workload (see the module docstring).
-    `timer(fn_a, fn_b, n=, device=)`: a paired ratio b / a (verify.timing.paired_ratio)."""
+    `timer(fn_a, fn_b, n=, device=)`: a paired ratio b / a (verify.timing.paired_ratio).
+    `integrable`: the set the graph may take instead of `kept` (`integrable_set`)."""
     allowed = {f: set(v) for f, v in cases.items()}
-    variant = twin(model)
-    with torch.no_grad(), patched(variant, accepted, kept, allowed):
-        sides = _Sides(model, variant, workload)
-        try:
-            rec = {"kept": list(kept), "projected": projected}
-            rec.update(sides.capture())
-            if not rec["captured"]:
-                rec.update(decision=f"eager: capture failed ({rec['reason']})", shipped=False)
-                return rec
-            rec["verification"] = sides.verify(ref)
-            if not rec["verification"]["passed"]:
-                rec.update(decision="eager: the graph's output does not match the eager "
-                                    "patched model", shipped=False)
-                return rec
-            rec.update(sides.time(timer, pairs))
-            rec["decision"], rec["shipped"] = decide(rec["graphed_vs_eager"],
-                                                     rec["graphed_vs_eager_kept"])
-            if count_kernels:
-                rec["kernels_per_pass"] = sides.kernels_per_pass()
-            rec["measured_speedup"] = _speedup(rec["graphed_vs_eager"])
+    other = list(integrable or [])
+    other = other if other and set(other) != set(kept) else None
+    variant, alt = twin(model), twin(model) if other else None
+    with torch.no_grad(), ExitStack() as stack:
+        stack.enter_context(patched(variant, accepted, kept, allowed))
+        if alt is not None:
+            stack.enter_context(patched(alt, accepted, other, allowed))
+        sides = _Sides(model, variant, workload, kept)
+        stack.callback(sides.close)
+        rec = {"kept": list(kept), "families": list(kept), "projected": projected}
+        rec.update(sides.capture())
+        if not rec["captured"]:
+            rec.update(decision=f"eager: capture failed ({rec['reason']})", shipped=False)
             return rec
-        finally:
-            sides.close()
+        rec["verification"] = sides.verify(ref)
+        if not rec["verification"]["passed"]:
+            rec.update(decision="eager: the graph's output does not match the eager "
+                                "patched model", shipped=False)
+            return rec
+        if other is not None:
+            rec["sets"] = sides.choose_set(alt, other, ref, timer, pairs, count_kernels)
+            if rec["sets"]["chosen"] == "integrable":
+                rec["families"] = list(other)
+                rec["verification"] = rec["sets"]["integrable"].pop("verification")
+        rec.update(sides.time(timer, pairs))
+        rec["decision"], rec["shipped"] = decide(rec["graphed_vs_eager"],
+                                                 rec["graphed_vs_eager_kept"])
+        if count_kernels:
+            rec["kernels_per_pass"] = sides.kernels_per_pass()
+        rec["measured_speedup"] = _speedup(rec["graphed_vs_eager"])
+        return rec
+
+
+def choose(ratio: dict) -> tuple[str, str]:
+    """(chosen set, why) from the paired ratio integrable-graph / kept-graph: the integrable
+    set only where the 95 % CI says its graph is faster (the same rule as every decision)."""
+    if not ratio.get("meaningful"):
+        return "kept", f"the eager shipped set: timing not meaningful here ({ratio.get('reason')})"
+    if ratio["verdict"] == "faster":
+        return "integrable", (f"the integrable set: its graph is faster (ratio "
+                              f"{ratio['estimate']:.3f})")
+    return "kept", (f"the eager shipped set: the integrable set's graph is not faster "
+                    f"({ratio['verdict']}, ratio {ratio['estimate']:.3f})")
 
 
 def decide(vs_eager: dict, vs_kept: dict) -> tuple[str, bool]:
@@ -127,8 +173,11 @@ def decide(vs_eager: dict, vs_kept: dict) -> tuple[str, bool]:
 class _Sides:
     """The four ways to run one workload: eager and graphed, unpatched and patched."""
 
-    def __init__(self, model, variant, workload):
+    def __init__(self, model, variant, workload, kept_families: list[str] = ()):
+        # variant: the eager shipped set; graph_variant: the set in the graph (the same
+        # unless `choose_set` adopts the integrable set)
         self.model, self.variant, self.w = model, variant, workload
+        self.graph_variant, self.kept_families = variant, list(kept_families)
         self.decode = workload.mode == "decode"
         self.device = workload.device
         self.vocab = model.config.vocab_size
@@ -173,27 +222,30 @@ class _Sides:
         return {"captured": True, "reason": None, "unpatched_captured": self.graph_base
                 is not None, "unpatched_reason": self.base_reason, "pool_bytes": pool}
 
-    def verify(self, ref) -> dict:
+    def verify(self, ref, graph=None, variant=None) -> dict:
+        """The graph of `variant` (default: the kept set's) against that variant eagerly."""
         from pipeline.integrate import ERROR_FLOOR, ERROR_RATIO, logits_error
 
+        graph = self.graph_kept if graph is None else graph
+        variant = self.graph_variant if variant is None else variant
         trials = []
         if self.decode:
             from models.graphs import StaticDecoder
 
             # the unpatched error is the unpatched model's over the same static-cache path
             eager, base_dec = (StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS,
-                                             graph=False) for m in (self.variant, self.model))
+                                             graph=False) for m in (variant, self.model))
             self.open += [eager, base_dec]
             prompt = self.ids(0)
             eager.prefill(prompt)
             base_dec.prefill(prompt)
-            self.graph_kept.rewind(self.w.seq)
+            graph.rewind(self.w.seq)
             seen = prompt
         for t in range(TRIALS):
             if self.decode:
                 step = self.ids(200 + t, 1)
-                pos = self.graph_kept.position
-                out = self.graph_kept.step(step).clone()
+                pos = graph.position
+                out = graph.step(step).clone()
                 want = eager.step(step)
                 seen = torch.cat([seen, step], dim=1)
                 ref_out = ref(seen).logits[:, -1:]
@@ -201,8 +253,8 @@ class _Sides:
                 where = {"position": pos}
             else:
                 ids = self.ids(100 + t)
-                out = self.graph_kept(ids).clone()
-                want = self.variant(ids, use_cache=False).logits
+                out = graph(ids).clone()
+                want = variant(ids, use_cache=False).logits
                 ref_out, base = ref(ids).logits, self.model(ids).logits
                 where = {"seed": 100 + t}
             e_graph = logits_error(out, want)
@@ -214,6 +266,54 @@ class _Sides:
         return {"trials": trials, "tolerance": GRAPH_TOL,
                 "passed": all(t["passed"] for t in trials)}
 
+    def graphed(self, g):
+        """A timed call of graph `g` (decode: the step at the profiled cache length)."""
+        if g is None:
+            return None
+        if self.decode:
+            nxt = self.ids(300, 1)
+
+            def step():
+                g.rewind(self.w.seq)  # every timed step at the profiled cache length
+                g.step(nxt)
+            return step
+        ids = self.ids(300)
+        return lambda: g(ids)
+
+    def choose_set(self, alt, families: list[str], ref, timer, pairs: int,
+                   count_kernels: bool) -> dict:
+        """Capture and verify the integrable set's graph, time it against the kept set's,
+        adopt it where it is faster (`choose`). Both sets recorded, chosen or not."""
+        from models.graphs import capture_reason
+
+        sets = {"kept": {"families": list(self.kept_families)},
+                "integrable": {"families": list(families)}}
+        try:
+            graph = self._graph(alt)
+        except Exception as e:  # noqa: BLE001 - the kept set's graph still stands
+            reason = _reason(capture_reason, e)
+            sets["integrable"].update(captured=False, reason=reason)
+            return {**sets, "chosen": "kept", "why": "the eager shipped set: the integrable "
+                    f"set's capture failed ({reason})"}
+        sets["integrable"].update(captured=True, pool_bytes=graph.pool_bytes)
+        verification = self.verify(ref, graph, alt)
+        if not verification["passed"]:
+            sets["integrable"]["verification"] = verification
+            return {**sets, "chosen": "kept", "why": "the eager shipped set: the integrable "
+                    "set's graph does not match its eager model"}
+        r = timer(self.graphed(self.graph_kept), self.graphed(graph), n=pairs,
+                  device=self.device).to_dict()
+        sets["kept"]["graphed_ms"] = _median(r, "a")
+        sets["integrable"]["graphed_ms"] = _median(r, "b")
+        if count_kernels:
+            sets["kept"]["kernels_per_pass"] = graph_kernels(self.graphed(self.graph_kept))
+            sets["integrable"]["kernels_per_pass"] = graph_kernels(self.graphed(graph))
+        chosen, why = choose(r)
+        if chosen == "integrable":
+            sets["integrable"]["verification"] = verification
+            self.graph_kept, self.graph_variant = graph, alt
+        return {**sets, "chosen": chosen, "why": why, "integrable_vs_kept": _brief(r)}
+
     def runners(self) -> dict[str, Callable[[], object]]:
         from profiling.capture import make_runner
 
@@ -221,18 +321,7 @@ class _Sides:
             runner = make_runner(m, self.w)
             return runner.once
 
-        def graphed(g):
-            if g is None:
-                return None
-            if self.decode:
-                nxt = self.ids(300, 1)
-
-                def step():
-                    g.rewind(self.w.seq)  # every timed step at the profiled cache length
-                    g.step(nxt)
-                return step
-            ids = self.ids(300)
-            return lambda: g(ids)
+        graphed = self.graphed
 
         out = {"eager": eager(self.model), "eager_kept": eager(self.variant),
                "graphed": graphed(self.graph_base), "graphed_kept": graphed(self.graph_kept)}
@@ -268,26 +357,37 @@ class _Sides:
         return {"medians": medians, **out}
 
     def kernels_per_pass(self) -> dict:
-        """Device kernels one eager pass launches, unpatched and patched (torch.profiler)."""
-        from torch.profiler import ProfilerActivity, profile
-
+        """Device kernels of one eager pass, unpatched and with the eager shipped set, and of
+        one graphed pass (decode: one step), unpatched and with the set in the graph
+        (torch.profiler; CUPTI reports a replay's kernels one by one)."""
         from profiling.capture import make_runner
 
         counts = {}
         for name, m in (("unpatched", self.model), ("kept", self.variant)):
             runner = make_runner(m, self.w)
             runner.once()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                runner.once()
-                torch.cuda.synchronize()
-            counts[name] = sum(1 for e in prof.events()
-                               if e.device_type == torch.autograd.DeviceType.CUDA
-                               and not e.name.startswith(("Memcpy", "Memset")))
+            counts[name] = graph_kernels(runner.once)
+        for name, g in (("graphed_unpatched", self.graph_base), ("graphed", self.graph_kept)):
+            if g is not None:
+                counts[name] = graph_kernels(self.graphed(g))
         return counts
 
     def close(self) -> None:
         while self.open:
             self.open.pop().close()
+
+
+def graph_kernels(call: Callable[[], object]) -> int:
+    """Device kernels one synchronised call launches (copies and memsets are not kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()  # warm: a first call may compile or allocate
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset")))
 
 
 def _median(ratio: dict, side: str) -> float | None:

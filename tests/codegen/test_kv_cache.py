@@ -21,12 +21,18 @@ from family_checks import (
     space_ends,
     verify_on_cpu_or_gpu,
 )
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from codegen.attention import FAMILY as ATTENTION
 from codegen.kv_cache import FAMILY
-from codegen.kv_cache.patch import dynamic_layer
-from codegen.kv_cache.reference import dynamic_layer_update, make_case
+from codegen.kv_cache.patch import _TICKETS, dynamic_layer, static_layer
+from codegen.kv_cache.reference import (
+    dynamic_layer_update,
+    is_static,
+    make_case,
+    make_static_case,
+    static_layer_update,
+)
 from codegen.rope import FAMILY as ROPE
 from core.workload import Workload
 from pipeline.stages.profile import summarise
@@ -195,7 +201,8 @@ def test_patch_runs_the_kernel_on_prefill_and_decode_and_undo_restores(tmp_path)
     assert chooser.calls == 2 * layers
     assert chooser.distinct_cases() == (
         FAMILY.cases_from_model(model, Workload(2, 8))
-        + FAMILY.cases_from_model(model, Workload(2, 8, mode="decode")))
+        + [c for c in FAMILY.cases_from_model(model, Workload(2, 8, mode="decode"))
+           if not is_static(c)])
     assert torch.equal(patched, logits) and torch.equal(patched_step, step_logits)
     _assert_same_cache(patched_prefilled, prefilled)
     _assert_same_cache(_contents(patched_cache), _contents(cache))
@@ -275,7 +282,9 @@ def test_a_changed_dynamic_layer_update_keeps_its_own_code(monkeypatch, tmp_path
     try:
         chooser = CountingChooser(FAMILY, tmp_path)
         undo = FAMILY.patch(model, chooser)
-        assert instance_forwards(model) == []
+        # the attentions stay wrapped for the static layer's path, which is still known
+        assert len(instance_forwards(model)) == (0 if static_layer() is None else
+                                                 model.config.num_hidden_layers)
         with torch.no_grad():
             _step(model, IDS.to(DEVICE))
         undo()
@@ -285,6 +294,30 @@ def test_a_changed_dynamic_layer_update_keeps_its_own_code(monkeypatch, tmp_path
         monkeypatch.undo()
         dynamic_layer.cache_clear()
     assert dynamic_layer() is DynamicLayer
+
+
+def _changed_static_update(self, key_states, value_states, *args, **kwargs):
+    """StaticLayer.update as another transformers might write it (the position read on the
+    host): the static dispatcher must not stand in for it."""
+    start = int(self.cumulative_length)
+    self.keys[:, :, start:start + key_states.shape[-2]] = key_states
+    self.values[:, :, start:start + key_states.shape[-2]] = value_states
+    self.cumulative_length.add_(key_states.shape[-2])
+    return self.keys, self.values
+
+
+def test_a_changed_static_layer_update_keeps_its_own_code(monkeypatch):
+    monkeypatch.setattr(StaticLayer, "update", _changed_static_update)
+    static_layer.cache_clear()
+    try:
+        assert static_layer() is None
+        model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+        assert not any(is_static(c) for c in FAMILY.cases_from_model(
+            model, Workload(1, 8, mode="decode")))
+    finally:
+        monkeypatch.undo()
+        static_layer.cache_clear()
+    assert static_layer() is StaticLayer
 
 
 def test_a_known_lazy_initialization_is_set_without_its_empty_tensors(tmp_path):
@@ -343,3 +376,94 @@ def test_an_unknown_lazy_initialization_runs_as_it_is(monkeypatch, tmp_path):
         monkeypatch.undo()
         initialised_attributes.cache_clear()
     assert initialised_attributes() is not None
+
+
+# the static layout: StaticLayer.update, what a captured decode step runs ---------------------
+
+def test_static_reference_is_bitwise_static_layer_update():
+    """The installed StaticLayer.update is the code the static dispatcher repeats, and the
+    reference (out of place) gives what the real layer leaves in its buffers, bit for bit."""
+    assert static_layer() is StaticLayer
+    case = make_static_case(2, 2, 16, 1, "float32")
+    keys, values, key_states, value_states, position = FAMILY.make_inputs(
+        case, "cpu", torch.Generator().manual_seed(0))
+    layer, copy = StaticLayer(keys.shape[2]), StaticLayer(keys.shape[2])
+    for lay in (layer, copy):
+        lay.lazy_initialization(key_states, value_states)
+        lay.keys.copy_(keys)
+        lay.values.copy_(values)
+        lay.cumulative_length.fill_(int(position))
+    want = FAMILY.reference(keys, values, key_states, value_states, position)
+    _assert_same(layer.update(key_states, value_states), want)
+    _assert_same(static_layer_update(copy, key_states, value_states), want)
+    assert int(layer.cumulative_length) == int(position) + 1
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_static_kernel_writes_at_the_device_position_in_place_and_out_of_place(dtype,
+                                                                               tmp_path):
+    base = make_static_case(2, 2, 16, 1, dtype)
+    edges = FAMILY.edge_cases(base)
+    assert {c.get("position") for c in edges} >= {0, 8} and all(is_static(c) for c in edges)
+    config = FAMILY.search_space(base)[-1]
+    forward = load_rendered(FAMILY, config, base, tmp_path)
+    for case in [base] + edges:
+        out, ref = run_candidate(FAMILY, config, case, tmp_path, rendered_for=base)
+        _assert_same(out, ref)
+        inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(1))
+        ref = FAMILY.reference(*inputs)
+        forward(*inputs, out=FAMILY.in_place(inputs))  # the verifier's in-place run
+        _assert_same(inputs[:2], ref)
+        # the adapter's way: in place, and the same launch advances the position
+        inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(2))
+        ref, start = FAMILY.reference(*inputs), int(inputs[4])
+        ticket = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        forward(*inputs, out=FAMILY.in_place(inputs), ticket=ticket)
+        _assert_same(inputs[:2], ref)
+        assert int(inputs[4]) == start + case["new"] and int(ticket) == 0
+
+
+def test_the_verifier_accepts_a_rendered_static_candidate(tmp_path):
+    verify_on_cpu_or_gpu(FAMILY, make_static_case(1, 2, 16, 1, "float16"), tmp_path)
+
+
+def test_static_cache_decode_steps_take_the_kernel_and_match_hf(tmp_path):
+    """Two steps of the static-cache decoder (models.graphs) patched: one kernel call per
+    layer and step, the cache buffers and positions bitwise the unpatched decoder's, and
+    neither the arange/add nor the index_copy_ of HF's update left; the decode workload lists
+    the static case."""
+    from models.graphs import StaticDecoder
+    from verify.integrity import OpRecorder
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    layers = model.config.num_hidden_layers
+    steps = IDS[:1, :2].to(DEVICE)
+    runs = {}
+    for name in ("hf", "patched"):
+        dec = StaticDecoder(model, 1, 12, graph=False)
+        dec.prefill(IDS[:1].to(DEVICE))
+        chooser = CountingChooser(FAMILY, tmp_path, give=name == "patched")
+        undo = FAMILY.patch(model, chooser)
+        try:
+            with OpRecorder() as rec:
+                logits = [dec.step(steps[:, i:i + 1]).clone() for i in range(2)]
+        finally:
+            undo()
+        runs[name] = (logits, dec, rec.counts, chooser)
+    (want, hf, hf_ops, _), (got, dec, ops, chooser) = runs["hf"], runs["patched"]
+    assert chooser.calls == 2 * layers
+    assert chooser.distinct_cases() == [make_static_case(1, 2, 16, 1, "float32")]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    for a, b in zip(dec.cache.layers, hf.cache.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert int(a.cumulative_length) == int(b.cumulative_length) == IDS.shape[1] + 2
+    assert hf_ops.get("aten::index_copy", 0) == 2 * 2 * layers
+    assert ops.get("aten::index_copy", 0) == 0
+    # the index's add and the counter's add_ per layer and step: the counter advances in the
+    # kernel's own launch (its ticket back at 0 for the next one)
+    assert hf_ops["aten::add"] - ops["aten::add"] == 2 * 2 * layers
+    assert all(int(t) == 0 for t in _TICKETS.values())
+    assert ops.get("aten::arange", 0) < hf_ops.get("aten::arange", 0)
+    assert make_static_case(1, 2, 16, 1, "float32") in FAMILY.cases_from_model(
+        model, Workload(1, 8, mode="decode"))
+    assert not any(is_static(c) for c in FAMILY.cases_from_model(model, Workload(1, 8)))

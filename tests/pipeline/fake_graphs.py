@@ -54,6 +54,19 @@ class FailingPrefill(GraphedPrefill):
         raise CaptureError("aten::nonzero synchronises the host during capture")
 
 
+class ThirdFails(GraphedPrefill):
+    """Captures the first two graphs (the kept set's, the unpatched one) and fails the third
+    (the integrable set's, captured last)."""
+
+    made = 0
+
+    def __init__(self, model, example_ids, *, warmup=3):
+        type(self).made += 1
+        if type(self).made == 3:
+            raise CaptureError("aten::item synchronises the host during capture")
+        super().__init__(model, example_ids, warmup=warmup)
+
+
 def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters \
         else "past_key_values"

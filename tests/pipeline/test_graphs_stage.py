@@ -141,6 +141,57 @@ def test_stale_position_decoder_fails_verification(tiny, fakes):
     assert rec["verification"]["passed"] is False and rec["shipped"] is False
 
 
+# the graph's own set: the eager shipped set or the integrable one ---------------------------
+
+def test_integrable_set_adds_the_checked_families_rolled_back_in_eager_but_no_rival():
+    rec = {"kept": ["rmsnorm"], "check": {"kept": ["rmsnorm", "matmul_epilogue", "add_rmsnorm"]}}
+    assert gs.integrable_set(rec) == ["rmsnorm", "matmul_epilogue", "add_rmsnorm"]
+    # gated_act shipped in place of matmul_epilogue: both patch one MLP, only one goes in
+    rec = {"kept": ["gated_act"], "check": {"kept": ["rope", "matmul_epilogue"]}}
+    assert gs.integrable_set(rec) == ["gated_act", "rope"]
+    assert gs.integrable_set({"kept": []}) == []
+
+
+def test_graph_takes_the_integrable_set_where_its_graph_is_faster(tiny, fakes):
+    # integrable graph vs kept graph first, then the three timings of the chosen graph
+    timer = timer_of(ratio("faster", 0.8), ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer, integrable=["rmsnorm"])
+    sets = rec["sets"]
+    assert sets["chosen"] == "integrable" and rec["families"] == ["rmsnorm"]
+    assert rec["kept"] == [] and sets["kept"]["families"] == []
+    assert sets["integrable"]["families"] == ["rmsnorm"] and sets["integrable"]["captured"]
+    assert sets["kept"]["graphed_ms"] == 2.0
+    assert sets["integrable"]["graphed_ms"] == pytest.approx(1.6)
+    assert sets["integrable_vs_kept"]["estimate"] == 0.8 and "faster" in sets["why"]
+    assert len(timer.calls) == 4 and rec["shipped"] is True
+    assert rec["verification"]["passed"] and len(rec["verification"]["trials"]) == gs.TRIALS
+
+
+@pytest.mark.parametrize("verdict", ["same", "slower"])
+def test_graph_keeps_the_eager_set_unless_the_integrable_one_is_faster(tiny, fakes, verdict):
+    timer = timer_of(ratio(verdict), ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer, integrable=["rmsnorm"])
+    assert rec["sets"]["chosen"] == "kept" and rec["families"] == []
+    assert verdict in rec["sets"]["why"] and len(timer.calls) == 4
+
+
+def test_same_sets_cost_no_extra_capture_or_timing(tiny, fakes):
+    timer = timer_of(ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer, integrable=[])
+    assert "sets" not in rec and len(timer.calls) == 3 and rec["families"] == []
+
+
+def test_integrable_capture_failure_keeps_the_eager_set_with_its_reason(tiny, fakes,
+                                                                        monkeypatch):
+    monkeypatch.setattr(fake_graphs.ThirdFails, "made", 0)
+    fakes(prefill=fake_graphs.ThirdFails)
+    timer = timer_of(ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer, integrable=["rmsnorm"])
+    sets = rec["sets"]
+    assert sets["chosen"] == "kept" and sets["integrable"]["captured"] is False
+    assert "aten::item" in sets["why"] and rec["shipped"] is True and len(timer.calls) == 3
+
+
 def _integration(tmp_path, workloads):
     write_json(tmp_path / "integration.json", {"stage": "integrate", "families": [],
                "workloads": {w.key: {"workload": w.to_dict(), "kept": [], "cases": {}}
@@ -250,6 +301,17 @@ def test_api_graphs_where_they_did_not_ship_is_a_one_line_error(tiny, fakes, tmp
     handle.undo()
 
 
+def test_api_graph_set_is_the_set_the_graphs_stage_chose(tiny, tmp_path):
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    _run_dir(tmp_path, {PREFILL.key: {"shipped": True, "families": ["rmsnorm"]}})
+    with apply_kernels(model, tmp_path, workload=PREFILL.key, graph_set=True) as handle:
+        assert handle.families == ["rmsnorm"] and handle.graph is None
+    with apply_kernels(model, tmp_path, workload=PREFILL.key) as handle:
+        assert handle.families == []  # the eager shipped set
+
+
 # the report ---------------------------------------------------------------------------------
 
 def _brief(est, low, high):
@@ -272,11 +334,19 @@ def test_report_block_shows_timings_decision_projection_pool_and_kernel_counts()
          "projected": {"unpatched": 6.0, "kept": 7.0}, "measured_speedup": 18.9 / 2.5,
          "verification": {"trials": [{"passed": True}] * 3, "passed": True},
          "pool_bytes": {"kept": 3 * 2**20, "unpatched": 2 * 2**20},
-         "kernels_per_pass": {"unpatched": 700, "kept": 420}}
+         "kernels_per_pass": {"unpatched": 700, "kept": 420, "graphed_unpatched": 750,
+                              "graphed": 380},
+         "families": ["rmsnorm", "add_rmsnorm"],
+         "sets": {"kept": {"families": ["rmsnorm"], "graphed_ms": 2.75, "kernels_per_pass": 600},
+                  "integrable": {"families": ["rmsnorm", "add_rmsnorm"], "graphed_ms": 2.5,
+                                 "kernels_per_pass": 380},
+                  "chosen": "integrable", "why": "the integrable set: its graph is faster"}}
     md = rp.to_markdown(rp.graphs_blocks({"graph_row": row, "graphs": g}))
     for text in ("share 85.0%", "5.100x", "6.200x", "GPU busy 15%", "18.900 ms", "2.910 ms",
                  "12.000 ms", "2.500 ms", "graphs ship", "6.000x / 7.000x", "7.560x",
-                 "3/3 trials passed", "kept 3.0 MiB / unpatched 2.0 MiB", "700 -> 420"):
+                 "3/3 trials passed", "kept 3.0 MiB / unpatched 2.0 MiB", "700 -> 420",
+                 "750 -> 380", "Kernels in the graph: rmsnorm, add_rmsnorm", "2.750 ms",
+                 "its graph is faster"):
         assert text in md, text
     failed = rp.to_markdown(rp.graphs_blocks({"graph_row": None, "graphs": {
         "captured": False, "reason": "aten::item synchronises", "decision": "eager"}}))
