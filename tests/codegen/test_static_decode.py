@@ -34,7 +34,7 @@ from profiling.loader import build, resolve
 # family -> kernel calls in one tiny-llama step (2 layers): per layer two norms (add_rmsnorm
 # fuses the second with the residual add) and the final norm, one rotary, one MLP, one append
 CALLS_PER_STEP = {"rmsnorm": 5, "add_rmsnorm": 2, "rope": 2, "gated_act": 2,
-                  "matmul_epilogue": 2, "kv_cache": 2}
+                  "matmul_epilogue": 2, "kv_cache": 2, "decode_attention": 2}
 PROMPT = torch.randint(3, 500, (1, 6), generator=torch.Generator().manual_seed(0))
 STEPS = torch.randint(3, 500, (1, 2), generator=torch.Generator().manual_seed(1))
 
@@ -66,8 +66,30 @@ def test_family_kernel_runs_in_a_static_decode_step(model, name, tmp_path):
     finally:
         undo()
     assert chooser.calls == STEPS.shape[1] * CALLS_PER_STEP[name], chooser.distinct_cases()
-    # one-token cases: rows or seq or new positions 1
-    assert all(1 in (c.get("rows"), c.get("seq"), c.get("new")) for c in chooser.cases)
+    # one-token cases: rows or seq or new positions 1 (decode_attention's are one-token by
+    # construction: its case has no query length)
+    assert name == "decode_attention" or all(
+        1 in (c.get("rows"), c.get("seq"), c.get("new")) for c in chooser.cases)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_static_kv_append_and_decode_attention_stack_in_one_step(model, tmp_path):
+    """The append advances the on-device position in its own launch and the attention reads
+    it: stacked, the step still reads exactly the slots written so far."""
+    want = _steps(model)
+    undos, choosers = [], []
+    for name in ("kv_cache", "decode_attention"):
+        family = importlib.import_module(f"codegen.{name}").FAMILY
+        (tmp_path / name).mkdir()
+        choosers.append(CountingChooser(family, tmp_path / name))
+        undos.append(family.patch(model, choosers[-1]))
+    try:
+        got = _steps(model)
+    finally:
+        for undo in reversed(undos):
+            undo()
+    assert all(c.calls > 0 for c in choosers)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
