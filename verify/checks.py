@@ -249,7 +249,7 @@ class Suite:
         gen = torch.Generator(device=self.device).manual_seed(seed)
         inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
         if kind in MEMO_KINDS and self.previous is not None:
-            inputs = repeat_in_part(kind, self.previous, inputs)
+            inputs = repeat_in_part(kind, self.previous, inputs, self.family.stress_inputs)
         if kind == "random" or kind in MEMO_KINDS:
             self.previous = inputs
         return inputs

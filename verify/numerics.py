@@ -31,13 +31,24 @@ def input_plan(trials: int) -> list[tuple[str, int]]:
         [(k, 0) for k in STRESS_KINDS] + [("nonfinite", 0)]
 
 
-def repeat_in_part(kind: str, previous: Sequence, fresh: Sequence) -> tuple:
+def repeat_in_part(kind: str, previous: Sequence, fresh: Sequence,
+                   data: Sequence[int] | None = None) -> tuple:
     """The inputs of a memoisation probe, from the previous input set and a fresh draw of the
     same case. same_buffers: `previous`' own tensors, overwritten with `fresh`' values.
     same_prefix: `fresh`' tensors with the first half of each floating input's elements (the
-    leading rows) copied from `previous`."""
+    leading rows) copied from `previous`.
+
+    `data`: the family's data inputs (`Family.stress_inputs`); only they get a spliced prefix,
+    the others (tables, weights) come whole from the fresh draw. A spliced table can be an input
+    no model passes: rope's cos and sin repeat their first half (HF's rotary embedding), and a
+    kernel that reads only that half, as ours does, is right on every model's input and wrong on
+    a table whose halves differ (both Llama-3.2-1B decode rope candidates were rejected so on
+    the H200). A cache keyed on a prefix of the data is still exposed."""
     out = []
-    for old, new in zip(previous, fresh):
+    for i, (old, new) in enumerate(zip(previous, fresh)):
+        if kind == "same_prefix" and data is not None and i not in data:
+            out.append(new)
+            continue
         tensors = isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
         if kind == "same_buffers":
             if tensors and old.shape == new.shape:

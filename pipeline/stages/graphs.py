@@ -39,7 +39,10 @@ NO_GPU = "CUDA graphs need a GPU"
 TRIALS = 3
 # Graph replay against the eager model it captured: the same kernels run, so their logits agree
 # to rounding (relative norm error); a graph reading a stale input or position is off by O(1).
-GRAPH_TOL = 1e-3
+# Not bit for bit: cuBLAS may pick another algorithm (split-K at batch 1) for the eager step
+# than under capture. Llama-3.2-1B decode on the H200: 2.0e-3 on the first of three trials,
+# 0 on the other two, with the fp32 rule holding on all three (2026-12-02).
+GRAPH_TOL = 1e-2
 DECODE_STEPS = TRIALS + 1  # static-cache room beyond the prompt: one position per trial
 
 

@@ -162,3 +162,13 @@ def test_bf16_candidates_are_held_to_the_reference_distribution(tmp_path):
     assert good.accepted, good.reasons
     assert bad.verdict == "rejected"
     assert any(r.startswith("numerics") for r in bad.reasons), bad.reasons
+
+
+def test_same_prefix_splices_only_the_data_inputs():
+    """A table outside the family's data inputs comes whole from the fresh draw: a spliced
+    rope table (halves that differ) is an input no model passes."""
+    prev = (torch.randn(6, 8), torch.randn(1, 8))
+    fresh = (torch.randn(6, 8), torch.randn(1, 8))
+    table = fresh[1].clone()
+    out = repeat_in_part("same_prefix", prev, fresh, data=(0,))
+    assert torch.equal(out[0][:3], prev[0][:3]) and torch.equal(out[1], table)
