@@ -9,6 +9,8 @@ import torch
 
 from codegen.gated_act import FAMILY as GATED
 from codegen.gated_act.reference import make_case as gated_case
+from codegen.gelu import FAMILY as GELU
+from codegen.gelu.reference import make_case as gelu_case
 from codegen.rmsnorm import FAMILY as RMSNORM
 from verify.harness import verify_candidate, verify_candidates
 from verify.numerics import inject_nonfinite, repeat_in_part
@@ -162,3 +164,16 @@ def test_bf16_candidates_are_held_to_the_reference_distribution(tmp_path):
     assert good.accepted, good.reasons
     assert bad.verdict == "rejected"
     assert any(r.startswith("numerics") for r in bad.reasons), bad.reasons
+
+
+def test_a_gelu_kernel_right_only_for_2d_rows_fails_on_the_adapters_layout():
+    """Class 5 for a second family: the cheat passes the 2-D cases gelu had before they carried
+    the adapter's (batch, seq, cols) shape, and fails the given case that carries it."""
+    flat = gelu_case(16, 176, "float32")
+    model = gelu_case(16, 176, "float32", lead=(2, 8))
+    cheat = HERE / "cheats" / "rows_of_dim0.py"
+    old, new = (verify_candidate(GELU, cheat, [c], device=DEVICE, trials=1, timing=False)
+                for c in (flat, model))
+    assert old.accepted, old.reasons
+    assert new.verdict == "rejected"
+    assert "in c0:" in reason(new, "numerics"), new.reasons
