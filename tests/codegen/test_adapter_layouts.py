@@ -5,23 +5,29 @@ prefill and at a decode step, checked by running the adapter with the kernel int
 
 import pytest
 import torch
+from family_checks import DEVICE, assert_close, load_rendered, run_candidate
 
 from codegen.add_rmsnorm import FAMILY as add_rmsnorm
 from codegen.attention import FAMILY as attention
+from codegen.attention.reference import make_case as attention_case
 from codegen.cross_entropy import FAMILY as cross_entropy
 from codegen.gated_act import FAMILY as gated_act
 from codegen.gelu import FAMILY as gelu
+from codegen.gelu.reference import make_case as gelu_case
 from codegen.kv_cache import FAMILY as kv_cache
 from codegen.layernorm import FAMILY as layernorm
 from codegen.layouts import describe, uncovered
 from codegen.matmul import FAMILY as matmul
 from codegen.matmul_epilogue import FAMILY as matmul_epilogue
+from codegen.matmul_epilogue.reference import make_case as epilogue_case
 from codegen.rmsnorm import FAMILY as rmsnorm
 from codegen.rope import FAMILY as rope
+from codegen.rope.reference import make_case as rope_case
 from codegen.softmax import FAMILY as softmax
 from core.family import no_patch
 from core.workload import Workload
 from profiling.loader import build, resolve
+from verify.integrity import clone_layouts
 
 MODELS = ("tiny-llama", "tiny-qwen2", "tiny-gemma", "tiny-phi3", "tiny-gpt2")
 WORKLOADS = (Workload(2, 8), Workload(2, 8, mode="decode"))
@@ -29,9 +35,6 @@ WORKLOADS = (Workload(2, 8), Workload(2, 8, mode="decode"))
 # Known gaps, each a layout the adapter passes that no case builder predicts yet. strict: the
 # test fails once a gap closes, so the mark goes with it.
 GAPS = {
-    "attention": "q is a transposed view, contiguous (Phi-3's partial rotary cat) or a column "
-                 "slice of GPT-2's fused c_attn, and k/v are the cache's contiguous cat "
-                 "results, while the cases build transposed views for all three",
     "kv_cache": "the new keys come contiguous from the rotary (or as fused-qkv column slices: "
                 "Phi-3, GPT-2) and a decode step's cache is the cropped view of a longer buffer, "
                 "while the cases build transposed views and a contiguous cache",
@@ -73,3 +76,29 @@ def test_the_layout_of_a_call_names_strides_offsets_and_shared_storage():
     assert g == ((2, 3, 5), (30, 10, 1), 0, "float32", 0)
     assert u == ((2, 3, 5), (30, 10, 1), 5, "float32", 0)
     assert other[1] == (15, 5, 1) and other[4] == 2
+
+
+LAYOUT_CASES = {
+    "attention": lambda: attention_case(2, 5, 4, 2, 16, "float32",
+                                        layouts=("qkv", "bhsd", "qkv")),
+    "gelu": lambda: gelu_case(6, 24, "float32", lead=(2, 3)),
+    "matmul_epilogue": lambda: epilogue_case(6, 32, 24, "float32", "silu", lead=(2, 3),
+                                             weights="packed"),
+    "rope": lambda: rope_case(2, 3, 4, 2, 16, 16, "float32", qkv=True),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUT_CASES))
+def test_rendered_kernels_are_right_on_the_layouts_the_cases_now_carry(name, tmp_path):
+    """The honest kernel of each family whose cases gained a layout computes the reference on
+    it (and, for rope, also written over its own fused-qkv inputs, as the adapter runs it)."""
+    family, case = FAMILIES[name], LAYOUT_CASES[name]()
+    out, ref = run_candidate(family, family.search_space(case)[-1], case, tmp_path)
+    assert_close(out, ref, (1e-5, 1e-5))
+    if family.in_place is not None:
+        inputs = family.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(0))
+        copies = clone_layouts(inputs)
+        assert copies[1].storage_offset() == inputs[1].storage_offset() > 0
+        forward = load_rendered(family, family.search_space(case)[-1], case, tmp_path)
+        forward(*copies, out=family.in_place(copies), **family.params(case))
+        assert_close(tuple(copies[:2]), family.reference(*inputs), (1e-5, 1e-5))
