@@ -8,6 +8,8 @@ tuple would come back a list.
 
 from __future__ import annotations
 
+import torch
+
 from core.family import Case
 
 
@@ -31,3 +33,16 @@ def lead_of(case: Case) -> list[int]:
 def with_rows(case: Case, rows: int, lead: str) -> Case:
     """`case` with another row count, and the leading shape `lead` where the case has one."""
     return {**case, "rows": rows, **({"lead": lead} if "lead" in case else {})}
+
+
+def strides(t: torch.Tensor) -> tuple:
+    """t's strides, None along dims of size 1: no index there but 0 ever multiplies them, so
+    two tensors that differ only there address the same elements (torch's own contiguity
+    ignores them too; a (batch, heads, 1, dim) result and a transposed view of it differ only
+    there)."""
+    return tuple(None if n == 1 else s for n, s in zip(t.shape, t.stride()))
+
+
+def canonical(shape, stride) -> tuple:
+    """`strides` of a layout given as numbers."""
+    return tuple(None if n == 1 else s for n, s in zip(shape, stride))

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, random_heads, torch_dtype
+from codegen.shapes import canonical, strides
 from core.family import Case, distinct
 
 
@@ -73,6 +74,10 @@ def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, dt
     case = {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
             "head_dim": int(head_dim), "dtype": dtype,
             "scale": float(head_dim ** -0.5 if scale is None else scale)}
+    # one name per addressing: a layout equal to an earlier one of HEAD_LAYOUTS but for the
+    # strides of size-1 dims (one kv head, one token) takes that one's name
+    layouts = tuple(next(x for x in HEAD_LAYOUTS if _same(x, layout, role, case))
+                    for role, layout in enumerate(layouts))
     if tuple(layouts) != DEFAULT_LAYOUTS:
         case["layouts"] = ",".join(layouts)
     return case
@@ -90,10 +95,22 @@ def _strides(layout: str, role: int, case: Case) -> tuple[tuple, int]:
     return (s * width, d, width, 1), (0, h * d, (h + kv) * d)[role]
 
 
+def _same(a: str, b: str, role: int, case: Case) -> bool:
+    n = (case["heads"], case["kv_heads"], case["kv_heads"])[role]
+    shape = (case["batch"], n, case["seq"], case["head_dim"])
+    (sa, oa), (sb, ob) = _strides(a, role, case), _strides(b, role, case)
+    return canonical(shape, sa) == canonical(shape, sb) and oa == ob
+
+
 def head_layout(t: torch.Tensor, role: int, case: Case) -> str | None:
     """Which of HEAD_LAYOUTS `t` (q, k or v by `role`) has, or None for any other layout."""
-    got = (tuple(t.stride()), t.storage_offset())
-    return next((x for x in HEAD_LAYOUTS if _strides(x, role, case) == got), None)
+    got = (strides(t), t.storage_offset())
+
+    def want(layout: str) -> tuple:
+        stride, offset = _strides(layout, role, case)
+        return canonical(t.shape, stride), offset
+
+    return next((x for x in HEAD_LAYOUTS if want(x) == got), None)
 
 
 def layouts_of(case: Case) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ from codegen.kv_cache.reference import (
     dynamic_layer_update,
     make_case,
     params,
+    state_layout,
 )
 from core.family import Case, kernel_by_signature
 from models.patching import code_shape, wrap_instance_forwards
@@ -143,10 +144,39 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
             continue
         config = module.config
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        case = make_case(workload.batch, kv_heads, module.head_dim, past, new, workload.dtype)
+        case = make_case(workload.batch, kv_heads, module.head_dim, past, new, workload.dtype,
+                         predicted_states(module), config.num_attention_heads)
         if case not in cases:
             cases.append(case)
     return cases
+
+
+def predicted_states(module: nn.Module) -> tuple[str, str]:
+    """The layouts (reference.STATE_LAYOUTS) of the new keys and values this attention hands
+    the cache: column blocks of GPT-2's fused c_attn; for Phi-3's fused qkv_proj, the keys out
+    of its rotary's cat and the values a column block (the rope family's in-place kernel
+    leaves the keys a column block instead, a layout without a case, so cat runs there);
+    else transposed views of the projections (the rotary keeps the keys' layout)."""
+    if hasattr(module, "c_attn"):
+        return "qkv", "qkv"
+    if hasattr(module, "qkv_proj"):
+        return "bhsd", "qkv"
+    return "bshd", "bshd"
+
+
+def _cropped_by(keys: torch.Tensor, values: torch.Tensor, past: int) -> int | None:
+    """Positions beyond `past` in the buffer the cache is a view of (0: contiguous, 1: what a
+    crop after one appended step leaves, the decode runner's steady state); None for any other
+    layout, which no case verifies: cat runs there."""
+    if past == 0:
+        return 0
+    b, h, _, d = keys.shape
+    for extra in (0, 1):
+        want = (h * (past + extra) * d, (past + extra) * d, d, 1)
+        if keys.stride() == values.stride() == want and keys.storage_offset() == \
+                values.storage_offset() == 0:
+            return extra
+    return None
 
 
 def _cached_length(cached: torch.Tensor, shape: torch.Size) -> int | None:
@@ -180,17 +210,28 @@ def _fits(keys, values, key_states, value_states) -> int | None:
 
 
 def kernel_resolver(forward_by_case: Callable) -> Callable:
-    """(new states' shape, dtype, cached length) -> (kernel or None, its params), once per
-    signature."""
+    """(new states' shape, dtype, cached length, their layouts, query heads) -> (kernel or
+    None, its params), once per signature."""
 
-    def case_of(shape: torch.Size, dtype: torch.dtype, past: int) -> Case:
+    def case_of(shape: torch.Size, dtype: torch.dtype, past: int, states: tuple,
+                heads: int) -> Case:
         batch, kv_heads, new, head_dim = shape
-        return make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype))
+        return make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype), states,
+                         heads)
 
     return kernel_by_signature(forward_by_case, case_of, params)
 
 
-def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable:
+def _states(key_states, value_states, heads: int) -> tuple | None:
+    """The new states' layouts (reference.state_layout), or None for one no case describes."""
+    batch, kv_heads, new, head_dim = key_states.shape
+    probe = make_case(batch, kv_heads, head_dim, 0, new, "float32")
+    probe["heads"] = heads
+    got = (state_layout(key_states, 0, probe), state_layout(value_states, 1, probe))
+    return None if None in got else got
+
+
+def dispatching_update(layer, original: Callable, resolve: Callable, heads: int) -> Callable:
     """DynamicLayer.update of `layer`, the two cats sent to the kernel where one is given.
 
     A layer's first update (a prefill) runs lazy_initialization, whose two `torch.tensor([])`
@@ -211,8 +252,10 @@ def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable
             keys, values = layer.keys, layer.values
         past = _fits(keys, values, key_states, value_states)
         kernel = None
-        if past is not None:
-            kernel, kw = resolve(key_states.shape, key_states.dtype, past)
+        if past is not None and _cropped_by(keys, values, past) is not None:
+            states = _states(key_states, value_states, heads)
+            if states is not None:
+                kernel, kw = resolve(key_states.shape, key_states.dtype, past, states, heads)
         if kernel is None:  # the original initialises (if still needed) and cats
             return original(key_states, value_states, *args, **kwargs)
         if fresh:
@@ -238,6 +281,7 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
     argument by name, then by position, and the layer checked by exact type."""
     layer_idx = module.layer_idx
     resolve = kernel_resolver(forward_by_case)
+    heads = module.config.num_attention_heads
     layer_type = dynamic_layer()
     first, second = CACHE_ARGS
 
@@ -255,7 +299,7 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
             layer = layers[layer_idx]
             own = layer.__dict__
             had, previous = "update" in own, own.get("update")
-            layer.update = dispatching_update(layer, layer.update, resolve)
+            layer.update = dispatching_update(layer, layer.update, resolve, heads)
             try:
                 return below(*args, **kwargs)
             finally:
