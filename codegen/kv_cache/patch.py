@@ -223,11 +223,19 @@ def kernel_resolver(forward_by_case: Callable) -> Callable:
 
 
 def _states(key_states, value_states, heads: int) -> tuple | None:
-    """The new states' layouts (reference.state_layout), or None for one no case describes."""
-    batch, kv_heads, new, head_dim = key_states.shape
+    """The new states' layouts (reference.state_layout), or None for one no case describes;
+    worked out once per geometry (a decode step calls this on every layer)."""
+    return _states_of(key_states.shape, key_states.stride(), key_states.storage_offset(),
+                      value_states.stride(), value_states.storage_offset(), heads)
+
+
+@cache
+def _states_of(shape, k_stride, k_offset, v_stride, v_offset, heads) -> tuple | None:
+    batch, kv_heads, new, head_dim = shape
     probe = make_case(batch, kv_heads, head_dim, 0, new, "float32")
     probe["heads"] = heads
-    got = (state_layout(key_states, 0, probe), state_layout(value_states, 1, probe))
+    got = (state_layout(shape, k_stride, k_offset, 0, probe),
+           state_layout(shape, v_stride, v_offset, 1, probe))
     return None if None in got else got
 
 

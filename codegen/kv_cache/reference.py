@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import element_size, random_heads, torch_dtype
-from codegen.shapes import canonical, strides
+from codegen.shapes import canonical
 from core.family import Case, distinct
 
 
@@ -120,14 +120,14 @@ def _same(a: str, b: str, role: int, case: Case) -> bool:
     return canonical(_shape(case), sa) == canonical(_shape(case), sb) and oa == ob
 
 
-def state_layout(t: torch.Tensor, role: int, case: Case) -> str | None:
-    """Which of STATE_LAYOUTS the new keys (role 0) or values (1) `t` have, or None."""
-    got = (strides(t), t.storage_offset())
+def state_layout(shape, stride, offset: int, role: int, case: Case) -> str | None:
+    """Which of STATE_LAYOUTS new keys (role 0) or values (1) of this geometry have, or None."""
+    got = (canonical(shape, stride), offset)
     for layout in STATE_LAYOUTS:
         if layout == "qkv" and "heads" not in case:
             continue
-        stride, offset = _strides(layout, role, case)
-        if (canonical(t.shape, stride), offset) == got:
+        want, want_offset = _strides(layout, role, case)
+        if (canonical(shape, want), want_offset) == got:
             return layout
     return None
 
