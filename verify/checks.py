@@ -39,6 +39,7 @@ from verify.integrity import (
     GuardedOut,
     OpRecorder,
     bits,
+    clone_layouts,
     disallowed_ops,
     profile_streams,
     snapshot_inputs,
@@ -331,7 +332,7 @@ class Suite:
     def _in_place(self, inputs: tuple, alias: Callable, outs: list, params: dict) -> list[str]:
         """Problems when the candidate writes over its own inputs (out = alias(inputs)), as
         the family's adapter runs it in the model, against its out-of-place result."""
-        copies = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+        copies = clone_layouts(inputs)
         out = alias(copies)
         if out is None:  # this case's adapter writes `out` only (Family.in_place)
             return []

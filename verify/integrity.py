@@ -122,6 +122,26 @@ class GuardedOut:
         return bits(self.view) == want
 
 
+def clone_layouts(values: Sequence) -> tuple:
+    """Copies of the tensors in `values` with their very layout: shape, strides, storage offset
+    and which of them share storage (column halves of one buffer stay halves of one copy).
+    `Tensor.clone()` would make a view with gaps contiguous, and the copy would no longer be
+    the layout the adapter passes."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    out = []
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            out.append(v)
+            continue
+        key = v.untyped_storage().data_ptr()
+        if key not in storages:
+            storages[key] = v.untyped_storage().clone()
+        copy = torch.empty(0, dtype=v.dtype, device=v.device)
+        copy.set_(storages[key], v.storage_offset(), v.shape, v.stride())
+        out.append(copy)
+    return tuple(out)
+
+
 def _meta(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.data_ptr(), t.dtype)
 

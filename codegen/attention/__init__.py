@@ -5,8 +5,9 @@ Python function `sdpa_attention_forward` (or `eager_attention_forward`, which ne
 runs matmul/softmax, not SDPA) and its one top-level op is aten::scaled_dot_product_attention,
 whatever the backend runs beneath it; aten::to and aten::repeat_interleave may come with it.
 
-Case keys: batch, seq, heads, kv_heads, head_dim, dtype, scale; edge cases may add `contiguous`
-(q/k/v not transposed views). Params: scale.
+Case keys: batch, seq, heads, kv_heads, head_dim, dtype, scale; `layouts`, q's, k's and v's
+memory layouts where they are not three transposed views (reference.HEAD_LAYOUTS); edge cases
+may add `contiguous` (q/k/v not transposed views). Params: scale.
 
 Patch: per attention instance, through the modeling module's ALL_ATTENTION_FUNCTIONS during the
 instance's own call (see patch.py); only unpadded prefill calls reach the kernel.

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from codegen.attention.reference import make_case, params
+from codegen.attention.reference import head_layout, make_case, params
 from codegen.dtypes import dtype_name
 from core.family import Case
 from models.patching import with_global, wrap_instance_forwards
@@ -97,10 +97,25 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads  # GPT-2 has none
         case = make_case(workload.batch, workload.seq, heads, kv_heads, module.head_dim,
-                         workload.dtype, getattr(module, "scaling", None))
+                         workload.dtype, getattr(module, "scaling", None),
+                         predicted_layouts(module))
         if case not in cases:
             cases.append(case)
     return cases
+
+
+def predicted_layouts(module: nn.Module) -> tuple[str, str, str]:
+    """q's, k's and v's layout in the profiled prefill (reference.HEAD_LAYOUTS): k and v come
+    out of the cache update (cat, or the kv_cache kernel: contiguous either way) where the
+    model caches, else from their projections; q is a column block of GPT-2's fused c_attn,
+    Phi-3's rotary cat result (a fused qkv_proj with HF's rotary; the rope family's in-place
+    kernel leaves it a column block instead, a layout without a case, so SDPA runs there), or
+    else a transposed view of its projection."""
+    fused = "qkv" if hasattr(module, "c_attn") else None
+    q = fused or ("bhsd" if hasattr(module, "qkv_proj") else "bshd")
+    cached = getattr(getattr(module, "config", None), "use_cache", True)
+    kv = "bhsd" if cached else (fused or "bshd")
+    return q, kv, kv
 
 
 def _fits(module: nn.Module, q, k, v, attention_mask, kwargs: dict) -> bool:
@@ -134,17 +149,25 @@ def _fits(module: nn.Module, q, k, v, attention_mask, kwargs: dict) -> bool:
     return window is None or seq <= window
 
 
-def case_of(q: torch.Tensor, k: torch.Tensor, scaling: float | None) -> Case:
+def case_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None
+            ) -> Case | None:
+    """The call's case, the layouts of q, k and v included (a kernel runs only on the layouts
+    it was verified on); None for a layout no case describes."""
     batch, heads, seq, head_dim = q.shape
-    return make_case(batch, seq, heads, k.shape[1], head_dim, dtype_name(q.dtype), scaling)
+    case = make_case(batch, seq, heads, k.shape[1], head_dim, dtype_name(q.dtype), scaling)
+    layouts = tuple(head_layout(t, role, case) for role, t in enumerate((q, k, v)))
+    if None in layouts:
+        return None
+    return make_case(batch, seq, heads, k.shape[1], head_dim, dtype_name(q.dtype), scaling,
+                     layouts)
 
 
 def dispatching_attention(original: Callable, forward_by_case: Callable) -> Callable:
     def attention_forward(module, query, key, value, attention_mask, **kwargs):
         if not _fits(module, query, key, value, attention_mask, kwargs):
             return original(module, query, key, value, attention_mask, **kwargs)
-        case = case_of(query, key, kwargs.get("scaling"))
-        kernel = forward_by_case(case)
+        case = case_of(query, key, value, kwargs.get("scaling"))
+        kernel = None if case is None else forward_by_case(case)
         if kernel is None:
             return original(module, query, key, value, attention_mask, **kwargs)
         batch, heads, seq, head_dim = query.shape

@@ -7,9 +7,13 @@ attention_mask is None (the mask builder drops an all-ones padding mask), so it 
 is_causal=q_len > 1, enable_gqa=True)` (enable_gqa only when heads != kv_heads) and returns
 `out.transpose(1, 2).contiguous()`: (batch, seq, heads, head_dim), not SDPA's layout.
 
-Inputs: q (batch, heads, seq, head_dim), k and v (batch, kv_heads, seq, head_dim); in the model
-they are transposed views of the projections' (batch, seq, heads, head_dim) outputs. Query head h
-reads kv head h // (heads // kv_heads), as repeat_interleave / enable_gqa do.
+Inputs: q (batch, heads, seq, head_dim), k and v (batch, kv_heads, seq, head_dim). Query head h
+reads kv head h // (heads // kv_heads), as repeat_interleave / enable_gqa do. Their memory
+layouts (`HEAD_LAYOUTS`) differ by model, and the case records them (`layouts`, q/k/v): "bshd",
+a transposed view of a (batch, seq, heads, head_dim) projection (Llama's q after the rotary);
+"bhsd", contiguous (k and v out of a KV-cache update, Phi-3's q out of its rotary's cat); "qkv",
+a transposed view of one column block of a fused (batch, seq, (heads + 2 kv_heads) head_dim)
+q/k/v projection (GPT-2's c_attn).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from codegen.dtypes import element_size, random_heads
+from codegen.dtypes import element_size, random_heads, torch_dtype
+from codegen.shapes import canonical, strides
 from core.family import Case, distinct
 
 
@@ -52,13 +57,66 @@ def _exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.transpose(1, 2).contiguous()
 
 
+HEAD_LAYOUTS = ("bshd", "bhsd", "qkv")
+DEFAULT_LAYOUTS = ("bshd", "bshd", "bshd")
+
+
 def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
-              scale: float | None = None) -> Case:
+              scale: float | None = None, layouts: tuple[str, str, str] = DEFAULT_LAYOUTS
+              ) -> Case:
+    """`layouts`: q's, k's and v's memory layout (HEAD_LAYOUTS), as the adapter hands them;
+    the key is present only where they differ from three transposed views, so those cases
+    keep their earlier keys."""
     if heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-    return {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
+    if len(layouts) != 3 or any(x not in HEAD_LAYOUTS for x in layouts):
+        raise ValueError(f"layouts must be three of {HEAD_LAYOUTS}, got {layouts}")
+    case = {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
             "head_dim": int(head_dim), "dtype": dtype,
             "scale": float(head_dim ** -0.5 if scale is None else scale)}
+    # one name per addressing: a layout equal to an earlier one of HEAD_LAYOUTS but for the
+    # strides of size-1 dims (one kv head, one token) takes that one's name
+    layouts = tuple(next(x for x in HEAD_LAYOUTS if _same(x, layout, role, case))
+                    for role, layout in enumerate(layouts))
+    if tuple(layouts) != DEFAULT_LAYOUTS:
+        case["layouts"] = ",".join(layouts)
+    return case
+
+
+def _strides(layout: str, role: int, case: Case) -> tuple[tuple, int]:
+    """(strides, storage offset) of q (role 0), k (1) or v (2) in `layout`."""
+    s, d, h, kv = case["seq"], case["head_dim"], case["heads"], case["kv_heads"]
+    n = (h, kv, kv)[role]
+    if layout == "bhsd":
+        return (n * s * d, s * d, d, 1), 0
+    if layout == "bshd":
+        return (s * n * d, d, n * d, 1), 0
+    width = (h + 2 * kv) * d
+    return (s * width, d, width, 1), (0, h * d, (h + kv) * d)[role]
+
+
+def _same(a: str, b: str, role: int, case: Case) -> bool:
+    n = (case["heads"], case["kv_heads"], case["kv_heads"])[role]
+    shape = (case["batch"], n, case["seq"], case["head_dim"])
+    (sa, oa), (sb, ob) = _strides(a, role, case), _strides(b, role, case)
+    return canonical(shape, sa) == canonical(shape, sb) and oa == ob
+
+
+def head_layout(t: torch.Tensor, role: int, case: Case) -> str | None:
+    """Which of HEAD_LAYOUTS `t` (q, k or v by `role`) has, or None for any other layout."""
+    got = (strides(t), t.storage_offset())
+
+    def want(layout: str) -> tuple:
+        stride, offset = _strides(layout, role, case)
+        return canonical(t.shape, stride), offset
+
+    return next((x for x in HEAD_LAYOUTS if want(x) == got), None)
+
+
+def layouts_of(case: Case) -> tuple[str, ...]:
+    if case.get("contiguous"):
+        return ("bhsd",) * 3
+    return tuple(case["layouts"].split(",")) if "layouts" in case else DEFAULT_LAYOUTS
 
 
 def params(case: Case) -> dict:
@@ -66,10 +124,24 @@ def params(case: Case) -> dict:
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
-    """q, k, v as HF makes them: transposed views of separate (batch, seq, heads, head_dim)
-    projections (contiguous (batch, heads, seq, head_dim) when the case says `contiguous`)."""
-    return tuple(random_heads(case, n, device, generator)
-                 for n in (case["heads"], case["kv_heads"], case["kv_heads"]))
+    """q, k, v in the case's layouts (`layouts_of`; all contiguous where it says
+    `contiguous`); those in "qkv" are column blocks of one fused projection."""
+    b, s, d, h, kv = case["batch"], case["seq"], case["head_dim"], case["heads"], case["kv_heads"]
+    layouts = layouts_of(case)
+    gen_device = generator.device if generator is not None else "cpu"
+    fused = None
+    if "qkv" in layouts:
+        fused = torch.randn((b, s, (h + 2 * kv) * d), generator=generator, device=gen_device)
+        fused = fused.to(device=device, dtype=torch_dtype(case["dtype"]))
+    out = []
+    for role, (layout, n) in enumerate(zip(layouts, (h, kv, kv))):
+        if layout == "qkv":
+            strides, offset = _strides("qkv", role, case)
+            out.append(fused.as_strided((b, n, s, d), strides, offset))
+        else:
+            out.append(random_heads({**case, "contiguous": layout == "bhsd"}, n, device,
+                                    generator))
+    return tuple(out)
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:

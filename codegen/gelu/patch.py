@@ -50,14 +50,18 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         width = input_width(model, path)
         if width is None:
             continue
-        case = make_case(workload.tokens, width, workload.dtype)
+        case = make_case(workload.tokens, width, workload.dtype,
+                         lead=(workload.batch, workload.tokens // workload.batch))
         if case not in cases:
             cases.append(case)
     return cases
 
 
 def case_of(x: torch.Tensor) -> Case:
-    return make_case(x.numel() // x.shape[-1], x.shape[-1], dtype_name(x.dtype))
+    """The call's case, its leading shape included: the kernel runs only on the shape it was
+    verified for."""
+    return make_case(x.numel() // x.shape[-1], x.shape[-1], dtype_name(x.dtype),
+                     lead=x.shape[:-1])
 
 
 def needs_graph(x: torch.Tensor) -> bool:

@@ -14,6 +14,7 @@ import math
 import torch
 
 from codegen.dtypes import element_size, torch_dtype
+from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
 
 
@@ -22,8 +23,13 @@ def new_gelu(x: torch.Tensor) -> torch.Tensor:
                                        * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
-def make_case(rows: int, cols: int, dtype: str) -> Case:
-    return {"rows": int(rows), "cols": int(cols), "dtype": dtype}
+def make_case(rows: int, cols: int, dtype: str, lead=None) -> Case:
+    """`lead`, when given: the leading shape of x as the adapter passes it (GPT-2's MLP hands
+    the activation its (batch, seq, cols) projection, not a (rows, cols) one)."""
+    case = {"rows": int(rows), "cols": int(cols), "dtype": dtype}
+    if lead is not None:
+        case["lead"] = lead_key(lead, rows)
+    return case
 
 
 def params(case: Case) -> dict:
@@ -34,20 +40,21 @@ def params(case: Case) -> dict:
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
-    """(rows, cols); `row_stride` > cols makes x a strided view of a wider buffer."""
-    rows, cols = case["rows"], case["cols"]
+    """(*lead, cols), as the adapter passes it; `row_stride` > cols makes x a strided view of a
+    wider buffer."""
+    cols = case["cols"]
     stride = case.get("row_stride", cols)
     gen_device = generator.device if generator is not None else "cpu"
-    buf = torch.randn((rows, stride), generator=generator, device=gen_device,
+    buf = torch.randn((*lead_of(case), stride), generator=generator, device=gen_device,
                       dtype=torch.float32)
     # x3 reaches |x| ~ 10, where the cubic term dominates and the tanh saturates.
     buf = (3.0 * buf).to(device=device, dtype=torch_dtype(case["dtype"]))
-    return (buf[:, :cols],)
+    return (buf[..., :cols],)
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
     x = inputs[0]
-    return torch.empty((case["rows"], case["cols"]), dtype=x.dtype, device=x.device)
+    return torch.empty((*lead_of(case), case["cols"]), dtype=x.dtype, device=x.device)
 
 
 def edge_cases(case: Case) -> list[Case]:
@@ -55,9 +62,9 @@ def edge_cases(case: Case) -> list[Case]:
     dispatcher only sends it that width), so edges vary what stays free at run time: one row, a
     prime row count, a strided (non-contiguous) input."""
     cases = [
-        {**case, "rows": 1},
-        {**case, "rows": 7},
-        {**case, "rows": 4, "row_stride": case["cols"] + 64},
+        with_rows(case, 1, "1x1"),
+        with_rows(case, 7, "1x7"),
+        {**with_rows(case, 4, "2x2"), "row_stride": case["cols"] + 64},
     ]
     return distinct(case, cases)
 

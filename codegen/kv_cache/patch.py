@@ -46,6 +46,7 @@ from codegen.kv_cache.reference import (
     make_case,
     make_static_case,
     params,
+    state_layout,
     static_layer_update,
 )
 from core.family import Case, kernel_by_signature
@@ -164,12 +165,41 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         config = module.config
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         found = [make_case(workload.batch, kv_heads, module.head_dim, past, new,
-                           workload.dtype)]
+                           workload.dtype, predicted_states(module),
+                           config.num_attention_heads)]
         if static:
             found.append(make_static_case(workload.batch, kv_heads, module.head_dim, 1,
                                           workload.dtype))
         cases += [c for c in found if c not in cases]
     return cases
+
+
+def predicted_states(module: nn.Module) -> tuple[str, str]:
+    """The layouts (reference.STATE_LAYOUTS) of the new keys and values this attention hands
+    the cache: column blocks of GPT-2's fused c_attn; for Phi-3's fused qkv_proj, the keys out
+    of its rotary's cat and the values a column block (the rope family's in-place kernel
+    leaves the keys a column block instead, a layout without a case, so cat runs there);
+    else transposed views of the projections (the rotary keeps the keys' layout)."""
+    if hasattr(module, "c_attn"):
+        return "qkv", "qkv"
+    if hasattr(module, "qkv_proj"):
+        return "bhsd", "qkv"
+    return "bshd", "bshd"
+
+
+def _cropped_by(keys: torch.Tensor, values: torch.Tensor, past: int) -> int | None:
+    """Positions beyond `past` in the buffer the cache is a view of (0: contiguous, 1: what a
+    crop after one appended step leaves, the decode runner's steady state); None for any other
+    layout, which no case verifies: cat runs there."""
+    if past == 0:
+        return 0
+    b, h, _, d = keys.shape
+    for extra in (0, 1):
+        want = (h * (past + extra) * d, (past + extra) * d, d, 1)
+        if keys.stride() == values.stride() == want and keys.storage_offset() == \
+                values.storage_offset() == 0:
+            return extra
+    return None
 
 
 def _cached_length(cached: torch.Tensor, shape: torch.Size) -> int | None:
@@ -203,17 +233,36 @@ def _fits(keys, values, key_states, value_states) -> int | None:
 
 
 def kernel_resolver(forward_by_case: Callable) -> Callable:
-    """(new states' shape, dtype, cached length) -> (kernel or None, its params), once per
-    signature."""
+    """(new states' shape, dtype, cached length, their layouts, query heads) -> (kernel or
+    None, its params), once per signature."""
 
-    def case_of(shape: torch.Size, dtype: torch.dtype, past: int) -> Case:
+    def case_of(shape: torch.Size, dtype: torch.dtype, past: int, states: tuple,
+                heads: int) -> Case:
         batch, kv_heads, new, head_dim = shape
-        return make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype))
+        return make_case(batch, kv_heads, head_dim, past, new, dtype_name(dtype), states,
+                         heads)
 
     return kernel_by_signature(forward_by_case, case_of, params)
 
 
-def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable:
+def _states(key_states, value_states, heads: int) -> tuple | None:
+    """The new states' layouts (reference.state_layout), or None for one no case describes;
+    worked out once per geometry (a decode step calls this on every layer)."""
+    return _states_of(key_states.shape, key_states.stride(), key_states.storage_offset(),
+                      value_states.stride(), value_states.storage_offset(), heads)
+
+
+@cache
+def _states_of(shape, k_stride, k_offset, v_stride, v_offset, heads) -> tuple | None:
+    batch, kv_heads, new, head_dim = shape
+    probe = make_case(batch, kv_heads, head_dim, 0, new, "float32")
+    probe["heads"] = heads
+    got = (state_layout(shape, k_stride, k_offset, 0, probe),
+           state_layout(shape, v_stride, v_offset, 1, probe))
+    return None if None in got else got
+
+
+def dispatching_update(layer, original: Callable, resolve: Callable, heads: int) -> Callable:
     """DynamicLayer.update of `layer`, the two cats sent to the kernel where one is given.
 
     A layer's first update (a prefill) runs lazy_initialization, whose two `torch.tensor([])`
@@ -234,8 +283,10 @@ def dispatching_update(layer, original: Callable, resolve: Callable) -> Callable
             keys, values = layer.keys, layer.values
         past = _fits(keys, values, key_states, value_states)
         kernel = None
-        if past is not None:
-            kernel, kw = resolve(key_states.shape, key_states.dtype, past)
+        if past is not None and _cropped_by(keys, values, past) is not None:
+            states = _states(key_states, value_states, heads)
+            if states is not None:
+                kernel, kw = resolve(key_states.shape, key_states.dtype, past, states, heads)
         if kernel is None:  # the original initialises (if still needed) and cats
             return original(key_states, value_states, *args, **kwargs)
         if fresh:
@@ -345,11 +396,16 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
     attention call of a host-bound pass pays this, so it stays a few lookups: the cache
     argument by name, then by position, and the layer checked by exact type."""
     layer_idx = module.layer_idx
+    heads = module.config.num_attention_heads
     resolvers = {}
     if dynamic_layer() is not None:
-        resolvers[dynamic_layer()] = (dispatching_update, kernel_resolver(forward_by_case))
+        resolve = kernel_resolver(forward_by_case)
+        resolvers[dynamic_layer()] = lambda layer, update: dispatching_update(
+            layer, update, resolve, heads)
     if static_layer() is not None:
-        resolvers[static_layer()] = (static_dispatching_update, static_resolver(forward_by_case))
+        static_resolve = static_resolver(forward_by_case)
+        resolvers[static_layer()] = lambda layer, update: static_dispatching_update(
+            layer, update, static_resolve)
     first, second = CACHE_ARGS
 
     def wrap(below: Callable) -> Callable:
@@ -368,7 +424,7 @@ def _wrapper(module: nn.Module, index: int, forward_by_case: Callable) -> Callab
                 return below(*args, **kwargs)
             own = layer.__dict__
             had, previous = "update" in own, own.get("update")
-            layer.update = how[0](layer, layer.update, how[1])
+            layer.update = how(layer, layer.update)
             try:
                 return below(*args, **kwargs)
             finally:

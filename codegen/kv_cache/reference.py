@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from codegen.dtypes import element_size, random_heads, torch_dtype
+from codegen.shapes import canonical
 from core.family import Case, distinct
 
 
@@ -102,13 +103,88 @@ INITIALISED_FROM_KEYS = ((lazy_initialization_5_17, ("dtype", "device")),
                          (lazy_initialization_5_24, ("device",)))
 
 
+STATE_LAYOUTS = ("bshd", "bhsd", "qkv")
+DEFAULT_STATES = ("bshd", "bshd")
+
+
 def make_case(batch: int, kv_heads: int, head_dim: int, past: int, new: int,
-              dtype: str) -> Case:
-    """past: cached positions before the call (0 on a prefill); new: positions appended."""
+              dtype: str, states: tuple[str, str] = DEFAULT_STATES,
+              heads: int | None = None) -> Case:
+    """past: cached positions before the call (0 on a prefill); new: positions appended.
+    `states`: the layouts of the new keys and values as the adapter hands them
+    (STATE_LAYOUTS): "bshd", a transposed view of a (batch, seq, kv_heads, head_dim)
+    projection (HF's v, and k after the rotary); "bhsd", contiguous (Phi-3's k out of its
+    rotary's cat); "qkv", a transposed view of a column block of one fused
+    (batch, seq, (heads + 2 kv_heads) head_dim) q/k/v projection (GPT-2's c_attn, Phi-3's v),
+    which needs `heads`, the query heads. Keys present only where they differ from two
+    transposed views, so those cases keep their earlier keys."""
     if past < 0 or new < 0:
         raise ValueError(f"past and new must be >= 0, got {past}, {new}")
-    return {"batch": int(batch), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
+    if len(states) != 2 or any(x not in STATE_LAYOUTS for x in states):
+        raise ValueError(f"states must be two of {STATE_LAYOUTS}, got {states}")
+    case = {"batch": int(batch), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
             "past": int(past), "new": int(new), "dtype": dtype}
+    if "qkv" in states:
+        if heads is None:
+            raise ValueError("fused q/k/v states need the query heads")
+        case["heads"] = int(heads)
+    # one name per addressing: a layout equal to an earlier one of STATE_LAYOUTS but for the
+    # strides of size-1 dims (one kv head, one new token) takes that one's name
+    states = tuple(next(x for x in STATE_LAYOUTS if _same(x, layout, role, case))
+                   for role, layout in enumerate(states))
+    if "qkv" not in states:
+        case.pop("heads", None)
+    if states != DEFAULT_STATES:
+        case["states"] = ",".join(states)
+    return case
+
+
+def _strides(layout: str, role: int, case: Case) -> tuple[tuple, int]:
+    """(strides, storage offset) of the new keys (role 0) or values (1) in `layout`."""
+    s, d, kv = case["new"], case["head_dim"], case["kv_heads"]
+    if layout == "bhsd":
+        return (kv * s * d, s * d, d, 1), 0
+    if layout == "bshd":
+        return (s * kv * d, d, kv * d, 1), 0
+    h = case["heads"]
+    width = (h + 2 * kv) * d
+    return (s * width, d, width, 1), (h * d, (h + kv) * d)[role]
+
+
+def _shape(case: Case) -> tuple:
+    return (case["batch"], case["kv_heads"], case["new"], case["head_dim"])
+
+
+def _same(a: str, b: str, role: int, case: Case) -> bool:
+    if "qkv" in (a, b) and "heads" not in case:
+        return a == b
+    (sa, oa), (sb, ob) = _strides(a, role, case), _strides(b, role, case)
+    return canonical(_shape(case), sa) == canonical(_shape(case), sb) and oa == ob
+
+
+def state_layout(shape, stride, offset: int, role: int, case: Case) -> str | None:
+    """Which of STATE_LAYOUTS new keys (role 0) or values (1) of this geometry have, or None."""
+    got = (canonical(shape, stride), offset)
+    for layout in STATE_LAYOUTS:
+        if layout == "qkv" and "heads" not in case:
+            continue
+        want, want_offset = _strides(layout, role, case)
+        if (canonical(shape, want), want_offset) == got:
+            return layout
+    return None
+
+
+def states_of(case: Case) -> tuple[str, ...]:
+    if case.get("contiguous"):
+        return ("bhsd", "bhsd")
+    return tuple(case["states"].split(",")) if "states" in case else DEFAULT_STATES
+
+
+def cropped_by(case: Case) -> int:
+    """Positions beyond `past` in the buffer the cache is a view of (`cropped`: an int, or
+    True for 3, as edge cases written before it counted said)."""
+    extra = case.get("cropped", 0)
+    return 3 if extra is True else int(extra)
 
 
 STATIC = "static"
@@ -146,7 +222,7 @@ def _past(case: Case, device, generator) -> torch.Tensor:
         return torch.tensor([], dtype=dtype, device=device)
     b, h, d, past = case["batch"], case["kv_heads"], case["head_dim"], case["past"]
     gen_device = generator.device if generator is not None else "cpu"
-    extra = 3 if case.get("cropped") else 0
+    extra = cropped_by(case)
     x = torch.randn((b, h, past + extra, d), generator=generator, device=gen_device)
     return x.to(device=device, dtype=dtype)[:, :, :past]
 
@@ -161,12 +237,13 @@ def _static_buffer(case: Case, slots: int, device, generator) -> torch.Tensor:
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
-    """(keys, values, key_states, value_states): the cache before the call and the new states,
-    transposed views of (batch, new, kv_heads, head_dim) buffers unless `contiguous`. Static
-    layout: (keys, values, key_states, value_states, position), the buffers of `slots`
-    positions and the 0-d int64 position on the device (`static_geometry`)."""
-    states = {**case, "seq": case["new"]}
+    """(keys, values, key_states, value_states): the cache before the call and the new states
+    in the case's layouts (`states_of`; contiguous where the case says `contiguous`); those in
+    "qkv" are column blocks of one fused projection. Static layout: (keys, values, key_states,
+    value_states, position), the buffers of `slots` positions and the 0-d int64 position on
+    the device (`static_geometry`)."""
     if is_static(case):
+        states = {**case, "seq": case["new"]}
         slots, position = static_geometry(case)
         keys = _static_buffer(case, slots, device, generator)
         values = _static_buffer(case, slots, device, generator)
@@ -176,9 +253,23 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
                 torch.tensor(position, dtype=torch.long, device=device))
     keys = _past(case, device, generator)
     values = _past(case, device, generator)
-    key_states = random_heads(states, case["kv_heads"], device, generator)
-    value_states = random_heads(states, case["kv_heads"], device, generator)
-    return keys, values, key_states, value_states
+    layouts = states_of(case)
+    fused = None
+    if "qkv" in layouts:
+        b, s, d = case["batch"], case["new"], case["head_dim"]
+        gen_device = generator.device if generator is not None else "cpu"
+        fused = torch.randn((b, s, (case["heads"] + 2 * case["kv_heads"]) * d),
+                            generator=generator, device=gen_device)
+        fused = fused.to(device=device, dtype=torch_dtype(case["dtype"]))
+    new = []
+    for role, layout in enumerate(layouts):
+        if layout == "qkv":
+            stride, offset = _strides("qkv", role, case)
+            new.append(fused.as_strided(_shape(case), stride, offset))
+        else:
+            states = {**case, "seq": case["new"], "contiguous": layout == "bhsd"}
+            new.append(random_heads(states, case["kv_heads"], device, generator))
+    return (keys, values, *new)
 
 
 def make_out(case: Case, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,8 +286,11 @@ def edge_cases(case: Case) -> list[Case]:
     """Variations a candidate rendered for `case` must survive: kv_heads and head_dim are baked
     into it, batch and both lengths stay free. A one-token decode step after a cached prefix;
     batch 1; a prime-length prefill from an empty cache; contiguous new states after a cached
-    prefix; a cropped (strided) cache. Static layout: a write at slot 0, one that ends at
-    the last slot, several new positions (a prefill into the static cache), batch 3."""
+    prefix; a cropped (strided) cache: for a decode case, the case itself with the cache a view
+    of a one position longer buffer, the very layout every step after the first sees in the
+    pipeline's decode runner (which crops back after each step), so the kernel dispatched for
+    the case is verified on both layouts it gets. Static layout: a write at slot 0, one that
+    ends at the last slot, several new positions (a prefill into the static cache), batch 3."""
     if is_static(case):
         return distinct(case, [
             {**case, "new": 1, "slots": 9, "position": 0},
@@ -204,12 +298,14 @@ def edge_cases(case: Case) -> list[Case]:
             {**case, "batch": 3, "new": 5, "slots": 12, "position": 4},
             {**case, "batch": 1, "contiguous": True},
         ])
+    cropped = {**case, "cropped": 1} if case["past"] else \
+        {**case, "batch": 2, "past": 6, "new": 1, "cropped": 1}
     cases = [
         {**case, "past": 13, "new": 1},
         {**case, "batch": 1},
         {**case, "batch": 3, "past": 0, "new": 7},
         {**case, "batch": 2, "past": 5, "new": 3, "contiguous": True},
-        {**case, "batch": 2, "past": 6, "new": 1, "cropped": True},
+        cropped,
     ]
     return distinct(case, cases)
 

@@ -61,10 +61,23 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     cases = []
     for mlp, projs in gemm_mlps(model):
         case = make_case(workload.tokens, projs[0].in_features, mlp.cols, workload.dtype,
-                         mlp.act)
+                         mlp.act, lead=(workload.batch, workload.tokens // workload.batch),
+                         weights=_weights_layout(mlp))
         if case not in cases:
             cases.append(case)
     return cases
+
+
+def _weights_layout(mlp: GatedMLP) -> str | None:
+    """"packed" where the MLP holds both weights in one buffer (Phi-3, see `_weights`)."""
+    return "packed" if mlp.layout == "packed" else None
+
+
+def packed(w_gate: torch.Tensor, w_up: torch.Tensor) -> str | None:
+    """"packed" where w_up's rows follow w_gate's in one buffer, as the call hands them: Phi-3's
+    gate_up_proj, and separate projections while gated_act's patch fuses them (GateUp)."""
+    adjacent = w_up.data_ptr() == w_gate.data_ptr() + w_gate.numel() * w_gate.element_size()
+    return "packed" if adjacent and w_gate.is_contiguous() and w_up.is_contiguous() else None
 
 
 def _weights(mlp: GatedMLP) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
@@ -100,8 +113,9 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
     m, cols, hidden = mlp.module, mlp.cols, projs[0].in_features
     weights = _weights(mlp)
 
-    def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
-        return make_case(shape.numel() // shape[-1], hidden, cols, dtype_name(dtype), mlp.act)
+    def case_of(shape: torch.Size, dtype: torch.dtype, weights: str | None) -> Case:
+        return make_case(shape.numel() // shape[-1], hidden, cols, dtype_name(dtype), mlp.act,
+                         lead=shape[:-1], weights=weights)
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 
@@ -113,7 +127,7 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
                 if (w_gate is not None and w_gate.dtype == w_up.dtype == x.dtype
                         and w_gate.device == w_up.device == x.device
                         and not needs_graph(x, w_gate, w_up)):
-                    kernel, kw = resolve(x.shape, x.dtype)
+                    kernel, kw = resolve(x.shape, x.dtype, packed(w_gate, w_up))
                     if kernel is not None:
                         out = torch.empty((*x.shape[:-1], cols), dtype=x.dtype, device=x.device)
                         kernel(x, w_gate, w_up, out=out, **kw)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from codegen.dtypes import element_size, torch_dtype
 from codegen.gated_act.reference import ACTS, activation
 from codegen.gated_act.reference import flops as activation_flops
+from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
 
 # The largest row block (BM) in kernel.search_space; kernel.py checks it agrees. Lives here
@@ -66,12 +67,23 @@ def order_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     return {"bound": bound, "overflow": overflow}
 
 
-def make_case(rows: int, hidden: int, cols: int, dtype: str, act: str) -> Case:
-    """`rows` tokens of width `hidden` in, `cols` (the intermediate size) out."""
+def make_case(rows: int, hidden: int, cols: int, dtype: str, act: str, *, lead=None,
+              weights: str | None = None) -> Case:
+    """`rows` tokens of width `hidden` in, `cols` (the intermediate size) out. What the adapter
+    hands the kernel, when given: `lead`, the leading shape of x and out (the model passes
+    (batch, seq, hidden)); `weights` "packed" where w_gate and w_up are the two row halves of
+    one (2 * cols, hidden) weight (Phi-3's gate_up_proj: w_up at storage offset cols * hidden)."""
     if act not in ACTS:
         raise ValueError(f"unsupported gated activation {act!r}; known: {', '.join(ACTS)}")
-    return {"rows": int(rows), "hidden": int(hidden), "cols": int(cols), "dtype": dtype,
+    case = {"rows": int(rows), "hidden": int(hidden), "cols": int(cols), "dtype": dtype,
             "act": act}
+    if lead is not None:
+        case["lead"] = lead_key(lead, rows)
+    if weights is not None:
+        if weights != "packed":
+            raise ValueError(f"unknown weight layout {weights!r}; known: packed")
+        case["weights"] = weights
+    return case
 
 
 def params(case: Case) -> dict:
@@ -90,9 +102,12 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     are, so gate and up keep the spread of x whatever the width; x of standard deviation 2, so
     gate reaches both tails of the activation. A `row_stride` wider than `hidden` makes x a
     column slice of wider rows (a slice of a fused buffer, a strided view)."""
-    rows, hidden, cols, dtype = case["rows"], case["hidden"], case["cols"], case["dtype"]
+    hidden, cols, dtype = case["hidden"], case["cols"], case["dtype"]
     stride = case.get("row_stride", hidden)
-    x = _randn((rows, stride), device, generator, dtype, 2.0)[:, :hidden]
+    x = _randn((*lead_of(case), stride), device, generator, dtype, 2.0)[..., :hidden]
+    if case.get("weights") == "packed":
+        w = _randn((2 * cols, hidden), device, generator, dtype, hidden ** -0.5)
+        return x, w[:cols], w[cols:]
     w_gate = _randn((cols, hidden), device, generator, dtype, hidden ** -0.5)
     w_up = _randn((cols, hidden), device, generator, dtype, hidden ** -0.5)
     return x, w_gate, w_up
@@ -100,7 +115,7 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
     x = inputs[0]
-    return torch.empty((case["rows"], case["cols"]), dtype=x.dtype, device=x.device)
+    return torch.empty((*lead_of(case), case["cols"]), dtype=x.dtype, device=x.device)
 
 
 def edge_cases(case: Case) -> list[Case]:
@@ -110,10 +125,10 @@ def edge_cases(case: Case) -> list[Case]:
     largest row block (a second, one-row block, masked), and x as a column slice of wider rows
     (its row stride is not its width)."""
     cases = [
-        {**case, "rows": 1},
-        {**case, "rows": 37},
-        {**case, "rows": MAX_BLOCK_M + 1},
-        {**case, "rows": 5, "row_stride": case["hidden"] + 64},
+        with_rows(case, 1, "1x1"),
+        with_rows(case, 37, "1x37"),
+        with_rows(case, MAX_BLOCK_M + 1, f"1x{MAX_BLOCK_M + 1}"),
+        {**with_rows(case, 5, "1x5"), "row_stride": case["hidden"] + 64},
     ]
     return distinct(case, cases)
 

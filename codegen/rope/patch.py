@@ -167,10 +167,20 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         head_dim = module.head_dim
         case = make_case(workload.batch, seq, config.num_attention_heads,
                          config.num_key_value_heads, head_dim, _rot_dim(model, head_dim),
-                         workload.dtype, equal_halves=halves)
+                         workload.dtype, equal_halves=halves, qkv=fused_qkv(module))
         if case not in cases:
             cases.append(case)
     return cases
+
+
+def fused_qkv(module: nn.Module) -> bool:
+    """The attention projects q, k and v with one Linear (Phi-3's qkv_proj), so q and k reach
+    the rotary as column slices of its output."""
+    return isinstance(getattr(module, "qkv_proj", None), nn.Linear)
+
+
+def _shares_storage(q: torch.Tensor, k: torch.Tensor) -> bool:
+    return q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
 
 
 def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
@@ -192,17 +202,18 @@ def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
 
 def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable,
                        in_place: bool = False, equal_halves: bool = False) -> Callable:
-    def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype) -> Case:
+    def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype, qkv) -> Case:
         batch, heads, seq, head_dim = q_shape
         return make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
-                         cos_batch, equal_halves)
+                         cos_batch, equal_halves, qkv)
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if not _fits(form, q, k, cos, sin, unsqueeze_dim):
             return original(q, k, cos, sin, unsqueeze_dim)
-        kernel, kw = resolve(q.shape, k.shape[1], cos.shape[0], cos.shape[-1], q.dtype)
+        kernel, kw = resolve(q.shape, k.shape[1], cos.shape[0], cos.shape[-1], q.dtype,
+                             _shares_storage(q, k))
         if kernel is None:
             return original(q, k, cos, sin, unsqueeze_dim)
         # Out of place, empty_like keeps q's (batch, seq, heads, dim) memory order, as HF's

@@ -42,10 +42,13 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 
 def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, rot_dim: int,
-              dtype: str, cos_batch: int = 1, equal_halves: bool = False) -> Case:
+              dtype: str, cos_batch: int = 1, equal_halves: bool = False,
+              qkv: bool = False) -> Case:
     """`equal_halves`: the model's cos/sin rows are cat(freqs, freqs) by construction (see
-    patch.tables_have_equal_halves), so a kernel may read only their first half. The key is
-    present only when true, so cases of a general table keep their earlier keys."""
+    patch.tables_have_equal_halves), so a kernel may read only their first half. `qkv`: q and
+    k are column slices of one fused q/k/v projection (Phi-3's qkv_proj), as the adapter hands
+    them (row stride (heads + 2 kv_heads) head_dim, k at storage offset heads head_dim). Each
+    key is present only when true, so other cases keep their earlier keys."""
     if rot_dim % 2 or not 0 < rot_dim <= head_dim:
         raise ValueError(f"rot_dim must be even and in (0, head_dim], got {rot_dim}/{head_dim}")
     case = {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
@@ -53,6 +56,8 @@ def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, ro
             "dtype": dtype}
     if equal_halves:
         case["equal_halves"] = True
+    if qkv:
+        case["qkv"] = True
     return case
 
 
@@ -71,8 +76,11 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     s, rot = case["seq"], case["rot_dim"]
     dtype = torch_dtype(case["dtype"])
     gen_device = generator.device if generator is not None else "cpu"
-    q = random_heads(case, case["heads"], device, generator)
-    k = random_heads(case, case["kv_heads"], device, generator)
+    if case.get("qkv"):
+        q, k = _fused_qk(case, device, generator)
+    else:
+        q = random_heads(case, case["heads"], device, generator)
+        k = random_heads(case, case["kv_heads"], device, generator)
     start = torch.randint(0, 4096, (case["cos_batch"], 1), generator=generator,
                           device=gen_device)
     positions = (start + torch.arange(s, device=gen_device)).float()
@@ -82,6 +90,18 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     cos = emb.cos().to(device=device, dtype=dtype)
     sin = emb.sin().to(device=device, dtype=dtype)
     return q, k, cos, sin
+
+
+def _fused_qk(case: Case, device, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as Phi-3's attention makes them: head views of the first two column blocks of
+    one (batch, seq, (heads + 2 kv_heads) head_dim) projection, transposed."""
+    b, s, d, h, kv = case["batch"], case["seq"], case["head_dim"], case["heads"], case["kv_heads"]
+    gen_device = generator.device if generator is not None else "cpu"
+    qkv = torch.randn((b, s, (h + 2 * kv) * d), generator=generator, device=gen_device)
+    qkv = qkv.to(device=device, dtype=torch_dtype(case["dtype"]))
+    q = qkv[..., :h * d].view(b, s, h, d).transpose(1, 2)
+    k = qkv[..., h * d:(h + kv) * d].view(b, s, kv, d).transpose(1, 2)
+    return q, k
 
 
 def make_out(case: Case, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +119,8 @@ def edge_cases(case: Case) -> list[Case]:
     cases = [
         {**case, "batch": 1, "seq": 1},
         {**case, "batch": 3, "seq": 7, "cos_batch": 3},
-        {**case, "batch": 2, "seq": 5, "contiguous": True},
+        {**{k: v for k, v in case.items() if k != "qkv"}, "batch": 2, "seq": 5,
+         "contiguous": True},
     ]
     return distinct(case, cases)
 

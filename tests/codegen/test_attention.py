@@ -284,12 +284,14 @@ def test_eager_attention_is_left_alone(tmp_path):
 
 # (batch, seq, heads, kv_heads, head_dim) of Llama-3.2-1B and Qwen2.5-0.5B at batch 2, seq 512
 REAL = {"llama-3.2-1b": (2, 512, 32, 8, 64), "qwen2.5-0.5b": (2, 512, 14, 2, 64)}
+# q a transposed view of its projection, k and v the KV cache's contiguous cat results
+CACHED = ("bshd", "bhsd", "bhsd")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("model_id", sorted(REAL))
 def test_gpu_bf16_model_shapes_match_and_verify(model_id, tmp_path):
-    case = make_case(*REAL[model_id], "bfloat16")
+    case = make_case(*REAL[model_id], "bfloat16", layouts=CACHED)
     configs = FAMILY.search_space(case)
     for config in configs:
         out, ref = run_candidate(FAMILY, config, case, tmp_path)
@@ -307,4 +309,4 @@ def test_cases_from_the_real_configs(model_id):
     with torch.device("meta"):  # shapes only: no weights allocated
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     [case] = FAMILY.cases_from_model(model, Workload(2, 512, "bfloat16", "cuda"))
-    assert case == make_case(*REAL[model_id], "bfloat16")
+    assert case == make_case(*REAL[model_id], "bfloat16", layouts=CACHED)

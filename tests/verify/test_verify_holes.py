@@ -9,6 +9,8 @@ import torch
 
 from codegen.gated_act import FAMILY as GATED
 from codegen.gated_act.reference import make_case as gated_case
+from codegen.gelu import FAMILY as GELU
+from codegen.gelu.reference import make_case as gelu_case
 from codegen.rmsnorm import FAMILY as RMSNORM
 from verify.harness import verify_candidate, verify_candidates
 from verify.numerics import inject_nonfinite, repeat_in_part
@@ -172,3 +174,16 @@ def test_same_prefix_splices_only_the_data_inputs():
     table = fresh[1].clone()
     out = repeat_in_part("same_prefix", prev, fresh, data=(0,))
     assert torch.equal(out[0][:3], prev[0][:3]) and torch.equal(out[1], table)
+
+
+def test_a_gelu_kernel_right_only_for_2d_rows_fails_on_the_adapters_layout():
+    """Class 5 for a second family: the cheat passes the 2-D cases gelu had before they carried
+    the adapter's (batch, seq, cols) shape, and fails the given case that carries it."""
+    flat = gelu_case(16, 176, "float32")
+    model = gelu_case(16, 176, "float32", lead=(2, 8))
+    cheat = HERE / "cheats" / "rows_of_dim0.py"
+    old, new = (verify_candidate(GELU, cheat, [c], device=DEVICE, trials=1, timing=False)
+                for c in (flat, model))
+    assert old.accepted, old.reasons
+    assert new.verdict == "rejected"
+    assert "in c0:" in reason(new, "numerics"), new.reasons

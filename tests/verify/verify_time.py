@@ -1,6 +1,8 @@
 """Time verify_candidate on each family's first case from the tiny zoo models (a script, not a
 test): `python tests/verify/verify_time.py [--device cuda] [family ...]`. Each family is verified
-once untimed (imports, compilation) and then timed; prints seconds per family and one JSON line."""
+once untimed (imports, compilation) and then timed; prints seconds per family and one JSON line.
+Run from another checkout's root (`cd OLD && python NEW/tests/verify/verify_time.py`) to time
+that checkout's verifier: its modules come first on sys.path, down to c7f4255's layout."""
 
 import json
 import os
@@ -19,9 +21,14 @@ if DEVICE == "cpu":
 import torch  # noqa: E402
 
 from codegen.registry import families  # noqa: E402
-from core.workload import Workload  # noqa: E402
-from profiling.loader import build, resolve  # noqa: E402
 from verify.harness import verify_candidate  # noqa: E402
+
+try:
+    from core.workload import Workload
+    from profiling.loader import build, resolve
+except ImportError:  # a checkout from before core/ (c7f4255, the verifier before issue 27)
+    from models.loader import build, resolve
+    from pipeline.workload import Workload
 
 MODELS = ["tiny-llama", "tiny-gemma", "tiny-phi3", "tiny-gpt2"]
 dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
