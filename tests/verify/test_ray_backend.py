@@ -42,8 +42,11 @@ def forward(x, weight, *, out, **params):
 
 
 def start_local_ray(ray) -> None:
-    """A 2-CPU Ray for this test alone: no dashboard, its own short temp folder (the raylet's
-    socket paths must stay under 107 characters), nothing from a cluster running beside it."""
+    """A 2-CPU Ray for this module alone: no dashboard, its own short temp folder (the raylet's
+    socket paths must stay under 107 characters), a new cluster, not one running beside it.
+    Its dashboard agent still starts (Ray 2.60 always starts it): on a loaded 2-core machine
+    the raylet can give up waiting 15 s for the agent's port file (ray-project/ray#65983);
+    neither ray.init's options nor fixed agent ports (`ray start`) avoid that wait."""
     ray.init(num_cpus=2, num_gpus=None if DEVICE == "cuda" else 0, include_dashboard=False,
              log_to_driver=False, configure_logging=False, object_store_memory=80 * 1024 * 1024,
              _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"), address="local")
@@ -53,13 +56,18 @@ def start_local_ray(ray) -> None:
 def ray_workers():
     ray = pytest.importorskip("ray")
     started = time.monotonic()
-    start_local_ray(ray)
-    print(f"local Ray started in {time.monotonic() - started:.1f} s")
-    workers = make_workers("ray", gpu=DEVICE == "cuda")
     try:
+        start_local_ray(ray)
+    except Exception as e:  # noqa: BLE001 - Ray's own start-up, not the code under test
+        ray.shutdown()
+        pytest.skip(f"a local Ray did not start here ({type(e).__name__}: {str(e)[:200]}); "
+                    "see ray-project/ray#65983")
+    print(f"local Ray started in {time.monotonic() - started:.1f} s")
+    try:
+        workers = make_workers("ray", gpu=DEVICE == "cuda")
         yield workers
-    finally:
         workers.close()
+    finally:
         ray.shutdown()
     assert not ray.is_initialized()
 
@@ -131,8 +139,15 @@ def test_closing_early_cancels_the_rest_and_records_only_what_was_taken(
     assert sorted(p.name for p in (run / "verification" / fam.name).iterdir()) == ["wrong.json"]
 
 
-def test_workers_ray_without_ray_is_one_line(monkeypatch):
+def test_workers_ray_without_ray_is_one_line(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    res = CliRunner().invoke(cli, ["optimize", str(tmp_path), "--workers", "ray"])
+    assert isinstance(res.exception, UserError), res.output  # main() prints it as one line
+    assert str(res.exception) == "--workers ray needs Ray: pip install 'kernel-pipeline[ray]'"
     with pytest.raises(UserError, match=r"pip install 'kernel-pipeline\[ray\]'"):
         make_workers("ray")
     with pytest.raises(UserError, match="unknown workers backend"):
