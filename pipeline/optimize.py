@@ -59,8 +59,11 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     if not on_gpu:
         use_interpreter_without_gpu()  # for API callers; the CLI did it before any import
 
-    pool = make_workers(workers, ray_address, gpu=on_gpu)  # before any stage: Ray missing is
-    try:                                                 # one line, not a failure later
+    # before any stage: a missing Ray, or a cluster without a GPU, is one line, not a failure
+    pool = make_workers(workers, ray_address, gpu=on_gpu)
+    if pool.name == "ray":
+        say(f"workers: Ray tasks, each with {pool.resources}")
+    try:
         return _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only,
                        profile, workloads, device, on_gpu, pool)
     finally:

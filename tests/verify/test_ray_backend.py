@@ -139,6 +139,31 @@ def test_closing_early_cancels_the_rest_and_records_only_what_was_taken(
     assert sorted(p.name for p in (run / "verification" / fam.name).iterdir()) == ["wrong.json"]
 
 
+def test_verify_stage_on_ray_takes_the_first_accepted_in_order(ray_workers, tiny_case,
+                                                              tmp_path):
+    """The stage submits a case's candidates side by side; the first accepted in the screen's
+    order wins, as on one GPU, and the one after it is cancelled and leaves no record."""
+    from codegen.search import case_key
+    from pipeline.stages.verify import verify_stage
+
+    fam, case = tiny_case
+    good = write(tmp_path, "good", fam.render(fam.search_space(case)[-1], case))
+    order = [write(tmp_path, "wrong", WRONG), good, write(tmp_path, "hang", HANG)]
+    log = {"searches": [{
+        "family": fam.name, "case": case, "case_key": case_key(case),
+        "order": [str(p) for p in order], "baseline": {"median_ms": 2.0, "host_us": None},
+        "candidates": [{"path": str(p), "config": {}, "timing": {"median_ms": 1.0},
+                        "host_us": None} for p in order]}]}
+    summary = verify_stage(tmp_path, log, DEVICE, lambda _: None, resume=False,
+                           workers=ray_workers)
+    [accepted] = summary["accepted"].values()
+    assert accepted["source"] == str(good) and summary["rejected"] == []
+    ray_workers.drain(timeout_s=60)
+    records = sorted(p.stem.split("__")[1] for p in (tmp_path / "verification" / fam.name)
+                     .iterdir())
+    assert records == [f"{tmp_path.name}_good", f"{tmp_path.name}_wrong"]
+
+
 def test_workers_ray_without_ray_is_one_line(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
