@@ -94,8 +94,16 @@ class RayWorkers:
         ray = import_ray()
         self.started_ray = not ray.is_initialized()
         if self.started_ray:
-            ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            try:
+                ray.init(address=address or None, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+            except Exception as e:  # noqa: BLE001 - Ray raises bare Exception here
+                ray.shutdown()
+                where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
+                raise UserError(
+                    f"--workers ray: could not start or join {where}: {str(e)[:300]} (on a "
+                    "loaded machine a local Ray can time out starting, ray-project/ray#65983: "
+                    "start one with `ray start --head` and pass --ray-address)") from None
         gpus = ray.cluster_resources().get("GPU", 0)
         if gpu is None:
             gpu = gpus >= 1
