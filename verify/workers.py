@@ -104,14 +104,14 @@ class RayWorkers:
                     f"--workers ray: could not start or join {where}: {str(e)[:300]} (on a "
                     "loaded machine a local Ray can time out starting, ray-project/ray#65983: "
                     "start one with `ray start --head` and pass --ray-address)") from None
-        gpus = ray.cluster_resources().get("GPU", 0)
+        resources = ray.cluster_resources()
         if gpu is None:
-            gpu = gpus >= 1
-        elif gpu and gpus < 1:  # tasks asking for a GPU would wait for one forever
+            gpu = resources.get("GPU", 0) >= 1
+        elif gpu and resources.get("GPU", 0) < 1:  # tasks asking for one would wait forever
             if self.started_ray:
                 ray.shutdown()
-            raise UserError("--workers ray: the Ray cluster has no GPU for a GPU run "
-                            f"(resources: {ray.cluster_resources()})")
+            raise UserError(f"--workers ray: the Ray cluster has no GPU for a GPU run "
+                            f"(resources: {resources})")
         self.resources = {"num_gpus": 1} if gpu else {"num_cpus": 1}
         self._isolated = ray.remote(max_retries=0, **self.resources)(_ray_isolated)
         self._call = ray.remote(max_retries=0, **self.resources)(_ray_call)

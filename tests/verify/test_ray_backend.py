@@ -164,6 +164,12 @@ def test_verify_stage_on_ray_takes_the_first_accepted_in_order(ray_workers, tiny
     assert records == [f"{tmp_path.name}_good", f"{tmp_path.name}_wrong"]
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the cluster here has a GPU")
+def test_a_gpu_run_on_a_cluster_without_gpus_is_one_line(ray_workers):
+    with pytest.raises(UserError, match="has no GPU for a GPU run"):
+        make_workers("ray", gpu=True)
+
+
 def test_workers_ray_without_ray_is_one_line(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
