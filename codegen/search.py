@@ -171,8 +171,20 @@ def spread(configs: list[dict], budget: int | None) -> list[dict]:
 
 
 def search(family: Family, case: Case, root: Path, device: str, max_configs: int | None = None,
-           timeout_s: float = 300.0, backend: str = "triton") -> dict:
+           timeout_s: float = 300.0, backend: str = "triton", workers=None) -> dict:
     """Render, screen and time every config for one case; returns the search log entry."""
+    return finish_search(submit_search(family, case, root, device, max_configs, timeout_s,
+                                       backend, workers))
+
+
+def submit_search(family: Family, case: Case, root: Path, device: str,
+                  max_configs: int | None = None, timeout_s: float = 300.0,
+                  backend: str = "triton", workers=None) -> dict:
+    """Render the configs and hand the screen to `workers` (verify.workers; default this
+    machine): one job per case, so on Ray the cases of a run are screened side by side, each
+    case's configs timed one after another on one GPU (their times are compared)."""
+    from verify.workers import LocalWorkers
+
     configs = backend_configs(family, case, backend, max_configs,
                               interpreter=not device.startswith("cuda"))
     folder = root / family.name / case_key(case)
@@ -184,12 +196,59 @@ def search(family: Family, case: Case, root: Path, device: str, max_configs: int
         sha1 = hashlib.sha1(path.read_bytes()).hexdigest()
         jobs.append({"path": str(path), "config": cfg, "backend": config_backend(cfg),
                      "origin": origin, "sha1": sha1, "source": SEARCH_SOURCE})
-    baseline, entries = screen_and_time(family, case, jobs, device, timeout_s)
-    entry = {"family": family.name, "case": case, "case_key": case_key(case), "device": device,
-             "backend": family_backend(family, backend), "baseline": baseline,
-             "candidates": entries}
+    workers = workers or LocalWorkers()
+    # a Ray task sees its one GPU as cuda:0
+    job_device = "cuda" if workers.name == "ray" and device.startswith("cuda") else device
+    texts = {j["path"]: Path(j["path"]).read_text() for j in jobs}
+    # the family object runs in this process; a Ray task finds it again by name
+    which = family.name if workers.name == "ray" else family
+    job = workers.submit_call(_screen_anywhere, (which, case, jobs, job_device,
+                                                 timeout_s, texts), timeout_s * (len(jobs) + 1))
+    return {"family": family, "case": case, "device": device, "backend": backend,
+            "workers": workers, "job": job, "jobs": jobs}
+
+
+def finish_search(pending: dict) -> dict:
+    """Wait for a submitted search; its log entry. A screen job that failed as a whole (its
+    Ray worker died) fails every config of the case, as a dead local worker does."""
+    family, jobs = pending["family"], pending["jobs"]
+    try:
+        baseline, entries = pending["workers"].result(pending["job"])
+    except RuntimeError as e:
+        baseline = None
+        entries = [{**j, "screen": f"worker failed before any candidate: {e}"[:300]}
+                   for j in jobs]
+    entry = {"family": family.name, "case": pending["case"], "case_key": case_key(pending["case"]),
+             "device": pending["device"], "backend": family_backend(family, pending["backend"]),
+             "baseline": baseline, "candidates": entries}
     rank_entries(entry)
     return entry
+
+
+def _screen_anywhere(family: Family | str, case: Case, jobs: list[dict], device: str,
+                     timeout_s: float, texts: dict[str, str]) -> tuple[dict | None, list[dict]]:
+    """screen_and_time where the job runs; on a node without the run directory, the sources
+    travel with the job and are screened from a temporary folder (the log keeps the run's
+    paths)."""
+    import tempfile
+
+    from codegen.registry import get_family
+
+    local, back = [], {}
+    folder = None
+    for i, j in enumerate(jobs):
+        path = j["path"]
+        if not Path(path).is_file():
+            folder = folder or Path(tempfile.mkdtemp(prefix="screen-src-"))
+            copy = folder / f"{i}" / Path(path).name
+            copy.parent.mkdir(parents=True)
+            copy.write_text(texts[path])
+            back[str(copy)] = path
+            path = str(copy)
+        local.append({**j, "path": path})
+    fam = get_family(family) if isinstance(family, str) else family
+    baseline, entries = screen_and_time(fam, case, local, device, timeout_s)
+    return baseline, [{**e, "path": back.get(e["path"], e["path"])} for e in entries]
 
 
 def rank_entries(entry: dict) -> None:

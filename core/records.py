@@ -127,6 +127,8 @@ class RunOptions(Record):
     max_configs: int | None = None
     pairs: int | None = None
     proposer: str | None = None
+    workers: str = "local"  # runs from before backends: the local worker
+    ray_address: str | None = None
 
 
 # the artifact kinds `read_json` is asked for, and the model each is checked against

@@ -157,11 +157,19 @@ def rank(run_dir):
               help="Interleaved baseline/patched pairs per timing [default: 30 GPU, 3 CPU]; "
                    "on a GPU up to twice as many while a 95% CI is wider than 5% of its "
                    "estimate.")
+@click.option("--workers", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where candidates are screened and verified: this "
+              "machine, one at a time, or Ray tasks, one GPU each, side by side "
+              "(pip install 'kernel-pipeline[ray]'). Whole-model timings stay on this "
+              "machine's GPU.")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="Ray cluster for --workers ray [default: $RAY_ADDRESS, else a local Ray "
+                   "started for the run].")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Run directory for a new profile (when TARGET is a model id).")
 def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer,
              llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume,
-             max_configs, pairs, run_dir):
+             max_configs, pairs, workers, ray_address, run_dir):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
     a model id. TARGET defaults to the latest run under ./runs.
 
@@ -181,6 +189,10 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
     if top < 1:
         raise UserError("--top must be at least 1")
     only = _family_list(families)
+    if workers == "ray":
+        from verify.workers import import_ray
+
+        import_ray()  # not installed: one line now, not after the profile
     llm = None
     if proposer is not None and proposer.strip() == "llm":
         from codegen.llm_proposer import LLMOptions
@@ -197,9 +209,13 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
         target = str(run_dir or latest_run())
     run = load_run(target)
     if resume:
-        top, only, backend, max_configs, pairs, proposer = _resumed(
+        top, only, backend, max_configs, pairs, proposer, workers, ray_address = _resumed(
             run, top=top, families=only, backend=backend, max_configs=max_configs,
-            pairs=pairs, proposer=proposer)
+            pairs=pairs, proposer=proposer, workers=workers, ray_address=ray_address)
+        if workers == "ray":
+            from verify.workers import import_ray
+
+            import_ray()
     if llm is not None:
         from codegen.llm_proposer import save_options
 
@@ -216,7 +232,8 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
     _RUN["dir"] = run
     with progress(console, "optimize") as say:
         out = run_optimize(run, top, say, resume=resume, max_configs=max_configs, pairs=pairs,
-                           proposer=proposer, backend=backend, only=only)
+                           proposer=proposer, backend=backend, only=only, workers=workers,
+                           ray_address=ray_address)
     from pipeline.summary import print_optimize
 
     print_optimize(run)

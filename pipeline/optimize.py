@@ -31,19 +31,25 @@ from pipeline.stages.integrate import integrate_stage
 from pipeline.stages.rank import run_rank
 from pipeline.stages.verify import verify_stage
 from profiling.loader import build, resolve
+from verify.workers import make_workers
 
 
 def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bool = False,
                  max_configs: int | None = None, pairs: int | None = None,
                  proposer: str | None = None, backend: str = "triton",
-                 only: list[str] | None = None) -> dict:
+                 only: list[str] | None = None, workers: str = "local",
+                 ray_address: str | None = None) -> dict:
     """All stages after profile on `run_dir`; returns the paths of what was written.
     `only`: exactly these families (in the ranking's order), instead of the top `top`.
     `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back
-    to Triton on a CPU run and raises UserError on a GPU that cannot build it."""
+    to Triton on a CPU run and raises UserError on a GPU that cannot build it.
+    `workers`: where candidates are screened and verified, "local" (this machine, one at a
+    time) or "ray" (one Ray task per candidate, one GPU each, on the cluster at `ray_address`
+    or $RAY_ADDRESS, else a local Ray started here)."""
     profile = read_json(run_dir / "profile.json", "profile")
     write_options(run_dir, {"top": top, "families": only, "backend": backend,
-                            "max_configs": max_configs, "pairs": pairs, "proposer": proposer})
+                            "max_configs": max_configs, "pairs": pairs, "proposer": proposer,
+                            "workers": workers, "ray_address": ray_address})
     workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
     device = workloads[0].device
     on_gpu = device.startswith("cuda")
@@ -53,6 +59,19 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     if not on_gpu:
         use_interpreter_without_gpu()  # for API callers; the CLI did it before any import
 
+    # before any stage: a missing Ray, or a cluster without a GPU, is one line, not a failure
+    pool = make_workers(workers, ray_address, gpu=on_gpu)
+    if pool.name == "ray":
+        say(f"workers: Ray tasks, each with {pool.resources}")
+    try:
+        return _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only,
+                       profile, workloads, device, on_gpu, pool)
+    finally:
+        pool.close()
+
+
+def _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only, profile,
+            workloads, device, on_gpu, pool) -> dict:
     ranking = _ranking(run_dir, resume, say)
     families = _chosen(ranking, top, only)
     spec = resolve(profile["model"]["id"])
@@ -62,12 +81,12 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
 
     def search(fams: list[str], again: bool, propose: bool) -> tuple[dict, dict]:
         log = generate_stage(run_dir, fams, model, workloads, device, say, again, max_configs,
-                             backend)
+                             backend, workers=pool)
         if proposer and propose:
             from codegen.proposer import run_proposer
 
             log = run_proposer(proposer, run_dir, log, device, say)
-        return log, verify_stage(run_dir, log, device, say, again)
+        return log, verify_stage(run_dir, log, device, say, again, workers=pool)
 
     verified_before = _read_if(resume, run_dir / "verification" / "summary.json",
                                "verification summary")
@@ -76,6 +95,12 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         families, summary = backfill(ranking, families, top, device, say, summary,
                                      lambda more: search(more, True, propose=False))
 
+    # Whole-model timings (host, integrate, graphs) run on the driver's GPU with nothing else
+    # on it: on a one-GPU node a Ray task may hold that same GPU, so every task, cancelled
+    # ones too, must have ended first. Families of one workload are integrated one after
+    # another on that GPU, not spread over Ray: each decision (rolled back or kept, the next
+    # family backfilled) is measured in the model with the families kept before it.
+    pool.drain()
     # later stages are skipped on --resume only if what they read did not change in this run
     # (an edited kernel, verified again, must reach the projection and the model)
     integ = _read_if(resume, run_dir / "integration.json", "integration")

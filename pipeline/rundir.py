@@ -13,7 +13,8 @@ from core.errors import UserError
 OPTIONS = "options.json"
 # what `pipeline optimize` was asked for, in the order --resume names them
 OPTION_FLAGS = {"top": "--top", "families": "--families", "backend": "--backend",
-                "max_configs": "--max-configs", "pairs": "--pairs", "proposer": "--proposer"}
+                "max_configs": "--max-configs", "pairs": "--pairs", "proposer": "--proposer",
+                "workers": "--workers", "ray_address": "--ray-address"}
 
 
 def runs_root() -> Path:

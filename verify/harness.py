@@ -32,8 +32,9 @@ import json
 import platform
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ from core.family import Case, Family
 from verify.loading import candidate_name, family_spec, load_family
 from verify.numerics import MEMO_KINDS, input_plan, seed_for
 from verify.tolerances import TOLERANCES
-from verify.worker import WorkerOutcome, run_isolated
+from verify.worker import WorkerOutcome
+from verify.workers import LocalWorkers, Workers
 
 
 @dataclass
@@ -64,6 +66,9 @@ class VerificationResult:
     duration_s: float = 0.0
     record_path: str | None = None
     notes: list[str] = field(default_factory=list)  # what this verification could not see
+    # where it ran: backend ("local" | "ray"), hostname, the GPU (name, uuid, PCI bus id),
+    # on Ray the node; the timings in `timing` are that GPU's
+    worker: dict = field(default_factory=dict)
 
     @property
     def accepted(self) -> bool:
@@ -159,7 +164,7 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
                      device: str, seed: int = 0, trials: int = 3, timeout_s: float = 120,
                      record_dir: str | Path | None = None, timing: bool = True,
                      fail_fast: bool = True, candidate: str | None = None,
-                     ) -> VerificationResult:
+                     workers: Workers | None = None) -> VerificationResult:
     """Verify one candidate source file; a result object whatever the candidate does.
 
     family: a Family, a codegen.registry name, or "module:attr". cases: the cases the model runs
@@ -167,23 +172,61 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
     input (per input set seeds are derived and recorded). timing: time an accepted candidate and
     the baseline on the given cases (labelled not meaningful off the GPU). fail_fast: stop after
     the first case with a failed check (the verdict is then settled). record_dir: the run
-    directory; the record goes to verification/<family>/<candidate>.json under it.
+    directory; the record goes to verification/<family>/<candidate>.json under it. workers:
+    where it runs (verify.workers; default this machine's isolated worker).
     """
+    with closing(verify_each(family, [source_path], cases, device=device, seed=seed,
+                             trials=trials, timeout_s=timeout_s, record_dir=record_dir,
+                             timing=timing, fail_fast=fail_fast, workers=workers,
+                             names=[candidate])) as results:
+        return next(results)
+
+
+def verify_each(family: Family | str, source_paths: Sequence[str | Path],
+                cases: Sequence[Case], *, device: str, seed: int = 0, trials: int = 3,
+                timeout_s: float = 120, record_dir: str | Path | None = None,
+                timing: bool = True, fail_fast: bool = True,
+                names: Sequence[str | None] | None = None, workers: Workers | None = None,
+                ) -> Iterator[VerificationResult]:
+    """verify_candidate for each source, results yielded in input order. All are submitted
+    first (Ray runs them side by side, one GPU each; the local backend runs each when its
+    result is taken); closing the iterator early cancels those not taken, and only taken
+    results are recorded, so stopping at the first accepted one records what the sequential
+    path records."""
     if not cases:
         raise ValueError("verify_candidate needs at least one case")
+    workers = workers or LocalWorkers()
     spec = family_spec(family)
     fam = load_family(spec) if isinstance(family, str) else family
-    source = Path(source_path)
-    name = candidate or candidate_name(source)
     entries = expand_cases(fam, cases)
-    # Fresh per verification, recorded: what `out` is prefilled with and the timing runs' values
-    # are drawn from it, so a candidate cannot learn them from an earlier run.
-    nonce = secrets.randbits(62)
-    request = {"family": spec, "source": str(source.resolve()), "cases": entries,
-               "device": str(device), "seed": int(seed), "trials": int(trials),
-               "timing": bool(timing), "fail_fast": bool(fail_fast), "nonce": nonce}
-    started = time.monotonic()
-    outcome = run_isolated(request, timeout_s)
+    names = list(names) if names is not None else [None] * len(source_paths)
+    submitted = []
+    for source_path, name in zip(source_paths, names):
+        source = Path(source_path)
+        # Fresh per verification, recorded: what `out` is prefilled with and the timing runs'
+        # values are drawn from it, so a candidate cannot learn them from an earlier run.
+        nonce = secrets.randbits(62)
+        request = {"family": spec, "source": str(source.resolve()), "cases": entries,
+                   "device": str(device), "seed": int(seed), "trials": int(trials),
+                   "timing": bool(timing), "fail_fast": bool(fail_fast), "nonce": nonce}
+        submitted.append((source, name or candidate_name(source), nonce,
+                          workers.submit_isolated(request, timeout_s)))
+    taken = 0
+    try:
+        for source, name, nonce, job in submitted:
+            outcome = workers.result(job)
+            taken += 1
+            yield _result(fam, source, name, entries, nonce, outcome, job.started,
+                          device=str(device), seed=seed, trials=trials, timeout_s=timeout_s,
+                          record_dir=record_dir)
+    finally:
+        for *_, job in submitted[taken:]:
+            workers.cancel(job)
+
+
+def _result(fam: Family, source: Path, name: str, entries: list[dict], nonce: int,
+            outcome: WorkerOutcome, started: float, *, device: str, seed: int, trials: int,
+            timeout_s: float, record_dir: str | Path | None) -> VerificationResult:
     checks = [c for kind, payload in outcome.messages if kind == "checks" for c in payload]
     checks += _worker_checks(outcome, timeout_s)
     if outcome.status == "done" and not any(c["name"] in ("load", "static") for c in checks):
@@ -218,12 +261,14 @@ def verify_candidate(family: Family | str, source_path: str | Path, cases: Seque
         cases_skipped=next((p for kind, p in outcome.messages if kind == "skipped"), []),
         source=str(source),
         source_sha256=digest,
-        device=str(device),
-        environment={**_environment(str(device)),
+        device=device,
+        environment={**_environment(device),
                      "tolerances": {k: v.to_dict() for k, v in TOLERANCES.items()}},
         duration_s=time.monotonic() - started,
-        notes=[BF16_CPU_NOTE] if not str(device).startswith("cuda") and any(
+        notes=[BF16_CPU_NOTE] if not device.startswith("cuda") and any(
             str(e["case"].get("dtype", "")).endswith("bfloat16") for e in entries) else [],
+        worker={**outcome.worker,
+                **next((p for kind, p in outcome.messages if kind == "device"), {})},
     )
     if record_dir is not None:
         from core.artifacts import write_json

@@ -55,6 +55,7 @@ class WorkerOutcome:
     exitcode: int | None = None
     log_tail: str = ""
     elapsed_s: float = 0.0
+    worker: dict = field(default_factory=dict)  # which backend ran it (verify.workers)
 
     @property
     def last_phase(self) -> str:
@@ -145,6 +146,9 @@ def _child(job: str) -> None:
                 os.environ.update(request["env"])
                 sys.path[:] = request["sys_path"]
                 os.chdir(request["cwd"])
+                # which machine and GPU judged it: with several GPUs (the Ray backend) the record
+                # must say where its timings came from; sent first, so a crash keeps it
+                emit("device", device_identity(request["device"]))
                 from verify.checks import Suite
 
                 Suite(request, emit).run()
@@ -155,6 +159,28 @@ def _child(job: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def device_identity(device: str) -> dict:
+    """Hostname and, on CUDA, the GPU's name, UUID and PCI bus id (as nvidia-smi shows them)."""
+    import socket
+
+    ident: dict[str, Any] = {"hostname": socket.gethostname(), "gpu": None}
+    if not str(device).startswith("cuda"):
+        return ident
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.device(device))
+        bus = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+        ident["gpu"] = {
+            "name": props.name, "uuid": str(getattr(props, "uuid", "")) or None,
+            "pci_bus_id": f"{bus[0]:08x}:{bus[1]:02x}:{bus[2]:02x}.0".upper()
+            if None not in bus else None,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    except Exception as e:  # noqa: BLE001 - the identity is a note; the checks say the rest
+        ident["gpu"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    return ident
 
 
 def _isolate(job: str) -> None:
@@ -247,14 +273,21 @@ class _Lines:
         return [tuple(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
 
 
-def run_isolated(request: dict, timeout_s: float) -> WorkerOutcome:
+def caller_context() -> dict:
+    """What a child takes from its caller: environment, import path and folder."""
+    return {"env": dict(os.environ), "sys_path": list(sys.path), "cwd": os.getcwd()}
+
+
+def run_isolated(request: dict, timeout_s: float, context: dict | None = None) -> WorkerOutcome:
     """Run the check suite for one candidate in a fresh child; never raises for anything the
-    candidate does. `request`: family (spec), source, cases, device, seed, trials, timing."""
+    candidate does. `request`: family (spec), source, cases, device, seed, trials, timing.
+    `context`: env, sys_path and cwd for the child (default: this process's)."""
     job = Path(tempfile.mkdtemp(prefix="verify-job-"))
-    full = {**request, "env": dict(os.environ), "sys_path": list(sys.path), "cwd": os.getcwd()}
+    full = {**request, **(context or caller_context())}
     (job / "request.json").write_text(json.dumps(full, default=str))
     outcome = WorkerOutcome(status="crash")
     start = time.monotonic()
+    pid = None
     try:
         pid = _start_child(str(job))
         lines, exit_file = _Lines(job / "messages.jsonl"), job / "exit"
@@ -280,6 +313,12 @@ def run_isolated(request: dict, timeout_s: float) -> WorkerOutcome:
         log = (job / "worker.log")
         outcome.log_tail = log.read_text(errors="replace")[-_LOG_TAIL_CHARS:] \
             if log.exists() else ""
+    except BaseException:
+        # interrupted (Ctrl-C, or a Ray task cancelled after another candidate was accepted):
+        # the child must not run on, holding its GPU, after its caller stopped waiting
+        if pid is not None:
+            _kill_group(pid)
+        raise
     finally:
         outcome.elapsed_s = time.monotonic() - start
         shutil.rmtree(job, ignore_errors=True)

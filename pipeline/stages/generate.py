@@ -11,10 +11,13 @@ from pipeline.resume import edited_since_screened
 
 def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
                    say: Callable[[str], None], resume: bool, max_configs: int | None,
-                   backend: str = "triton") -> dict:
-    """`backend`: "triton", "cuda" or "both" (already checked against the device)."""
+                   backend: str = "triton", workers=None) -> dict:
+    """`backend`: "triton", "cuda" or "both" (already checked against the device). `workers`
+    (verify.workers): every case is submitted first, then taken in order, so on Ray the cases
+    are screened side by side; the local backend screens each as it is taken, as before."""
+    from codegen import search as searching
     from codegen.registry import get_family
-    from codegen.search import case_key, family_backend, search
+    from codegen.search import case_key, family_backend
 
     path = run_dir / "candidates" / "search_log.json"
     log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
@@ -23,6 +26,7 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     # edit is kept (write_candidate) and screened, then verified, as it is now
     done = {k for k, i in index.items() if not edited_since_screened(log["searches"][i])}
     changed = not (resume and path.exists())
+    pending = []
     for name in families:
         fam = get_family(name)
         wanted = family_backend(fam, backend)
@@ -34,11 +38,7 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
                 if c not in cases:
                     cases.append(c)
         if not cases:
-            if (name, None) not in index:
-                index[(name, None)] = len(log["searches"])
-                log["searches"].append({"family": name, "case_key": None, "case": None,
-                                        "note": "the model has no call this family can replace"})
-                changed = True
+            pending.append((name, None, (name, None), None))
             continue
         for case in cases:
             key = (name, case_key(case))
@@ -46,16 +46,31 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
             # backends existed searched Triton)
             if key in done and log["searches"][index[key]].get("backend", "triton") == wanted:
                 continue
-            say(f"generate {name} {case_key(case)}")
-            entry = search(fam, case, run_dir / "candidates", device, max_configs=max_configs,
-                           backend=backend)
-            if key in index:
-                log["searches"][index[key]] = entry
-            else:
+            args = (fam, case, run_dir / "candidates", device)
+            if workers is not None and workers.parallel:
+                job = searching.submit_search(*args, max_configs=max_configs, backend=backend,
+                                              workers=workers)
+                pending.append((name, case, key, lambda job=job: searching.finish_search(job)))
+            else:  # searched when taken, below
+                pending.append((name, case, key, lambda args=args: searching.search(
+                    *args, max_configs=max_configs, backend=backend)))
+    for name, case, key, job in pending:  # in the order of the loop above, as before backends
+        if job is None:
+            if key not in index:
                 index[key] = len(log["searches"])
-                log["searches"].append(entry)
-            write_json(path, log)
-            changed = False
+                log["searches"].append({"family": name, "case_key": None, "case": None,
+                                        "note": "the model has no call this family can replace"})
+                changed = True
+            continue
+        say(f"generate {name} {case_key(case)}")
+        entry = job()
+        if key in index:
+            log["searches"][index[key]] = entry
+        else:
+            index[key] = len(log["searches"])
+            log["searches"].append(entry)
+        write_json(path, log)
+        changed = False
     if changed:
         write_json(path, log)
     return log

@@ -17,10 +17,15 @@ def _candidate_name(case_key: str, path: str) -> str:
 
 
 def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], None],
-                 resume: bool) -> dict:
-    """Fully verify the fastest screened candidate of every (family, case); next if rejected."""
+                 resume: bool, workers=None) -> dict:
+    """Fully verify the fastest screened candidate of every (family, case); next if rejected.
+    On Ray (`workers`, verify.workers) a case's candidates are verified side by side, one GPU
+    each, and the first accepted in the screen's order wins, as in the sequential path; the
+    rest are cancelled and not recorded."""
+    from contextlib import closing
+
     from codegen.registry import get_family
-    from verify.harness import verify_candidate
+    from verify.harness import verify_each
 
     path = run_dir / "verification" / "summary.json"
     summary = read_json(path, "verification summary") if (resume and path.exists()) \
@@ -43,26 +48,32 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
             summary["rejected"].remove(rej)
         fam = get_family(s["family"])
         tried = []
-        for cand in s["order"] or []:
-            name = _candidate_name(s["case_key"], cand)
-            say(f"verify {key} {name.split('__', 1)[1]}")
-            res = verify_candidate(fam, cand, [s["case"]], device=device, record_dir=run_dir,
-                                   candidate=name)
-            tried.append({"candidate": cand, "verdict": res.verdict, "reasons": res.reasons,
-                          "record": res.record_path})
-            if res.accepted:
-                entry = next(e for e in s["candidates"] if e["path"] == cand)
-                summary["accepted"][key] = {
-                    "family": s["family"], "case": s["case"], "source": cand,
-                    "source_sha256": res.source_sha256, "config": entry["config"],
-                    "kernel": entry["timing"],
-                    "baseline": s["baseline"], "record": res.record_path,
-                    "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
-                    "host_delta_us": (s["baseline"].get("host_us") - entry["host_us"])
-                    if entry.get("host_us") is not None and s["baseline"].get("host_us")
-                    is not None else None,
-                    "verification_timing": res.timing}
-                break
+        order = s["order"] or []
+        names = [_candidate_name(s["case_key"], cand) for cand in order]
+        results = verify_each(fam, order, [s["case"]], device=device, record_dir=run_dir,
+                              names=names, workers=workers)
+        with closing(results):  # leaving early cancels the candidates not taken
+            for cand, name in zip(order, names):
+                say(f"verify {key} {name.split('__', 1)[1]}")
+                res = next(results)
+                tried.append({"candidate": cand, "verdict": res.verdict,
+                              "reasons": res.reasons, "record": res.record_path})
+                if res.accepted:
+                    break
+            else:
+                res = None
+        if res is not None:
+            entry = next(e for e in s["candidates"] if e["path"] == cand)
+            summary["accepted"][key] = {
+                "family": s["family"], "case": s["case"], "source": cand,
+                "source_sha256": res.source_sha256, "config": entry["config"],
+                "kernel": entry["timing"],
+                "baseline": s["baseline"], "record": res.record_path,
+                "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
+                "host_delta_us": (s["baseline"].get("host_us") - entry["host_us"])
+                if entry.get("host_us") is not None and s["baseline"].get("host_us")
+                is not None else None,
+                "verification_timing": res.timing}
         else:
             summary["rejected"].append({"key": key, "family": s["family"], "tried": tried,
                                         "sources": fingerprint(s),

@@ -67,3 +67,21 @@ def test_an_option_given_again_on_resume_wins(interrupted, monkeypatch):
     seen, out = resumed(interrupted, monkeypatch, "--top", "4")
     assert seen["top"] == 4 and seen["pairs"] == 2
     assert "from the command line: --top 4" in out
+
+
+def test_resume_keeps_or_overrides_the_workers_backend(tmp_path):
+    from pipeline.rundir import resume_options, write_options
+
+    write_options(tmp_path, {"top": 2, "backend": "triton", "workers": "ray",
+                             "ray_address": "127.0.0.1:6379"})
+    assert read_json(tmp_path / "options.json", "run options")["workers"] == "ray"
+    given = {"top": 2, "families": None, "backend": "triton", "max_configs": None,
+             "pairs": None, "proposer": None, "workers": "local", "ray_address": None}
+    kept, line = resume_options(tmp_path, given, explicit=set())
+    assert (kept["workers"], kept["ray_address"]) == ("ray", "127.0.0.1:6379")
+    assert "--workers ray" in line
+    back, line = resume_options(tmp_path, given, explicit={"workers"})
+    assert back["workers"] == "local" and "from the command line: --workers local" in line
+    # a run from before backends (no such key): the local worker, or what is given now
+    (tmp_path / "options.json").write_text('{"schema_version": 1, "stage": "options", "top": 2}')
+    assert resume_options(tmp_path, given, explicit=set())[0]["workers"] == "local"
