@@ -355,3 +355,16 @@ def test_report_block_shows_timings_decision_projection_pool_and_kernel_counts()
                                                "graphs": {"skipped": gs.NO_GPU}}))
     assert gs.NO_GPU in skipped
     assert rp.graphs_blocks({"graph_row": None, "graphs": None}) == []
+
+
+def test_report_reads_the_graph_projection_as_pass_times():
+    from pipeline import report_plots as rp
+
+    g = {"medians": {"graphed_ms": 2.683, "graphed_kept_ms": 1.881},
+         "projected_for_kept": {"unpatched_pass_us": 2529.0, "kept_pass_us": 1793.0,
+                                "basis": "the step over a static KV cache"}}
+    rows = dict(rp.pass_time_rows(g))
+    kept = rows["graphed pass, kernels + graph: projected (frozen) / measured"]
+    assert "1.793 ms / 1.881 ms (4.7% apart" in kept and "static KV cache" in kept
+    assert "(5.7% apart" in rows["graphed pass, unpatched: projected (frozen) / measured"]
+    assert rp.pass_time_rows({"medians": {}, "projected": {}}) == []
