@@ -420,15 +420,19 @@ def test_headroom_no_family_acts_on_is_listed_and_patch_memory_shown(tmp_path):
 
 def test_patch_memory_is_what_a_patch_holds_beyond_the_weights():
     """What the integrate stage records for the report: tiny-gpt2's two c_fc (64 -> 176 wide,
-    padded to 192) held as fp32 copies, weight and bias, by the matmul family; nothing for a
-    family that builds no copies."""
+    padded) held as fp32 copies, weight and bias, by the matmul family; nothing for a
+    family that builds no copies; the copy is as wide as the widest padded width searched
+    (held_width: 256)."""
     import torch
 
+    from codegen.matmul.reference import held_width
     from pipeline.patching import patch_memory
     from profiling.loader import build, resolve
 
     model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
-    assert patch_memory(model, ["matmul", "gelu"]) == {"matmul": 2 * (64 * 192 + 192) * 4}
+    width = held_width(176)
+    assert width == 256
+    assert patch_memory(model, ["matmul", "gelu"]) == {"matmul": 2 * (64 * width + width) * 4}
     assert not [n for n, m in model.named_modules() if "forward" in m.__dict__]  # undone
 
 
