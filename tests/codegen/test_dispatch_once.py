@@ -32,10 +32,11 @@ def test_kernel_by_signature_resolves_each_key_once():
     assert declined(a, torch.float16) == (None, None)
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "add_rmsnorm", "rope", "gated_act", "kv_cache"])
-def test_the_chooser_is_asked_once_per_signature(name, tmp_path):
+@pytest.mark.parametrize("name,model_id", [(n, "tiny-llama") for n in (
+    "rmsnorm", "add_rmsnorm", "rope", "gated_act", "kv_cache")] + [("gelu", "tiny-gpt2")])
+def test_the_chooser_is_asked_once_per_signature(name, model_id, tmp_path):
     family = get_family(name)
-    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    model = build(resolve(model_id), torch.float32, DEVICE)
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     chooser = CountingChooser(family, tmp_path)
     undo = family.patch(model, chooser)
