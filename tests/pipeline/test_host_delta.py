@@ -269,5 +269,7 @@ def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
                              calls, "fam", pairs=3, device="cpu")
     assert per_pass == 1 and len(rows) == 3
     for r in rows:
-        assert 16000 < r["us_per_call"] < 26000 and 16000 < r["pass_us_per_call"] < 26000
-        assert 0.38 < r["share_per_call"] < 0.62 and 0.38 < r["pass_share_per_call"] < 0.62
+        # wide: under two pytest-xdist workers on 2 cores a pair's saving read 26.4 ms for
+        # 20; a share of the patched pass instead of the unpatched one would read 1.0
+        assert 12000 < r["us_per_call"] < 28000 and 12000 < r["pass_us_per_call"] < 28000
+        assert 0.3 < r["share_per_call"] < 0.7 and 0.3 < r["pass_share_per_call"] < 0.7
