@@ -48,9 +48,13 @@ def _graph_us(fn) -> float:
 
 def run(batch: int, heads: int, kv_heads: int, head_dim: int, slots: int, length: int,
         dtype: str) -> dict:
+    import tempfile
+    from pathlib import Path
+
     import triton
 
-    from codegen.decode_attention.kernel import decode_attention_forward, search_space
+    from codegen.decode_attention.kernel import render, search_space
+    from core.source import load_forward
 
     case = {**make_case(batch, heads, kv_heads, head_dim, slots, dtype), "exact_slots": slots,
             "length": length}
@@ -63,11 +67,16 @@ def run(batch: int, heads: int, kv_heads: int, head_dim: int, slots: int, length
           * 1e3, "graph_us": _graph_us(lambda: decode_attention(q, k, v, n, mask, scale=scale))}
     kv_bytes = 2 * batch * kv_heads * length * head_dim * q.element_size()
     rows = []
-    for config in search_space(case):
+    tmp = Path(tempfile.mkdtemp(prefix="decode_attention_bench_"))
+    for i, config in enumerate(search_space(case)):
+        # the rendered candidate, as the search writes and times it
+        path = tmp / f"cand_{i}.py"
+        path.write_text(render(config, case))
+        forward = load_forward(path)
         out = torch.empty_like(hf_out)
 
-        def call(config=config, out=out):
-            decode_attention_forward(q, k, v, n, mask, out=out, scale=scale, **config)
+        def call(forward=forward, out=out):
+            forward(q, k, v, n, mask, out=out, scale=scale)
 
         call()
         err = (out.double() - want).abs().max().item()

@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import textwrap
 
-import torch
 import triton
 import triton.language as tl
 
+from codegen.attention.kernel import LOG2E, block_d
 from core.family import Case
 from core.source import kernel_source
 
@@ -39,7 +39,6 @@ CONFIGS = (
     (64, 32, 2, 2), (32, 64, 4, 2), (32, 32, 2, 2), (16, 32, 2, 3), (16, 64, 4, 2),
     (8, 32, 2, 2), (8, 64, 4, 2), (4, 64, 4, 2), (1, 64, 4, 2),
 )
-LOG2E = 1.4426950408889634
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
 
@@ -139,23 +138,10 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
              mask=(offs_g < group)[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
-def block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
-
-
-def block_g(group: int) -> int:
-    return max(16, triton.next_power_of_2(group))
-
-
 def precisions(dtype: str) -> tuple[str, str]:
     """(QK^T, PV) dot precisions: IEEE for fp32 inputs; on bf16/fp16 the QK^T entry is moot
     (tensor cores, fp32 sums) and PV runs as 3xTF32 on fp32 probabilities."""
     return ("ieee", "ieee") if dtype == "float32" else ("tf32", "tf32x3")
-
-
-def chunk_of(slots: int, splits: int, block_n: int) -> int:
-    """Slots per split, a multiple of BLOCK_N, so that SPLITS chunks cover every slot."""
-    return triton.cdiv(triton.cdiv(max(slots, 1), splits), block_n) * block_n
 
 
 def search_space(case: Case) -> list[dict]:
@@ -166,47 +152,6 @@ def search_space(case: Case) -> list[dict]:
             configs.append({"SPLITS": splits, "BLOCK_N": bn, "num_warps": warps,
                             "num_stages": stages})
     return configs
-
-
-def decode_attention_forward(q, k, v, length, mask, *, out, scale: float, SPLITS: int = 8,
-                             BLOCK_N: int = 64, num_warps: int = 4, num_stages: int = 2) -> None:
-    """Host wrapper. q (batch, heads, 1, d), k/v (batch, kv_heads, slots, d), any strides;
-    length: a 0-d int64 device tensor (valid slots) or None (all `slots`); mask: None or a bool
-    (batch or 1, 1, 1, slots) tensor; out (batch, 1, heads, d), any strides."""
-    launch(q, k, v, length, mask, out, scale, SPLITS, BLOCK_N, num_warps, num_stages)
-
-
-def launch(q, k, v, length, mask, out, scale, splits, block_n, num_warps, num_stages) -> None:
-    batch, heads, _, head_dim = q.shape
-    kv_heads, slots = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    bg, bd = block_g(group), block_d(head_dim)
-    qk_prec, pv_prec = precisions(str(q.dtype).removeprefix("torch."))
-    if mask is not None:
-        mask_arg = mask.view(torch.int8) if mask.dtype == torch.bool else mask
-        m_sb = mask_arg.stride(0) if mask_arg.shape[0] > 1 else 0
-        m_ss = mask_arg.stride(3)
-    else:
-        mask_arg, m_sb, m_ss = q, 0, 0
-    if splits > 1:
-        part = torch.empty((batch * kv_heads * splits, bg, bd), dtype=torch.float32,
-                           device=q.device)
-        ml = torch.empty((batch * kv_heads * splits, 2, bg), dtype=torch.float32,
-                         device=q.device)
-    else:
-        part = ml = q
-    o = out.squeeze(1)  # (batch, heads, d)
-    _decode_split_kernel[(batch * kv_heads, splits)](
-        q, k, v, length if length is not None else q, mask_arg, o, part, ml,
-        slots, chunk_of(slots, splits, block_n), kv_heads, group, scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(), m_sb, m_ss,
-        *o.stride(), HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_G=bg, BLOCK_N=block_n, SPLITS=splits,
-        LEN_ON_DEVICE=length is not None, HAS_MASK=mask is not None, QK_PRECISION=qk_prec,
-        PV_PRECISION=pv_prec, num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS)
-    if splits > 1:
-        _decode_combine_kernel[(batch * kv_heads,)](
-            part, ml, o, kv_heads, group, *o.stride(), HEAD_DIM=head_dim, BLOCK_D=bd,
-            BLOCK_G=bg, SPLITS=splits, num_warps=4, **LAUNCH_OPTIONS)
 
 
 _FORWARD = '''\

@@ -29,6 +29,7 @@ from codegen.attention.patch import (
     GLOBAL_NAME,
     _Interfaces,
     _sdpa_forward,
+    _sliding_window,
     find_attentions,
 )
 from codegen.decode_attention.reference import make_case, params
@@ -143,12 +144,6 @@ def _instance_forward(module_globals: dict, resolve: Callable) -> Callable:
         return forward
 
     return wrap
-
-
-def _sliding_window(module: nn.Module) -> int | None:
-    if hasattr(module, "sliding_window"):
-        return module.sliding_window
-    return getattr(getattr(module, "config", None), "sliding_window", None)
 
 
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
