@@ -43,7 +43,13 @@ import torch
 from core.artifacts import read_json
 from core.errors import UserError
 from core.workload import Workload
-from models.graphs import CaptureError, GraphedPrefill, StaticDecoder, capture_reason
+from models.graphs import (
+    CaptureError,
+    GraphedPrefill,
+    StaticDecoder,
+    capture_reason,
+    static_len,
+)
 from pipeline.api import apply_kernels
 from pipeline.patching import twin
 from profiling.capture import make_runner, sync
@@ -77,11 +83,6 @@ def rotation(variants: list[str], i: int) -> list[str]:
     """Round i's order: the list rotated by i, so each variant leads as often as the others."""
     k = i % len(variants)
     return variants[k:] + variants[:k]
-
-
-def static_len(seq: int) -> int:
-    """Static cache slots for a step at position `seq`: seq + 1 rounded up to 16."""
-    return -(-(seq + 1) // 16) * 16
 
 
 def kernel_count(events) -> int:

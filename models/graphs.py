@@ -208,6 +208,11 @@ class GraphedPrefill:
         _release(self._device)
 
 
+def static_len(seq: int) -> int:
+    """Static cache slots for a step at position `seq`: seq + 1 rounded up to 16."""
+    return -(-(seq + 1) // 16) * 16
+
+
 def static_cache(config, batch: int, max_len: int, device, dtype):
     """transformers' StaticCache built with the arguments its installed constructor names."""
     from transformers import StaticCache

@@ -82,7 +82,7 @@ def make_static_runner(model, workload: Workload, seed: int = 0) -> Runner:
     replays for decode: the static cache reads and masks all its slots each step, work the
     dynamic cache's step does not do (Llama-3.2-1B b1 KV 1024 on the H200: 17.4 ms eager over
     the static cache against 13.9 over the dynamic one)."""
-    from models.graphs import StaticDecoder
+    from models.graphs import StaticDecoder, static_len
 
     if workload.mode != "decode":
         raise ValueError(f"a static-cache runner is for decode workloads, not {workload.mode}")
@@ -91,7 +91,7 @@ def make_static_runner(model, workload: Workload, seed: int = 0) -> Runner:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids = torch.randint(0, vocab, (workload.batch, workload.seq), generator=gen).to(device)
     next_ids = torch.randint(0, vocab, (workload.batch, 1), generator=gen).to(device)
-    decoder = StaticDecoder(model, workload.batch, -(-(workload.seq + 1) // 16) * 16, graph=False)
+    decoder = StaticDecoder(model, workload.batch, static_len(workload.seq), graph=False)
     decoder.prefill(ids)
 
     def call():

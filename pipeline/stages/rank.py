@@ -294,10 +294,11 @@ def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
         return {"pass_us": None, "gain": None, "note": NOT_CALIBRATED}
     base = graph.graph.setdefault("_base_len", replay(graph))
     reps = _replacements(graph, rows) if rows else []
-    us = graphed_with(graph, reps, node, launch) if reps else graphed(graph, node, launch)
+    plain = graphed(graph, node, launch)
+    us = graphed_with(graph, reps, node, launch) if reps else plain
     basis = "the profiled step"
     if static is not None:
-        us += graphed(static, node, launch) - graphed(graph, node, launch)
+        us += graphed(static, node, launch) - plain
         basis = "the step over a static KV cache"
     return {"pass_us": us, "gain": base / us, "base_us": base, "note": None, "basis": basis}
 
