@@ -19,9 +19,11 @@ Not here: the MLP residual add with the next block's ln_1 (or ln_f after the las
 which crosses a block boundary.
 """
 
+from dataclasses import replace
+
 from codegen.add_layernorm import patch
-from codegen.layernorm import kernel, reference
-from core.family import Family, Pattern
+from codegen.layernorm import FAMILY as LAYERNORM
+from core.family import Pattern
 
 ADD_LAYERNORM_PATTERN = Pattern(
     name="add_layernorm",
@@ -34,19 +36,12 @@ ADD_LAYERNORM_PATTERN = Pattern(
     partial=True,
 )
 
-FAMILY = Family(
+# layernorm's family with this folder's pattern and adapter: the same kernel, reference and
+# cases (its fused form), so nothing of the arithmetic is declared twice
+FAMILY = replace(
+    LAYERNORM,
     name="add_layernorm",
     patterns=(ADD_LAYERNORM_PATTERN,),
-    reference=reference.layer_norm,
-    make_inputs=reference.make_inputs,
-    make_out=reference.make_out,
-    edge_cases=reference.edge_cases,
-    min_bytes=reference.min_bytes,
-    flops=reference.flops,
-    search_space=kernel.search_space,
-    render=kernel.render,
     patch=patch.patch,
     cases_from_model=patch.cases_from_model,
-    aten_ops=("aten::layer_norm", "aten::native_layer_norm", "aten::add"),
-    params=reference.params,
 )
