@@ -15,6 +15,12 @@ or past the length are never loaded; a split whose chunk starts past it stores a
 (max -inf, sum 0) and the combine skips it. An optional boolean mask row per sequence
 (HF's [batch or 1, 1, 1, slots] mask) is applied to the slots that are read.
 
+Softmax semantics at the edges, as torch's: -inf scores weigh 0 beside any finite one; a row
+whose kept (valid, unmasked) scores are all -inf is NaN (a 0-over-0 softmax), which the kernel
+tells apart from a row with no kept slot at all (0, SDPA's fully-masked convention) by a `seen`
+flag per row, stored with each split's partial. The verifier's length-1 edge with a huge or
+-inf query is that row; scoring masked slots and real -inf alike gave 0 there.
+
 Numerics as in codegen/attention/kernel.py: QK^T on the input dtype with fp32 sums, softmax in
 fp32 (exp2, log2(e) folded into the scale), PV on fp32 probabilities times v promoted to fp32
 (3xTF32 on the GPU, IEEE for fp32 inputs); no FMA contraction (enable_fp_fusion=False).
@@ -71,6 +77,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    seen = tl.zeros([BLOCK_G], dtype=tl.float32)  # 1 once any slot is kept (unmasked)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, length)
     for start_n in range(lo, hi, BLOCK_N):
@@ -86,6 +93,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr
         if HAS_MASK:
             keep = keep & (tl.load(mask_ptr + b * m_sb + offs_n * m_ss, mask=n_ok, other=0) != 0)
         s = tl.where(keep[None, :], s, float("-inf"))
+        seen = tl.maximum(seen, tl.max(keep.to(tl.float32), 0))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # all -inf so far (masked slots only): subtract 0, not -inf, so no NaN appears
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -97,15 +105,19 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr
     row_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        # kept slots whose scores are all -inf: NaN, as softmax gives (no kept slot gives 0)
+        out = tl.where(((seen > 0) & (m_i == float("-inf")))[:, None], float("nan"), out)
         tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :] * o_sd,
                  out.to(o_ptr.dtype.element_ty), mask=row_ok)
     else:
-        # partials: [batch x kv head, SPLITS, BLOCK_G, BLOCK_D] and [.., SPLITS, 2, BLOCK_G]
+        # partials: [batch x kv head, SPLITS, BLOCK_G, BLOCK_D] and [.., SPLITS, 3, BLOCK_G]
+        # (row max, row sum, seen)
         row = (bk.to(tl.int64) * SPLITS + split)
         tl.store(part_ptr + row * BLOCK_G * BLOCK_D + offs_g[:, None] * BLOCK_D
                  + offs_d[None, :], acc)
-        tl.store(ml_ptr + row * 2 * BLOCK_G + offs_g, m_i)
-        tl.store(ml_ptr + row * 2 * BLOCK_G + BLOCK_G + offs_g, l_i)
+        tl.store(ml_ptr + row * 3 * BLOCK_G + offs_g, m_i)
+        tl.store(ml_ptr + row * 3 * BLOCK_G + BLOCK_G + offs_g, l_i)
+        tl.store(ml_ptr + row * 3 * BLOCK_G + 2 * BLOCK_G + offs_g, seen)
 
 
 @triton.jit
@@ -119,8 +131,10 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     rows = bk.to(tl.int64) * SPLITS + offs_s
-    m = tl.load(ml_ptr + rows[:, None] * 2 * BLOCK_G + offs_g[None, :])  # [SPLITS, BLOCK_G]
-    lsum = tl.load(ml_ptr + rows[:, None] * 2 * BLOCK_G + BLOCK_G + offs_g[None, :])
+    m = tl.load(ml_ptr + rows[:, None] * 3 * BLOCK_G + offs_g[None, :])  # [SPLITS, BLOCK_G]
+    lsum = tl.load(ml_ptr + rows[:, None] * 3 * BLOCK_G + BLOCK_G + offs_g[None, :])
+    seen = tl.max(tl.load(ml_ptr + rows[:, None] * 3 * BLOCK_G + 2 * BLOCK_G + offs_g[None, :]),
+                  0)
     m_all = tl.max(m, 0)
     m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.math.exp2(m - m_sub[None, :])  # empty splits: exp2(-inf) = 0
@@ -132,6 +146,7 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
         ws = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), 0)
         out += part * ws[:, None]
     out = out / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    out = tl.where(((seen > 0) & (m_all == float("-inf")))[:, None], float("nan"), out)
     heads = kv_h * group + offs_g
     tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :] * o_sd,
              out.to(o_ptr.dtype.element_ty),
@@ -187,7 +202,7 @@ def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
     if SPLITS > 1:
         part = torch.empty((batch * kv_heads * SPLITS, bg, bd), dtype=torch.float32,
                            device=q.device)
-        ml = torch.empty((batch * kv_heads * SPLITS, 2, bg), dtype=torch.float32,
+        ml = torch.empty((batch * kv_heads * SPLITS, 3, bg), dtype=torch.float32,
                          device=q.device)
     else:
         part = ml = q

@@ -113,6 +113,40 @@ def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
     verify_on_cpu_or_gpu(FAMILY, make_case(1, 4, 2, 16, 100, "float16"), tmp_path)
 
 
+def test_the_verifier_accepts_a_split_candidate_in_float32(tmp_path):
+    """fp32 is where the "large" stress overflows q.k to -inf at the length-1 edge (the case the
+    H200 run rejected in bf16), and the split path is what the search picks on a GPU."""
+    from verify.harness import verify_candidate
+
+    case = make_case(1, 8, 2, 16, 100, "float32")
+    path = tmp_path / "kernel.py"
+    path.write_text(FAMILY.render(SPLIT4, case))
+    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
+                              fail_fast=False, timeout_s=240)
+    assert result.accepted, result.reasons
+
+
+def test_all_minus_inf_kept_scores_give_nan_and_no_kept_slot_gives_zero(tmp_path):
+    """Softmax's edges, as torch's SDPA has them: a row whose only kept score overflows to -inf
+    is NaN (0/0), a -inf score beside a finite one weighs 0, and a row with every slot masked
+    is 0 (the fully-masked convention), on one program and on split chunks."""
+    case = {**BASE, "length": 70}
+    q, k, v, length, mask = _inputs(case)
+    q[0, 0] = 1e30  # head 0 of batch 0, kv head 0
+    k[0, 0, 0], k[0, 0, 69] = -1e30, 1.0  # slot 0: -inf; slot 69: +1e30 * 16
+    mask[0, ..., 1:69] = False  # batch 0 keeps slots 0 and 69
+    mask[1] = False  # batch 1 keeps nothing
+    for config in (FAMILY.search_space(case)[-1], SPLIT4):
+        forward = load_rendered(FAMILY, config, case, tmp_path)
+        out = _run(forward, case, (q, k, v, length, mask))
+        assert torch.equal(out[0, 0, 0], v[0, 0, 69])  # the -inf slot 0 weighs 0
+        assert (out[1] == 0).all()
+        mask[0, ..., 69] = False  # now only the -inf slot is kept
+        out = _run(forward, case, (q, k, v, length, mask))
+        assert torch.isnan(out[0, 0, 0]).all() and torch.isfinite(out[0, 0, 1:]).all()
+        mask[0, ..., 69] = True
+
+
 def test_rendered_source_is_specialised(tmp_path):
     config = {"SPLITS": 8, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
     source = FAMILY.render(config, {**BASE, "dtype": "float16"})
