@@ -1,8 +1,9 @@
 """Where one static-cache decode step spends its GPU time, kernel by kernel (GPU).
 
-    python benchmarks/probes/decode_kernels.py [MODEL] [KV] [OUT.json]
+    python benchmarks/probes/decode_kernels.py [MODEL] [KV] [OUT.json] [RUN_DIR WORKLOAD]
 
-One eager step and one graph replay of the unpatched model over transformers' StaticCache
+One eager step and one graph replay of the model over transformers' StaticCache (unpatched, or
+with RUN_DIR's graph set for WORKLOAD patched in, `apply_kernels(graph_set=True)`)
 (models.graphs.StaticDecoder), each under torch.profiler: kernels per step, GPU time per step
 and the kernels grouped by name (count, total us). The answer says which kernels a fused
 decode path would have to remove; the graph's own count is what a replay launches.
@@ -47,6 +48,10 @@ def main() -> None:
     kv = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
     out = sys.argv[3] if len(sys.argv) > 3 else None
     model = build(resolve(model_id), torch.bfloat16, "cuda")
+    if len(sys.argv) > 5:
+        from pipeline.api import apply_kernels
+
+        apply_kernels(model, sys.argv[4], sys.argv[5], graph_set=True)
     ids = torch.randint(0, model.config.vocab_size, (1, kv), device="cuda")
     result = {"model": model_id, "kv": kv}
     for name, graph in (("eager_static", False), ("graph", True)):
