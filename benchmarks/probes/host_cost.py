@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: host_profile.py lives there
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (host_profile)
 
 import torch
 import triton

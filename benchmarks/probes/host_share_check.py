@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: reproject.py lives there
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (reproject)
 
 
 def rows_of(results: Path) -> list[dict]:

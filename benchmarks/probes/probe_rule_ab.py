@@ -18,7 +18,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: reproject.py lives there
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (reproject)
 from reproject import out_and_folders, reproject  # noqa: E402
 
 
