@@ -33,6 +33,7 @@ from codegen.matmul.patch import cases_from_model, patch
 from codegen.matmul.reference import (
     edge_cases,
     flops,
+    gemv_call,
     linear,
     make_inputs,
     make_out,
@@ -56,9 +57,16 @@ def declines(row: dict) -> str | None:
     return None
 
 
+def not_gemv_call(ops: list[dict]) -> bool:
+    return not gemv_call(ops)
+
+
+# A few-row Linear call at an unpadded width is the gemv family's `gemv` pattern (gemv_call):
+# the complement here, so one call is never claimed by both, whichever pattern tries first.
 PATTERNS = (
     Pattern("linear", "matmul of an nn.Linear (bias included)", family="matmul",
-            module_class=r"^(Linear|Conv1D)$", ops={"aten::linear": 1}),
+            module_class=r"^(Linear|Conv1D)$", ops={"aten::linear": 1},
+            accepts=not_gemv_call),
     Pattern("linear", "matmul of a GPT-2 Conv1D", family="matmul", module_class=r"^Conv1D$",
             ops={"aten::addmm": 1}),
 )
