@@ -17,10 +17,12 @@ the ranking then shows the row without a family and says why. Within a row it ac
 the projections whose output width needs padding get cases and a patch (patch.projections):
 at aligned widths cuBLAS is the thing to beat and these candidates do not.
 
-Recognition: the two `linear` patterns moved here from profiling/patterns.py unchanged (a
-Linear or Conv1D module running aten::linear; a Conv1D running aten::addmm). matmul_epilogue's
-patterns absorb a gated MLP's gate and up `linear` occurrences; the rank stage marks its row an
-alternative to this one's for that reason (both replace those GEMMs).
+Recognition: the two `linear` patterns moved here from profiling/patterns.py (a Linear or
+Conv1D module running aten::linear; a Conv1D running aten::addmm), the first leaving a decode
+step's few-row calls at unpadded widths to codegen.gemv's `gemv` pattern (reference.gemv_takes:
+a GEMV's work, where this family's candidates do not act). matmul_epilogue's patterns absorb a
+gated MLP's gate and up `linear` occurrences; the rank stage marks its row an alternative to
+this one's for that reason (both replace those GEMMs).
 
 GPT-2's c_fc + gelu_new in one epilogue is codegen.matmul_gelu (a family of its own: it is
 gelu's rival, and this family must not be). Not here (yet): the other weight layout as a
