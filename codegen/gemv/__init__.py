@@ -6,6 +6,8 @@ step in cuBLAS GEMMs at one row, against a weight-read floor near 600 us: k/v_pr
 q/o_proj at 1.5, gate/up at 2.9, down at 2.9 plus a split-K reduce (issue 25, the census in
 benchmarks/results/call-2026-12-02/decode_kernels.json). The kernel (kernel.py) splits the
 weight into enough programs, split-K where n alone gives too few, to keep the H200's memory busy.
+Its search space starts with cuBLAS itself, so a shape where no GEMV config wins (the lead's
+cold-weight probe lost 10-20 % on Llama's gate/up, down and LM head) keeps cuBLAS's time.
 
 A family of its own rather than configs of `matmul`: that family acts on the widths it pads
 and declines the aligned ones, where cuBLAS is near its roofline at prefill; at a few rows it
@@ -62,6 +64,8 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm"),
+    # the cuBLAS candidate runs aten::mm/addmm by design (kept where no GEMV config beats it)
+    library_ops=("aten::mm", "aten::addmm"),
     params=params,
     # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
     # order-dependent way (as the matmul family)

@@ -18,8 +18,10 @@ Numerics: every product and sum in fp32 (16-bit inputs multiply exactly), one ro
 output dtype; the summation order (BLOCK_K-wide partial dot products, then chunk by chunk) is
 not cuBLAS's, which the matmul family's order bound allows for.
 
-`search_space` orders the configs by a guess at what wins at one row (about four programs per
-SM of an H200, then fewer splits, then wider loads); the search's measurement decides.
+`search_space` starts with cuBLAS itself (torch.mm/addmm on the weight's transposed view, as
+F.linear runs it), so a case no GEMV config beats keeps cuBLAS's time, then orders the GEMV
+configs by a guess at what wins at one row (the widest loads, about four programs per SM of an
+H200, fewer splits); the search's measurement decides.
 """
 
 from __future__ import annotations
@@ -129,17 +131,25 @@ def k_chunk(k: int, block_k: int, split_k: int) -> int:
     return cdiv(cdiv(k, split_k), block_k) * block_k
 
 
+# cuBLAS itself, as F.linear runs it: first, so every search budget of two or more measures it
+# (codegen.search.spread keeps both ends) and a case no GEMV config beats keeps cuBLAS's
+# speed (the lead's cold-weight probe: Llama's gate/up, down and LM head ran 10-20 % slower
+# as the probe's GEMV; benchmarks/results/call-2026-12-02b/gemv-cold.json)
+CUBLAS = {"impl": "cublas"}
+
+
 def _config(bn: int, bk: int, sk: int) -> dict:
     return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_warps": NUM_WARPS,
             "num_stages": NUM_STAGES}
 
 
 def search_space(case: Case) -> list[dict]:
-    """BLOCK_N x BLOCK_K x SPLIT_K (SPLIT_K * BLOCK_K <= k; tiles of MIN_TILE elements and
-    more where any are), at most MAX_CONFIGS: first those whose grid fills the GPU, nearest
-    TARGET_PROGRAMS programs, fewer splits (no sum kernel), wider loads; last the cheapest for
-    the interpreter (the widest slabs and steps, no split: the fewest programs and
-    iterations), which CPU runs use."""
+    """cuBLAS (CUBLAS), then BLOCK_N x BLOCK_K x SPLIT_K (SPLIT_K * BLOCK_K <= k; tiles of
+    MIN_TILE elements and more where any are), at most MAX_CONFIGS in all: the widest
+    BLOCK_K first (every winner of the lead's probe, cold and warm, used 512), then grids that
+    fill the GPU, nearest TARGET_PROGRAMS programs, fewer splits (no sum kernel); last the
+    cheapest for the interpreter (the widest slabs and steps, no split: the fewest programs
+    and iterations), which CPU runs use."""
     k, n = case["k"], case["n"]
     configs = [(bn, bk, sk) for bn in BLOCK_NS for bk in block_ks(k) for sk in SPLIT_KS
                if sk == 1 or sk * bk <= k]
@@ -148,15 +158,55 @@ def search_space(case: Case) -> list[dict]:
     def guess(c):
         bn, bk, sk = c
         programs = cdiv(n, bn) * sk
-        return (programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)), sk, -bk, bn)
+        return (-bk, programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)), sk, bn)
 
     cheapest = (BLOCK_NS[-1], block_ks(k)[-1], 1)
-    ranked = [c for c in sorted(configs, key=guess) if c != cheapest][:MAX_CONFIGS - 1]
-    return [_config(*c) for c in ranked + [cheapest]]
+    ranked = [c for c in sorted(configs, key=guess) if c != cheapest][:MAX_CONFIGS - 2]
+    return [CUBLAS] + [_config(*c) for c in ranked + [cheapest]]
 
 
-_FORWARD = '''\
+_CHECK = '''\
 _BAKED_PARAMS = {"n": N, "layout": "linear"}
+
+
+def _rows(x, w, b, out, params) -> int:
+    """x's rows, after checking every argument against what this file is specialised for."""
+    if params and params != _BAKED_PARAMS:
+        raise ValueError(f"specialised for {_BAKED_PARAMS}, called with {params}")
+    if x.dim() not in (2, 3) or x.shape[-1] != K or tuple(w.shape) != (N, K) \\
+            or (b is None) == HAS_BIAS or (b is not None and tuple(b.shape) != (N,)):
+        raise ValueError(f"expected x (rows, {K}) or (batch, seq, {K}), weight ({N}, {K}), "
+                         f"bias ({N},) {'given' if HAS_BIAS else 'absent'}; got "
+                         f"{tuple(x.shape)}, {tuple(w.shape)}, "
+                         f"{None if b is None else tuple(b.shape)}")
+    rows = x.numel() // K
+    if rows > MAX_ROWS or out.numel() != rows * N or out.shape[-1] != N \\
+            or not out.is_contiguous():
+        raise ValueError(f"expected at most {MAX_ROWS} rows and a contiguous out of {rows} x "
+                         f"{N}; got x {tuple(x.shape)}, out {tuple(out.shape)}")
+    if not all(t.dtype == TORCH_DTYPE for t in (x, w, out) + (() if b is None else (b,))):
+        raise ValueError(f"specialised for {DTYPE} tensors")
+    return rows
+'''
+
+_CUBLAS = '''\
+
+
+def forward(x, w, b=None, *, out, **params) -> None:
+    """x: (rows, K) or (batch, seq, K), at most MAX_ROWS rows; w: (N, K); b: (N,) where
+    specialised with a bias; out: contiguous, N wide, x's rows. cuBLAS on the transposed view
+    of w, as F.linear runs it."""
+    rows = _rows(x, w, b, out, params)
+    if rows == 0:
+        return
+    x2, o = x.reshape(rows, K), out.view(rows, N)
+    if b is None:
+        torch.mm(x2, w.t(), out=o)
+    else:
+        torch.addmm(b, x2, w.t(), out=o)
+'''
+
+_TRITON = '''\
 _kernels = {}
 
 
@@ -177,21 +227,7 @@ _sum = launcher(_split_sum_kernel, N=N, HAS_BIAS=HAS_BIAS, BLOCK=SUM_BLOCK, SPLI
 def forward(x, w, b=None, *, out, **params) -> None:
     """x: (rows, K) or (batch, seq, K), any strides, at most MAX_ROWS rows; w: (N, K), any
     strides; b: (N,) where specialised with a bias; out: contiguous, N wide, x's rows."""
-    if params and params != _BAKED_PARAMS:
-        raise ValueError(f"specialised for {_BAKED_PARAMS}, called with {params}")
-    if x.dim() not in (2, 3) or x.shape[-1] != K or tuple(w.shape) != (N, K) \\
-            or (b is None) == HAS_BIAS or (b is not None and tuple(b.shape) != (N,)):
-        raise ValueError(f"expected x (rows, {K}) or (batch, seq, {K}), weight ({N}, {K}), "
-                         f"bias ({N},) {'given' if HAS_BIAS else 'absent'}; got "
-                         f"{tuple(x.shape)}, {tuple(w.shape)}, "
-                         f"{None if b is None else tuple(b.shape)}")
-    rows = x.numel() // K
-    if rows > MAX_ROWS or out.numel() != rows * N or out.shape[-1] != N \\
-            or not out.is_contiguous():
-        raise ValueError(f"expected at most {MAX_ROWS} rows and a contiguous out of {rows} x "
-                         f"{N}; got x {tuple(x.shape)}, out {tuple(out.shape)}")
-    if not all(t.dtype == TORCH_DTYPE for t in (x, w, out) + (() if b is None else (b,))):
-        raise ValueError(f"specialised for {DTYPE} tensors")
+    rows = _rows(x, w, b, out, params)
     if rows == 0:
         return
     if x.dim() == 3:
@@ -212,6 +248,30 @@ def forward(x, w, b=None, *, out, **params) -> None:
 
 def render(config: dict, case: Case) -> str:
     k, n, dtype, bias = case["k"], case["n"], case["dtype"], case["bias"]
+    common = textwrap.dedent(f'''\
+        case:   {json.dumps(case)}
+        config: {json.dumps(config)}
+        """
+
+        import torch
+
+        K = {k}
+        N = {n}
+        HAS_BIAS = {bias}
+        DTYPE = "{dtype}"
+        TORCH_DTYPE = getattr(torch, DTYPE)
+        MAX_ROWS = {MAX_ROWS}
+        ''')
+    if config.get("impl") == "cublas":
+        header = textwrap.dedent(f'''\
+            """Few-row projection candidate (cuBLAS): out = x @ W^T (+ b), W an nn.Linear's (n, k).
+
+            Generated by codegen.gemv.kernel.render: torch.mm / torch.addmm on the transposed
+            view of the weight, what F.linear runs, so the search keeps cuBLAS where no GEMV
+            config beats it. Specialised for k={k}, n={n}, {dtype}, bias={bias}; rows 1 to
+            {MAX_ROWS}. Tuned for {case["rows"]} rows.
+            ''')
+        return header + common + "\n\n" + _CHECK + _CUBLAS
     bn, bk, sk = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     chunk = k_chunk(k, bk, sk)
     launch = ("one program per BLOCK_N rows of W, output stored directly" if sk == 1 else
@@ -223,22 +283,13 @@ def render(config: dict, case: Case) -> str:
         bias={bias}; rows 1 to {MAX_ROWS} (a row block per power of two). Tuned for
         {case["rows"]} rows. Launch: {launch}; {bn} weight rows x {bk} columns per step,
         {config["num_warps"]} warps, {config["num_stages"]} stages. fp32 sums, one rounding.
-        case:   {json.dumps(case)}
-        config: {json.dumps(config)}
-        """
-
-        import torch
+        ''')
+    consts = textwrap.dedent(f'''\
         import triton
         import triton.language as tl
 
         from codegen.launch import launcher
 
-        K = {k}
-        N = {n}
-        HAS_BIAS = {bias}
-        DTYPE = "{dtype}"
-        TORCH_DTYPE = getattr(torch, DTYPE)
-        MAX_ROWS = {MAX_ROWS}
         BLOCK_N = {bn}
         BLOCK_K = {bk}
         SPLIT_K = {sk}
@@ -251,5 +302,5 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([header, kernel_source(_gemv_kernel), kernel_source(_split_sum_kernel),
-                        _FORWARD])
+    return "\n\n".join([header + common + consts, kernel_source(_gemv_kernel),
+                        kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

@@ -1,5 +1,6 @@
-"""GEMV family: rendered candidates (split and unsplit, k no BLOCK_K divides, strided 3-D and
-2-D x, with and without bias) == F.linear at one and three rows; the verifier accepts one; the
+"""GEMV family: rendered candidates (cuBLAS; GEMV split and unsplit, k no BLOCK_K divides,
+strided 3-D and 2-D x, with and without bias) == F.linear at one and three rows; the verifier
+accepts a GEMV and a cuBLAS one; the
 patch on tiny-llama's decode step gives the unpatched logits through the kernel on the
 unpadded Linears only (the LM head included, still tied), falls back on a prefill and past
 MAX_ROWS, and undo restores; the ranking splits a projection call between `gemv` and matmul's
@@ -23,6 +24,7 @@ from family_checks import (
 from transformers import DynamicCache
 
 from codegen.gemv import FAMILY, MAX_ROWS
+from codegen.gemv.kernel import CUBLAS
 from codegen.gemv.reference import make_case
 from codegen.matmul import PATTERNS as MATMUL_PATTERNS
 from codegen.matmul.reference import gemv_call
@@ -39,10 +41,12 @@ CASES = [make_case(1, 300, 40, "float32", True, (1, 1)),
 
 
 def _ends_and_a_split(case):
+    """cuBLAS (first), the first and last GEMV configs, and the first split one."""
     space = FAMILY.search_space(case)
-    split = next(c for c in space if c["SPLIT_K"] > 1)
-    configs = {repr(c): c for c in (space[0], space[-1], split)}
-    assert {c["SPLIT_K"] > 1 for c in configs.values()} == {True, False}
+    assert space[0] == CUBLAS and CUBLAS not in space[1:]
+    split = next(c for c in space[1:] if c["SPLIT_K"] > 1)
+    configs = {repr(c): c for c in (space[0], space[1], space[-1], split)}
+    assert {c["SPLIT_K"] > 1 for c in list(configs.values())[1:]} == {True, False}
     return list(configs.values())
 
 
@@ -62,18 +66,30 @@ def test_rendered_candidates_equal_f_linear(base, dtype, tmp_path):
 
 def test_the_search_space_is_small_and_ends_with_the_interpreters_cheapest():
     space = FAMILY.search_space(make_case(1, 2048, 512, "bfloat16", False, (1, 1)))
-    assert 1 < len(space) <= 24
-    assert all(c["SPLIT_K"] * c["BLOCK_K"] <= 2048 for c in space)
+    assert 2 < len(space) <= 24 and space[0] == CUBLAS
+    assert all(c["SPLIT_K"] * c["BLOCK_K"] <= 2048 for c in space[1:])
     assert space[-1] == {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4,
                          "num_stages": 3}
-    # k/v at one row: 512 outputs fill an H200 only when split
-    assert space[0]["SPLIT_K"] > 1
+    # k/v at one row: 512 outputs fill an H200 only when split (the probe's cold winner)
+    assert space[1] == {**space[-1], "BLOCK_N": 4, "SPLIT_K": 4}
     # a k under every BLOCK_K still gets a config (one masked step)
     assert FAMILY.search_space(make_case(1, 64, 64, "float32", False))[-1]["BLOCK_K"] == 128
 
 
 def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
     verify_on_cpu_or_gpu(FAMILY, make_case(2, 136, 32, "float32", True, (2, 1)), tmp_path)
+
+
+def test_the_verifier_accepts_the_cublas_candidate(tmp_path):
+    """Its torch.mm / addmm are the family's declared library calls (`library_ops`)."""
+    from verify.harness import verify_candidate
+
+    case = make_case(2, 136, 32, "float32", True, (2, 1))
+    path = tmp_path / "kernel.py"
+    path.write_text(FAMILY.render(CUBLAS, case))
+    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
+                              fail_fast=False, timeout_s=240)
+    assert result.accepted, result.reasons
 
 
 def test_candidate_refuses_other_shapes_and_too_many_rows(tmp_path):
@@ -83,10 +99,13 @@ def test_candidate_refuses_other_shapes_and_too_many_rows(tmp_path):
     with pytest.raises(ValueError):
         forward(x, w, out=FAMILY.make_out(case, (x,)))  # its bias, missing
     with pytest.raises(ValueError):
-        forward(x, w[:32], b, out=FAMILY.make_out(case, (x,)))
+        forward(x, w[:16], b, out=FAMILY.make_out(case, (x,)))
     big = torch.zeros(MAX_ROWS + 1, 1, 200)
     with pytest.raises(ValueError, match="rows"):
         forward(big, w, b, out=torch.empty(MAX_ROWS + 1, 1, 64))
+    cublas = load_rendered(FAMILY, CUBLAS, case, tmp_path)
+    with pytest.raises(ValueError, match="rows"):
+        cublas(big, w, b, out=torch.empty(MAX_ROWS + 1, 1, 64))
 
 
 # ------------------------------------------------------------------ the patch on tiny-llama
@@ -203,7 +222,7 @@ def test_gpu_every_config_is_right_in_bf16_at_llamas_kv_shape_and_captures():
             err = (out.double() - exact).abs().max().item()
             assert err <= 1e-2 + 1.6e-2 * exact.abs().max().item(), (rows, config, err)
     case = make_case(1, 2048, 512, "bfloat16", False, (1, 1))
-    split = next(c for c in FAMILY.search_space(case) if c["SPLIT_K"] > 1)
+    split = next(c for c in FAMILY.search_space(case)[1:] if c["SPLIT_K"] > 1)
     forward = load_rendered(FAMILY, split, case, tmp)
     x, w = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(9))
     out = FAMILY.make_out(case, (x,))
