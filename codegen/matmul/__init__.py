@@ -17,10 +17,12 @@ the ranking then shows the row without a family and says why. Within a row it ac
 the projections whose output width needs padding get cases and a patch (patch.projections):
 at aligned widths cuBLAS is the thing to beat and these candidates do not.
 
-Recognition: the two `linear` patterns moved here from profiling/patterns.py unchanged (a
-Linear or Conv1D module running aten::linear; a Conv1D running aten::addmm). matmul_epilogue's
-patterns absorb a gated MLP's gate and up `linear` occurrences; the rank stage marks its row an
-alternative to this one's for that reason (both replace those GEMMs).
+Recognition: the two `linear` patterns moved here from profiling/patterns.py (a Linear or
+Conv1D module running aten::linear; a Conv1D running aten::addmm), the first leaving a decode
+step's few-row calls at unpadded widths to codegen.gemv's `gemv` pattern (reference.gemv_takes:
+a GEMV's work, where this family's candidates do not act). matmul_epilogue's patterns absorb a
+gated MLP's gate and up `linear` occurrences; the rank stage marks its row an alternative to
+this one's for that reason (both replace those GEMMs).
 
 GPT-2's c_fc + gelu_new in one epilogue is codegen.matmul_gelu (a family of its own: it is
 gelu's rival, and this family must not be). Not here (yet): the other weight layout as a
@@ -33,6 +35,7 @@ from codegen.matmul.patch import cases_from_model, patch
 from codegen.matmul.reference import (
     edge_cases,
     flops,
+    gemv_call,
     linear,
     make_inputs,
     make_out,
@@ -56,9 +59,16 @@ def declines(row: dict) -> str | None:
     return None
 
 
+def not_gemv_call(ops: list[dict]) -> bool:
+    return not gemv_call(ops)
+
+
+# A few-row Linear call at an unpadded width is the gemv family's `gemv` pattern (gemv_call):
+# the complement here, so one call is never claimed by both, whichever pattern tries first.
 PATTERNS = (
     Pattern("linear", "matmul of an nn.Linear (bias included)", family="matmul",
-            module_class=r"^(Linear|Conv1D)$", ops={"aten::linear": 1}),
+            module_class=r"^(Linear|Conv1D)$", ops={"aten::linear": 1},
+            accepts=not_gemv_call),
     Pattern("linear", "matmul of a GPT-2 Conv1D", family="matmul", module_class=r"^Conv1D$",
             ops={"aten::addmm": 1}),
 )

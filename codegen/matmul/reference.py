@@ -30,12 +30,38 @@ PAD_MULTIPLE = 64
 PAD_CHOICES = (64, 128, 256)
 # The largest row block of kernel.search_space (edge cases go one row past it).
 MAX_BLOCK_M = 128
+# A call of at most this many rows, one token per sequence (a decode step at batch <= 16), at
+# a width this family does not pad, is the gemv family's (codegen/gemv): there cuBLAS's
+# few-row kernels read the weight at 0.4-2.9 TB/s on the H200 (issue 25), and this family's
+# candidates act on padded widths only.
+GEMV_MAX_ROWS = 16
 
 
 def padded(n: int, multiple: int = PAD_MULTIPLE) -> int:
     """`n` output columns rounded up to `multiple`; `n` itself when a multiple of
     PAD_MULTIPLE already (such a projection is not padded at all)."""
     return n if n % PAD_MULTIPLE == 0 else -(-n // multiple) * multiple
+
+
+def gemv_takes(lead, n: int) -> bool:
+    """Whether a projection of output width `n` whose x has leading shape `lead` goes to the
+    gemv family: 1 to GEMV_MAX_ROWS rows, one token per sequence (a 2-D x counts its rows),
+    a width needing no padding."""
+    rows = 1
+    for d in lead:
+        rows *= int(d)
+    return (0 < rows <= GEMV_MAX_ROWS and (len(lead) < 2 or int(lead[-1]) == 1)
+            and padded(int(n)) == int(n))
+
+
+def gemv_call(ops: list[dict]) -> bool:
+    """`gemv_takes` for a profiled Linear scope, from its aten::linear's recorded shapes."""
+    lin = next((o for o in ops if o["name"] == "aten::linear"), None)
+    shapes = (lin or {}).get("shapes") or []
+    if len(shapes) < 2 or not isinstance(shapes[0], list) or not shapes[0] \
+            or not isinstance(shapes[1], list) or len(shapes[1]) != 2:
+        return False
+    return gemv_takes(shapes[0][:-1], shapes[1][0])
 
 
 def held_width(n: int) -> int:

@@ -14,6 +14,7 @@ from codegen.cross_entropy import FAMILY as cross_entropy
 from codegen.gated_act import FAMILY as gated_act
 from codegen.gelu import FAMILY as gelu
 from codegen.gelu.reference import make_case as gelu_case
+from codegen.gemv import FAMILY as gemv
 from codegen.kv_cache import FAMILY as kv_cache
 from codegen.kv_cache.reference import make_case as kv_case
 from codegen.layernorm import FAMILY as layernorm
@@ -40,7 +41,7 @@ GAPS = {
               "build (rows, k) and (rows, n); codegen/matmul is another task's",
 }
 FAMILIES = {f.name: f for f in (add_rmsnorm, attention, cross_entropy, gated_act, gelu,
-                                kv_cache, layernorm, matmul, matmul_epilogue, rmsnorm, rope,
+                                gemv, kv_cache, layernorm, matmul, matmul_epilogue, rmsnorm, rope,
                                 softmax)}
 
 

@@ -1,0 +1,74 @@
+"""GEMV family: the projections of a decode step (a few rows times an nn.Linear's weight, the
+LM head included) as one Triton kernel that streams the weight once.
+
+Why it exists: Llama-3.2-1B decode b1 graphed on the H200 spends about 1030 us of its 1.88 ms
+step in cuBLAS GEMMs at one row, against a weight-read floor near 600 us: k/v_proj at 0.39 TB/s,
+q/o_proj at 1.5, gate/up at 2.9, down at 2.9 plus a split-K reduce (issue 25, the census in
+benchmarks/results/call-2026-12-02/decode_kernels.json). The kernel (kernel.py) splits the
+weight into enough programs, split-K where n alone gives too few, to keep the H200's memory busy.
+Its search space starts with cuBLAS itself, so a shape where no GEMV config wins (the lead's
+cold-weight probe lost 10-20 % on Llama's gate/up, down and LM head) keeps cuBLAS's time.
+
+A family of its own rather than configs of `matmul`: that family acts on the widths it pads
+and declines the aligned ones, where cuBLAS is near its roofline at prefill; at a few rows it
+is not. Which calls are whose is one test (`codegen.matmul.reference.gemv_takes`): at most
+MAX_ROWS rows, one token per sequence, an unpadded width. The ranking's `gemv` pattern applies
+it to the profiled shapes and matmul's Linear pattern its complement, so a call is never
+claimed by both; the patch applies it to each call (patch.py). A prefill of more than one token
+per sequence stays `linear` (a 16-token prefill of one sequence is a GEMM's work, not a GEMV's).
+
+Case keys: rows, k, n, dtype, layout ("linear", as the matmul reference takes it), bias, lead
+(x's leading shape as the model passes it); edge cases add row_stride and a 2-D x. Params: n,
+layout (the matmul family's). Verified with the matmul family's dot-product order bound.
+
+The kernel module is imported lazily: importing it applies `@triton.jit`, which fixes the
+interpreter-or-compiled choice (TRITON_INTERPRET) for the process.
+"""
+
+from __future__ import annotations
+
+from codegen.gemv.patch import cases_from_model, patch
+from codegen.gemv.reference import (
+    MAX_ROWS,
+    edge_cases,
+    flops,
+    linear,
+    make_inputs,
+    make_out,
+    min_bytes,
+    order_bound,
+    params,
+)
+from codegen.matmul.reference import gemv_call
+from core.family import Family, Pattern, lazy
+
+__all__ = ["FAMILY", "MAX_ROWS", "PATTERNS"]
+
+PATTERNS = (
+    Pattern("gemv", "few-row (decode) matmul of an nn.Linear: a GEMV", family="gemv",
+            module_class=r"^Linear$", ops={"aten::linear": 1}, accepts=gemv_call),
+)
+
+
+FAMILY = Family(
+    name="gemv",
+    patterns=PATTERNS,
+    reference=linear,
+    make_inputs=make_inputs,
+    make_out=make_out,
+    edge_cases=edge_cases,
+    min_bytes=min_bytes,
+    flops=flops,
+    search_space=lazy("codegen.gemv.kernel", "search_space"),
+    render=lazy("codegen.gemv.kernel", "render"),
+    patch=patch,
+    cases_from_model=cases_from_model,
+    aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm"),
+    # the cuBLAS candidate runs aten::mm/addmm by design (kept where no GEMV config beats it)
+    library_ops=("aten::mm", "aten::addmm"),
+    params=params,
+    # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
+    # order-dependent way (as the matmul family)
+    stress_inputs=(0,),
+    order_bound=order_bound,
+)

@@ -1,0 +1,306 @@
+"""Triton GEMV for few-row projections: out = x @ W^T (+ b), W the module's (n, k) weight.
+
+At a decode step the weight is the traffic (Llama-3.2-1B's k/v projection: 2 MB of weight
+against 4 KB of x and 1 KB of output), so the kernel streams each weight element once and
+keeps enough programs in flight to cover the GPU: grid (n / BLOCK_N, SPLIT_K), each program
+one BLOCK_N-row slab of W over its K chunk, loaded BLOCK_K columns at a time (contiguous along
+k: wide vector loads) and multiplied with every row of x (at most MAX_ROWS; x is re-read from
+L2 by each program, which costs nothing next to the weight). The design is the lead's probe's
+(benchmarks/probes/gemv.py), with x taken through (batch, seq, k) strides instead of a copy.
+
+SPLIT_K == 1 stores the output directly, with the bias added and one rounding. SPLIT_K > 1
+writes fp32 partials into a (SPLIT_K, rows, n) workspace and a second kernel sums them in split
+order, adds the bias and rounds once. The workspace is a torch.empty inside forward: under CUDA
+graph capture it comes from the graph's pool, and nothing is read back to the host, so a graph
+captures the call as it is.
+
+Numerics: every product and sum in fp32 (16-bit inputs multiply exactly), one rounding to the
+output dtype; the summation order (BLOCK_K-wide partial dot products, then chunk by chunk) is
+not cuBLAS's, which the matmul family's order bound allows for.
+
+`search_space` starts with cuBLAS itself (torch.mm/addmm on the weight's transposed view, as
+F.linear runs it), so a case no GEMV config beats keeps cuBLAS's time, then orders the GEMV
+configs by a guess at what wins at one row (the widest loads, about four programs per SM of an
+H200, fewer splits); the search's measurement decides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import triton
+import triton.language as tl
+
+from codegen.gemv.reference import MAX_ROWS
+from codegen.launch import cdiv
+from core.family import Case
+from core.source import kernel_source
+
+BLOCK_NS = (4, 8, 16, 32)
+BLOCK_KS = (128, 256, 512)
+SPLIT_KS = (1, 2, 4, 8)
+NUM_WARPS, NUM_STAGES = 4, 3
+MAX_CONFIGS = 24
+# Programs the ordering aims for: four per SM of an H200 (132 SMs), enough weight loads in
+# flight to cover the memory latency with one row of x. A guess to order by, not a filter.
+SMS = 132
+TARGET_PROGRAMS = 4 * SMS
+# Weight elements per step under which a tile is not searched: fewer than 16 per thread of 4
+# warps is under two 16-byte loads of bf16 in flight per thread, too little to hide latency.
+MIN_TILE = 2048
+# The split sum: columns per program (fp32: 16-byte loads per thread at 4 warps x 32 threads).
+SUM_BLOCK = 512
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk, w_sn, w_sk,
+                 o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
+                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < rows
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    lo = split * K_CHUNK
+    for k0 in range(0, K_CHUNK, BLOCK_K):
+        offs_k = lo + k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w_ptrs = w_rows + offs_k[None, :] * w_sk
+        # EVEN_K (decided at compile time): every split is whole BLOCK_K steps inside K, so
+        # only rows past N (if any) are masked and the loads stay unmasked along k
+        if EVEN_K and EVEN_N:
+            w = tl.load(w_ptrs)
+        elif EVEN_K:
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            # row m of x as a (batch, seq, K) view, (m // seq, m % seq), any strides; rows
+            # past the last wrap back into x: values nobody stores
+            row = m % rows
+            x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
+            if EVEN_K:
+                x = tl.load(x_ptrs)
+            else:
+                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
+            if BLOCK_M == 1:
+                acc += part[None, :]
+            else:
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(o_ptr + offs_m[:, None] * o_sm + offs_n[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tl.store(ws_ptr + (split * rows + offs_m[:, None]) * N + offs_n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _split_sum_kernel(ws_ptr, b_ptr, o_ptr, rows, o_sm, N: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, SPLIT_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n_ok = offs_n < N
+    for m in range(0, rows):
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):  # in split order: a fixed summation order
+            acc += tl.load(ws_ptr + (s * rows + m) * N + offs_n, mask=n_ok, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(o_ptr + m * o_sm + offs_n, acc.to(o_ptr.dtype.element_ty), mask=n_ok)
+
+
+def block_ks(k: int) -> list[int]:
+    """The BLOCK_K choices no wider than k; the narrowest where k is under all of them."""
+    fit = [b for b in BLOCK_KS if b <= k]
+    return fit or [BLOCK_KS[0]]
+
+
+def k_chunk(k: int, block_k: int, split_k: int) -> int:
+    """Each split's share of k, whole BLOCK_K steps (the last split may hold fewer of k)."""
+    return cdiv(cdiv(k, split_k), block_k) * block_k
+
+
+# cuBLAS itself, as F.linear runs it: first, so every search budget of two or more measures it
+# (codegen.search.spread keeps both ends) and a case no GEMV config beats keeps cuBLAS's
+# speed (the lead's cold-weight probe: Llama's gate/up, down and LM head ran 10-20 % slower
+# as the probe's GEMV; benchmarks/results/call-2026-12-02b/gemv-cold.json)
+CUBLAS = {"impl": "cublas"}
+
+
+def _config(bn: int, bk: int, sk: int) -> dict:
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_warps": NUM_WARPS,
+            "num_stages": NUM_STAGES}
+
+
+def search_space(case: Case) -> list[dict]:
+    """cuBLAS (CUBLAS), then BLOCK_N x BLOCK_K x SPLIT_K (SPLIT_K * BLOCK_K <= k; tiles of
+    MIN_TILE elements and more where any are), at most MAX_CONFIGS in all: the widest
+    BLOCK_K first (every winner of the lead's probe, cold and warm, used 512), then grids that
+    fill the GPU, nearest TARGET_PROGRAMS programs, fewer splits (no sum kernel); last the
+    cheapest for the interpreter (the widest slabs and steps, no split: the fewest programs
+    and iterations), which CPU runs use."""
+    k, n = case["k"], case["n"]
+    configs = [(bn, bk, sk) for bn in BLOCK_NS for bk in block_ks(k) for sk in SPLIT_KS
+               if sk == 1 or sk * bk <= k]
+    configs = [c for c in configs if c[0] * c[1] >= MIN_TILE] or configs
+
+    def guess(c):
+        bn, bk, sk = c
+        programs = cdiv(n, bn) * sk
+        return (-bk, programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)), sk, bn)
+
+    cheapest = (BLOCK_NS[-1], block_ks(k)[-1], 1)
+    ranked = [c for c in sorted(configs, key=guess) if c != cheapest][:MAX_CONFIGS - 2]
+    return [CUBLAS] + [_config(*c) for c in ranked + [cheapest]]
+
+
+_CHECK = '''\
+_BAKED_PARAMS = {"n": N, "layout": "linear"}
+
+
+def _rows(x, w, b, out, params) -> int:
+    """x's rows, after checking every argument against what this file is specialised for."""
+    if params and params != _BAKED_PARAMS:
+        raise ValueError(f"specialised for {_BAKED_PARAMS}, called with {params}")
+    if x.dim() not in (2, 3) or x.shape[-1] != K or tuple(w.shape) != (N, K) \\
+            or (b is None) == HAS_BIAS or (b is not None and tuple(b.shape) != (N,)):
+        raise ValueError(f"expected x (rows, {K}) or (batch, seq, {K}), weight ({N}, {K}), "
+                         f"bias ({N},) {'given' if HAS_BIAS else 'absent'}; got "
+                         f"{tuple(x.shape)}, {tuple(w.shape)}, "
+                         f"{None if b is None else tuple(b.shape)}")
+    rows = x.numel() // K
+    if rows > MAX_ROWS or out.numel() != rows * N or out.shape[-1] != N \\
+            or not out.is_contiguous():
+        raise ValueError(f"expected at most {MAX_ROWS} rows and a contiguous out of {rows} x "
+                         f"{N}; got x {tuple(x.shape)}, out {tuple(out.shape)}")
+    if not all(t.dtype == TORCH_DTYPE for t in (x, w, out) + (() if b is None else (b,))):
+        raise ValueError(f"specialised for {DTYPE} tensors")
+    return rows
+'''
+
+_CUBLAS = '''\
+
+
+def forward(x, w, b=None, *, out, **params) -> None:
+    """x: (rows, K) or (batch, seq, K), at most MAX_ROWS rows; w: (N, K); b: (N,) where
+    specialised with a bias; out: contiguous, N wide, x's rows. cuBLAS on the transposed view
+    of w, as F.linear runs it."""
+    rows = _rows(x, w, b, out, params)
+    if rows == 0:
+        return
+    x2, o = x.reshape(rows, K), out.view(rows, N)
+    if b is None:
+        torch.mm(x2, w.t(), out=o)
+    else:
+        torch.addmm(b, x2, w.t(), out=o)
+'''
+
+_TRITON = '''\
+_kernels = {}
+
+
+def _kernel(block_m):
+    """The GEMV launcher for a row block of `block_m` (a power of two up to MAX_ROWS)."""
+    if block_m not in _kernels:
+        _kernels[block_m] = launcher(
+            _gemv_kernel, K=K, N=N, K_CHUNK=K_CHUNK, EVEN_K=EVEN_K, EVEN_N=EVEN_N,
+            HAS_BIAS=HAS_BIAS, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+            SPLIT_K=SPLIT_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return _kernels[block_m]
+
+
+_sum = launcher(_split_sum_kernel, N=N, HAS_BIAS=HAS_BIAS, BLOCK=SUM_BLOCK, SPLIT_K=SPLIT_K,
+                num_warps=4)
+
+
+def forward(x, w, b=None, *, out, **params) -> None:
+    """x: (rows, K) or (batch, seq, K), any strides, at most MAX_ROWS rows; w: (N, K), any
+    strides; b: (N,) where specialised with a bias; out: contiguous, N wide, x's rows."""
+    rows = _rows(x, w, b, out, params)
+    if rows == 0:
+        return
+    if x.dim() == 3:
+        seq, x_sb, x_ss = x.shape[1], x.stride(0), x.stride(1)
+    else:  # one sequence of `rows` tokens
+        seq, x_sb, x_ss = rows, 0, x.stride(0)
+    o = out.view(rows, N)
+    bias = w if b is None else b
+    ws = o if SPLIT_K == 1 else torch.empty((SPLIT_K, rows, N), dtype=torch.float32,
+                                            device=x.device)
+    block_m = 1 << (rows - 1).bit_length()
+    _kernel(block_m)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, rows, seq, x_sb, x_ss,
+                     x.stride(-1), w.stride(0), w.stride(1), o.stride(0))
+    if SPLIT_K > 1:
+        _sum((SUM_PROGRAMS,), ws, bias, o, rows, o.stride(0))
+'''
+
+
+def render(config: dict, case: Case) -> str:
+    k, n, dtype, bias = case["k"], case["n"], case["dtype"], case["bias"]
+    common = textwrap.dedent(f'''\
+        case:   {json.dumps(case)}
+        config: {json.dumps(config)}
+        """
+
+        import torch
+
+        K = {k}
+        N = {n}
+        HAS_BIAS = {bias}
+        DTYPE = "{dtype}"
+        TORCH_DTYPE = getattr(torch, DTYPE)
+        MAX_ROWS = {MAX_ROWS}
+        ''')
+    if config.get("impl") == "cublas":
+        header = textwrap.dedent(f'''\
+            """Few-row projection candidate (cuBLAS): out = x @ W^T (+ b), W an nn.Linear's (n, k).
+
+            Generated by codegen.gemv.kernel.render: torch.mm / torch.addmm on the transposed
+            view of the weight, what F.linear runs, so the search keeps cuBLAS where no GEMV
+            config beats it. Specialised for k={k}, n={n}, {dtype}, bias={bias}; rows 1 to
+            {MAX_ROWS}. Tuned for {case["rows"]} rows.
+            ''')
+        return header + common + "\n\n" + _CHECK + _CUBLAS
+    bn, bk, sk = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    chunk = k_chunk(k, bk, sk)
+    launch = ("one program per BLOCK_N rows of W, output stored directly" if sk == 1 else
+              f"{sk} K splits per BLOCK_N rows of W into an fp32 workspace, then a sum kernel")
+    header = textwrap.dedent(f'''\
+        """Few-row projection candidate (GEMV): out = x @ W^T (+ b), W an nn.Linear's (n, k).
+
+        Generated by codegen.gemv.kernel.render. Specialised for k={k}, n={n}, {dtype},
+        bias={bias}; rows 1 to {MAX_ROWS} (a row block per power of two). Tuned for
+        {case["rows"]} rows. Launch: {launch}; {bn} weight rows x {bk} columns per step,
+        {config["num_warps"]} warps, {config["num_stages"]} stages. fp32 sums, one rounding.
+        ''')
+    consts = textwrap.dedent(f'''\
+        import triton
+        import triton.language as tl
+
+        from codegen.launch import launcher
+
+        BLOCK_N = {bn}
+        BLOCK_K = {bk}
+        SPLIT_K = {sk}
+        K_CHUNK = {chunk}
+        EVEN_K = {k % (sk * bk) == 0}
+        EVEN_N = {n % bn == 0}
+        N_BLOCKS = {cdiv(n, bn)}
+        SUM_BLOCK = {SUM_BLOCK}
+        SUM_PROGRAMS = {cdiv(n, SUM_BLOCK)}
+        NUM_WARPS = {config["num_warps"]}
+        NUM_STAGES = {config["num_stages"]}
+        ''')
+    return "\n\n".join([header + common + consts, kernel_source(_gemv_kernel),
+                        kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

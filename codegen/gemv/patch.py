@@ -1,0 +1,107 @@
+"""Patching few-row projections: every plain nn.Linear (the LM head among them) whose width the
+matmul family does not pad (`codegen.matmul.patch.projections` takes those: never both on one
+module), per instance, reversible, dispatched once per input signature.
+
+Nothing is copied: the kernel reads the module's own weight and bias, so a tied LM head stays
+tied and undo has no memory to give back. A call reaches a kernel when HF calls the module with
+one tensor of at most MAX_ROWS rows, one token per sequence (a decode step at batch <= 16:
+`gemv_takes`, the same test the ranking's `gemv` pattern applies, so what is ranked is what is
+patched), no autograd graph is needed, the weight and bias are still the Parameters seen at
+patch time with the same storage (reassigned, or moved with `.to()`, falls back), x has their
+dtype and device, and the chooser gives a kernel for the signature
+(`core.family.kernel_by_signature`). An in-place update of the weight needs no check: the
+kernel reads the weight as it is. Otherwise, a prefill included, the module's own code runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from codegen.dtypes import dtype_name
+from codegen.gemv.reference import make_case, params
+from codegen.matmul.patch import layout_of, needs_graph, projections
+from codegen.matmul.reference import gemv_takes
+from core.family import Case, kernel_by_signature
+from models.patching import wrap_instance_forward
+
+
+def linears(model: nn.Module) -> list[nn.Module]:
+    """The plain nn.Linear modules this family wraps: those the matmul family leaves alone."""
+    padded_ones = {id(m) for m, _ in projections(model)}
+    return [m for m in model.modules() if layout_of(m) == "linear" and id(m) not in padded_ones]
+
+
+def cases_from_model(model: nn.Module, workload) -> list[Case]:
+    """One case per distinct (k, n, bias) at the workload's rows, laid out as the model passes
+    x: (batch, 1) at a decode step (`workload.tokens` is batch x 1 there), (batch, seq) at a
+    prefill, which only a one-token prefill of at most MAX_ROWS sequences gives this family."""
+    batch = workload.batch
+    lead = (batch, workload.tokens // batch)
+    cases = []
+    for m in linears(model):
+        n, k = m.weight.shape
+        if not gemv_takes(lead, n):
+            continue
+        case = make_case(workload.tokens, k, n, workload.dtype, m.bias is not None, lead)
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
+def _wrapper(module: nn.Module, forward_by_case: Callable) -> Callable[[Callable], Callable]:
+    n, k = module.weight.shape
+    weight, bias = module.weight, module.bias
+    stamp = (weight.data_ptr(), None if bias is None else bias.data_ptr())
+    has_bias = bias is not None
+    tail = () if bias is None else (bias,)
+
+    def case_of(shape: torch.Size, dtype: torch.dtype) -> Case | None:
+        lead = tuple(shape[:-1])
+        if not gemv_takes(lead, n):
+            return None
+        return make_case(shape.numel() // k, k, n, dtype_name(dtype), has_bias,
+                         lead if len(lead) > 1 else None)
+
+    def chooser(case: Case | None):
+        return None if case is None else forward_by_case(case)
+
+    resolve = kernel_by_signature(chooser, case_of, params)
+
+    def unchanged() -> bool:
+        w, b = module.weight, module.bias
+        return (w is weight and b is bias and w.data_ptr() == stamp[0]
+                and (b is None or b.data_ptr() == stamp[1]))
+
+    def wrap(below: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            if len(args) == 1 and not kwargs:
+                (x,) = args
+                if (isinstance(x, torch.Tensor) and x.dtype == weight.dtype
+                        and x.device == weight.device and x.shape[-1] == k
+                        and x.dim() in (2, 3) and unchanged() and not needs_graph(x, weight)):
+                    kernel, kw = resolve(x.shape, x.dtype)
+                    if kernel is not None:
+                        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+                        kernel(x, weight, *tail, out=out, **kw)
+                        return out
+            return below(*args, **kwargs)
+
+        return forward
+
+    return wrap
+
+
+def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]
+          ) -> Callable[[], None]:
+    """Wrap each of `linears(model)`; the undo restores what each ran before."""
+    undos = [wrap_instance_forward(m, _wrapper(m, forward_by_case)) for m in linears(model)]
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+        undos.clear()
+
+    return undo

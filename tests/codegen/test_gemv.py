@@ -1,0 +1,239 @@
+"""GEMV family: rendered candidates (cuBLAS; GEMV split and unsplit, k no BLOCK_K divides,
+strided 3-D and 2-D x, with and without bias) == F.linear at one and three rows; the verifier
+accepts a GEMV and a cuBLAS one; the
+patch on tiny-llama's decode step gives the unpatched logits through the kernel on the
+unpadded Linears only (the LM head included, still tied), falls back on a prefill and past
+MAX_ROWS, and undo restores; the ranking splits a projection call between `gemv` and matmul's
+`linear` by the same test. CPU runs the kernel under the interpreter (fp32, fp16); bf16 and a
+CUDA graph capture run on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from family_checks import (
+    DEVICE,
+    CountingChooser,
+    assert_close,
+    instance_forwards,
+    load_rendered,
+    run_candidate,
+    verify_on_cpu_or_gpu,
+)
+from transformers import DynamicCache
+
+from codegen.gemv import FAMILY, MAX_ROWS
+from codegen.gemv.kernel import CUBLAS
+from codegen.gemv.reference import make_case
+from codegen.matmul import PATTERNS as MATMUL_PATTERNS
+from codegen.matmul.reference import gemv_call
+from core.workload import Workload
+from profiling.loader import build, resolve
+from profiling.patterns import match
+
+TOL = {"float32": (1e-5, 1e-5), "float16": (1e-3, 2e-3), "bfloat16": (1e-2, 1.6e-2)}
+# k=300: no BLOCK_K divides it (the masked steps, a split whose chunk passes k); n=40: no
+# BLOCK_N of 16 or 32 divides it. The second: 3 rows of one sequence, x a column slice of wider
+# rows (3-D, row stride k + 64), k=512 split evenly (the unmasked loads).
+CASES = [make_case(1, 300, 40, "float32", True, (1, 1)),
+         {**make_case(3, 512, 64, "float32", False, (1, 3)), "row_stride": 576}]
+
+
+def _ends_and_a_split(case):
+    """cuBLAS (first), the first and last GEMV configs, and the first split one."""
+    space = FAMILY.search_space(case)
+    assert space[0] == CUBLAS and CUBLAS not in space[1:]
+    split = next(c for c in space[1:] if c["SPLIT_K"] > 1)
+    configs = {repr(c): c for c in (space[0], space[1], space[-1], split)}
+    assert {c["SPLIT_K"] > 1 for c in list(configs.values())[1:]} == {True, False}
+    return list(configs.values())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16",
+                                   pytest.param("bfloat16", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("base", CASES, ids=["1row-bias", "3rows-strided"])
+def test_rendered_candidates_equal_f_linear(base, dtype, tmp_path):
+    case = {**base, "dtype": dtype}
+    for config in _ends_and_a_split(case):
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert out.shape == (*[int(d) for d in case["lead"].split("x")], case["n"])
+        x, w, *b = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(0))
+        assert x.dim() == 3 and x.is_contiguous() == ("row_stride" not in case)
+        assert_close(ref, F.linear(x, w, *b), (0, 0))  # the reference is F.linear itself
+        assert_close(out, ref, TOL[dtype])
+
+
+def test_the_search_space_is_small_and_ends_with_the_interpreters_cheapest():
+    space = FAMILY.search_space(make_case(1, 2048, 512, "bfloat16", False, (1, 1)))
+    assert 2 < len(space) <= 24 and space[0] == CUBLAS
+    assert all(c["SPLIT_K"] * c["BLOCK_K"] <= 2048 for c in space[1:])
+    assert space[-1] == {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4,
+                         "num_stages": 3}
+    # k/v at one row: 512 outputs fill an H200 only when split (the probe's cold winner)
+    assert space[1] == {**space[-1], "BLOCK_N": 4, "SPLIT_K": 4}
+    # a k under every BLOCK_K still gets a config (one masked step)
+    assert FAMILY.search_space(make_case(1, 64, 64, "float32", False))[-1]["BLOCK_K"] == 128
+
+
+def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
+    verify_on_cpu_or_gpu(FAMILY, make_case(2, 136, 32, "float32", True, (2, 1)), tmp_path)
+
+
+def test_the_verifier_accepts_the_cublas_candidate(tmp_path):
+    """Its torch.mm / addmm are the family's declared library calls (`library_ops`)."""
+    from verify.harness import verify_candidate
+
+    case = make_case(2, 136, 32, "float32", True, (2, 1))
+    path = tmp_path / "kernel.py"
+    path.write_text(FAMILY.render(CUBLAS, case))
+    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
+                              fail_fast=False, timeout_s=240)
+    assert result.accepted, result.reasons
+
+
+def test_candidate_refuses_other_shapes_and_too_many_rows(tmp_path):
+    case = make_case(2, 200, 64, "float32", True, (2, 1))
+    forward = load_rendered(FAMILY, FAMILY.search_space(case)[-1], case, tmp_path)
+    x, w, b = FAMILY.make_inputs(case)
+    with pytest.raises(ValueError):
+        forward(x, w, out=FAMILY.make_out(case, (x,)))  # its bias, missing
+    with pytest.raises(ValueError):
+        forward(x, w[:16], b, out=FAMILY.make_out(case, (x,)))
+    big = torch.zeros(MAX_ROWS + 1, 1, 200)
+    with pytest.raises(ValueError, match="rows"):
+        forward(big, w, b, out=torch.empty(MAX_ROWS + 1, 1, 64))
+    cublas = load_rendered(FAMILY, CUBLAS, case, tmp_path)
+    with pytest.raises(ValueError, match="rows"):
+        cublas(big, w, b, out=torch.empty(MAX_ROWS + 1, 1, 64))
+
+
+# ------------------------------------------------------------------ the patch on tiny-llama
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return build(resolve("tiny-llama"), torch.float32, DEVICE)
+
+
+def _decode_step(model, ids):
+    cache = DynamicCache()
+    with torch.no_grad():
+        prefill = model(ids, past_key_values=cache, use_cache=True).logits
+        return prefill, model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
+
+
+def test_patched_decode_step_runs_the_kernel_on_unpadded_linears_only(tiny, tmp_path):
+    """tiny-llama (hidden 64, intermediate 176, kv width 32, vocab 512, tied head): q, o and
+    down (64 wide) and the LM head reach the kernel at the decode step; k, v (32 wide) and
+    gate, up (176 wide) are the matmul family's padded widths and stay unwrapped; the prefill
+    (5 tokens per sequence) runs the modules' own code."""
+    ids = torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    want_prefill, want = _decode_step(tiny, ids)
+    embed = tiny.model.embed_tokens.weight
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    try:
+        attn, mlp = tiny.model.layers[0].self_attn, tiny.model.layers[0].mlp
+        assert "forward" in attn.q_proj.__dict__ and "forward" in tiny.lm_head.__dict__
+        assert not {"forward"} & (attn.k_proj.__dict__.keys() | mlp.up_proj.__dict__.keys())
+        got_prefill, got = _decode_step(tiny, ids)
+        assert tiny.lm_head.weight is embed  # tied: no copy, no new Parameter
+    finally:
+        undo()
+    layers = tiny.config.num_hidden_layers
+    assert chooser.calls == 3 * layers + 1  # the step only: q, o, down per layer, the head
+    assert torch.equal(got_prefill, want_prefill)
+    assert_close(got, want, (1e-5, 1e-5))
+    assert chooser.distinct_cases() == FAMILY.cases_from_model(
+        tiny, Workload(2, 5, "float32", DEVICE, "decode"))
+    assert instance_forwards(tiny) == [] and tiny.lm_head.weight is embed
+    assert torch.equal(_decode_step(tiny, ids)[1], want)
+
+
+def test_calls_past_max_rows_or_of_several_tokens_keep_the_modules_code(tiny, tmp_path):
+    q = tiny.model.layers[0].self_attn.q_proj
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    try:
+        with torch.no_grad():
+            for shape in ((MAX_ROWS + 1, 1, 64), (MAX_ROWS + 1, 64), (1, 3, 64)):
+                x = torch.randn(shape, device=DEVICE)
+                assert torch.equal(q(x), F.linear(x, q.weight))
+            assert chooser.calls == 0
+            x = torch.randn(3, 1, 64, device=DEVICE)
+            assert_close(q(x), F.linear(x, q.weight), (1e-5, 1e-5))
+            assert chooser.calls == 1
+    finally:
+        undo()
+
+
+def test_cases_from_model_are_the_decode_steps(tiny):
+    cases = FAMILY.cases_from_model(tiny, Workload(2, 8, "float32", DEVICE, "decode"))
+    assert cases == [make_case(2, 64, 64, "float32", False, (2, 1)),
+                     make_case(2, 176, 64, "float32", False, (2, 1)),
+                     make_case(2, 64, 512, "float32", False, (2, 1))]
+    assert FAMILY.cases_from_model(tiny, Workload(2, 8, "float32", DEVICE)) == []
+    assert FAMILY.cases_from_model(tiny, Workload(MAX_ROWS + 1, 8, "float32", DEVICE,
+                                                  "decode")) == []
+
+
+def _linear_op(x_shape, n):
+    return {"name": "aten::linear", "shapes": [list(x_shape), [n, x_shape[-1]], []],
+            "module": "model.q_proj", "module_class": "Linear", "module_calls": [1],
+            "functions": []}
+
+
+@pytest.mark.parametrize("x_shape, n, gemv", [
+    ((1, 1, 2048), 512, True), ((16, 1, 2048), 2048, True), ((17, 1, 2048), 2048, False),
+    ((1, 8, 2048), 2048, False), ((1, 1, 768), 50257, False)])
+def test_a_projection_call_is_claimed_by_exactly_one_of_gemv_and_matmul(x_shape, n, gemv):
+    """A decode step's call at an unpadded width is `gemv`; more rows, several tokens per
+    sequence, or a width the matmul family pads stay its `linear`, whichever pattern goes
+    first."""
+    ops = [_linear_op(x_shape, n)]
+    assert gemv_call(ops) == gemv
+    for patterns in (FAMILY.patterns + MATMUL_PATTERNS, MATMUL_PATTERNS + FAMILY.patterns):
+        found, unclaimed = match(ops, list(patterns))
+        assert unclaimed == [] and [(o.pattern, o.family) for o in found] == \
+            [("gemv", "gemv") if gemv else ("linear", "matmul")]
+
+
+@pytest.mark.gpu
+def test_gpu_every_config_is_right_in_bf16_at_llamas_kv_shape_and_captures():
+    """Llama-3.2-1B's k/v projection (2048 -> 512, bf16): every config of the search space at
+    one row, and the ends and a split at eight, within bf16 error of the float64 product; a
+    split config captured in a CUDA graph replays the eager result on new x (the workspace
+    comes from the graph's pool). Times nothing: codegen/gemv/bench.py does."""
+    import tempfile
+    from pathlib import Path
+
+    tmp = Path(tempfile.mkdtemp())
+    for rows in (1, 8):
+        case = make_case(rows, 2048, 512, "bfloat16", False, (rows, 1))
+        x, w = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(rows))
+        exact = F.linear(x.double(), w.double())
+        space = FAMILY.search_space(case)
+        for config in space if rows == 1 else _ends_and_a_split(case):
+            forward = load_rendered(FAMILY, config, case, tmp)
+            out = FAMILY.make_out(case, (x,)).fill_(float("nan"))
+            forward(x, w, out=out, **FAMILY.params(case))
+            torch.cuda.synchronize()
+            err = (out.double() - exact).abs().max().item()
+            assert err <= 1e-2 + 1.6e-2 * exact.abs().max().item(), (rows, config, err)
+    case = make_case(1, 2048, 512, "bfloat16", False, (1, 1))
+    split = next(c for c in FAMILY.search_space(case)[1:] if c["SPLIT_K"] > 1)
+    forward = load_rendered(FAMILY, split, case, tmp)
+    x, w = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(9))
+    out = FAMILY.make_out(case, (x,))
+    forward(x, w, out=out, **FAMILY.params(case))  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(x, w, out=out, **FAMILY.params(case))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    want = FAMILY.make_out(case, (x,))
+    forward(x, w, out=want, **FAMILY.params(case))
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
