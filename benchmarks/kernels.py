@@ -130,6 +130,7 @@ def measure(job, build) -> dict:
 def ours(job, args, tmp: Path) -> dict:
     """The accepted kernel of --run-dir for this case, else every config rendered and timed."""
     from codegen.search import case_key, spread
+    from core.family import result_region
     from core.source import load_forward
 
     family, case, sources, origin = job.family, job.case, [], "search"
@@ -150,8 +151,11 @@ def ours(job, args, tmp: Path) -> dict:
 
     def builder(fwd):  # out is allocated once, outside the timing, as the pipeline calls it
         def build(inp):  # written over the inputs where the family's adapter does that (rope)
-            out = (alias(inp) if alias else None) or family.make_out(case, inp)
-            return lambda: (fwd(*inp, out=out, **job.params), out)[1]
+            over = alias(inp) if alias else None
+            out = over or family.make_out(case, inp)
+            # what the caller keeps of the buffer (matmul's pad columns are not the result)
+            got = over or result_region(family, case, out)
+            return lambda: (fwd(*inp, out=out, **job.params), got)[1]
         return build
 
     results = []

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from codegen.shapes import strides
-from core.family import Case, Family
+from core.family import Case, Family, result_region
 from core.workload import Workload
 
 
@@ -43,6 +43,10 @@ def describe(values: Sequence[Any]) -> tuple:
 
 def _as_tuple(value: Any) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _out_arg(outs: tuple) -> Any:
+    return outs[0] if len(outs) == 1 else outs
 
 
 def _aliases(inputs: Sequence, outs: Sequence) -> bool:
@@ -79,14 +83,16 @@ class Recorder:
 
         def kernel(*inputs, out, **params):
             outs = _as_tuple(out)
-            self.calls.append(Call(dict(case), describe(inputs + outs), _aliases(inputs, outs),
-                                   len(inputs)))
+            in_place = _aliases(inputs, outs)
+            self.calls.append(Call(dict(case), describe(inputs + outs), in_place, len(inputs)))
             with torch.no_grad():
                 ref = _as_tuple(fam.reference(*[t.clone() if isinstance(t, torch.Tensor) else t
                                                 for t in inputs], **params))
-                for o, r in zip(outs, ref):
-                    # an adapter may hand a wider buffer than the result (matmul's padded
-                    # columns): the result goes into its leading part
+                # the result goes into the part of `out` the caller keeps (Family.out_region:
+                # matmul's pad columns are not the result), or its leading part where a
+                # family's result is narrower than what it writes over
+                got = outs if in_place else _as_tuple(result_region(fam, case, _out_arg(outs)))
+                for o, r in zip(got, ref):
                     o[tuple(slice(0, n) for n in r.shape)].copy_(r)
 
         return kernel

@@ -84,7 +84,8 @@ class Family:
     reference: Callable[..., Any]
     # make_inputs(case, device, generator) -> tuple of input tensors for that case.
     make_inputs: Callable[..., tuple]
-    # make_out(case, inputs) -> output tensor(s) with the shape/dtype forward must write.
+    # make_out(case, inputs) -> output tensor(s) with the shape/dtype forward must write: the
+    # buffer the adapter hands the kernel, which may be wider than the result (out_region).
     make_out: Callable[..., Any]
     # edge_cases(case) -> list of extra cases (one row, primes, just over a block, ...).
     edge_cases: Callable[[Case], list[Case]]
@@ -136,8 +137,21 @@ class Family:
     # call on a padded weight); the verifier allows them beside its allow-list of
     # allocation, views and copies. Empty: a kernel family, which computes in its own launches
     library_ops: tuple[str, ...] = ()
+    # out_region(case, out) -> the part of make_out's buffer(s) that holds the result, the same
+    # structure (a tensor, or a tuple per output), taken by indexing alone: the verifier
+    # applies it to masks shaped like `out` too. The reference is compared with it and every
+    # element of it must be written; the rest of the buffer (matmul's pad columns, which the
+    # caller slices away) may be written with anything or left alone, while writes outside
+    # the buffer are still caught. None: the whole of `out` is the result.
+    out_region: Callable[[Case, Any], Any] | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+def result_region(family: Family, case: Case, out: Any) -> Any:
+    """The part of `out` (make_out's structure) that must hold the reference's result
+    (`Family.out_region`; all of it where the family declares none)."""
+    return out if family.out_region is None else family.out_region(case, out)
 
 
 def lazy(module: str, attr: str) -> Callable[..., Any]:

@@ -21,6 +21,10 @@ those two runs come:
                       on a GPU)
     default_stream    all GPU work on the caller's stream (profiler); skipped on the CPU
 
+`out` is the buffer the family's adapter hands its kernel (`Family.make_out`); where that is
+wider than the result (`Family.out_region`: matmul's pad columns), numerics, writes_all and
+deterministic judge the result's region only, and out_of_bounds the whole buffer.
+
 Each emits one record per case: {"name", "case", "passed", "detail"} (+ "skipped").
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 
 import torch
 
+from core.family import result_region
 from verify.integrity import (
     POISON_NAN,
     GuardedOut,
@@ -172,6 +177,7 @@ class _Rotation:
             gen = torch.Generator(device=device).manual_seed(seed)
             return as_tuple(family.make_inputs(case, device, gen))
 
+        self.family, self.case = family, case
         self.values = [draw(s) for s in seeds]
         self.buffers = [draw(s) for s in seeds[:TIMING_BUFFERS]]
         self.outs = [family.make_out(case, b) for b in self.buffers]
@@ -198,6 +204,10 @@ class _Rotation:
 
     def out(self) -> Any:
         return _out_arg(self.outs[self.k])
+
+    def results(self, k: int) -> tuple:
+        """The result's region of buffer k's outputs (`Family.out_region`)."""
+        return as_tuple(result_region(self.family, self.case, _out_arg(self.outs[k])))
 
 
 class Suite:
@@ -295,10 +305,17 @@ class Suite:
         for name, problems in first.problems.items():
             both = list(dict.fromkeys(problems + second.problems.get(name, [])))
             checks.record(name, both, context)
+
+        def region(values: list) -> tuple:
+            """The result's part of per-output tensors shaped like the outputs."""
+            return as_tuple(result_region(self.family, case, values[0] if single
+                                          else tuple(values)))
+
         unwritten, unstable = [], []
-        for i, (a, b) in enumerate(zip(first.outs, second.outs)):
-            never = a.unwritten() & b.unwritten()
-            differ = (bits(a.view) != bits(b.view)) & ~never
+        nevers = region([a.unwritten() & b.unwritten() for a, b in zip(first.outs, second.outs)])
+        differs = region([bits(a.view) != bits(b.view) for a, b in zip(first.outs, second.outs)])
+        for i, (never, differ) in enumerate(zip(nevers, differs)):
+            differ = differ & ~never
             if int(never.sum()):
                 idx = [int(v) for v in never.nonzero()[0]] if never.dim() else []
                 unwritten.append(f"output {i}: {int(never.sum())} of {never.numel()} elements "
@@ -308,13 +325,13 @@ class Suite:
                                 "two runs on the same inputs")
         checks.record("writes_all", unwritten, context)
         checks.record("deterministic", unstable, context)
-        tols = [tolerance_for(t.dtype) for t in templates]
+        tols = [tolerance_for(t.dtype) for t in region(list(templates))]
         problem = []
         # Both runs are judged: a candidate that behaves only while `out` looks like poison
         # is wrong in the run whose `out` holds random values.
         for run, how in ((first, "out prefilled with NaN"),
                          (second, f"out prefilled with random values (seed {fill})")):
-            result = compare([g.view for g in run.outs], refs, bases, tols, slacks,
+            result = compare(list(region([g.view for g in run.outs])), refs, bases, tols, slacks,
                              distribution=kind == "random" or kind in MEMO_KINDS)
             checks.add_stats(kind, result)
             if not result.ok:
@@ -411,7 +428,7 @@ class Suite:
         for k in range(TIMING_BUFFERS):
             if rotation.values_of[k] is None:
                 continue
-            inputs, outs = rotation.buffers[k], as_tuple(rotation.outs[k])
+            inputs, outs = rotation.buffers[k], rotation.results(k)
             refs, bases, ref_dtype = reference_outputs(self.family, inputs, params)
             tols = [tolerance_for(o.dtype) for o in outs]
             slacks = order_slack(self.family, inputs, params,

@@ -10,6 +10,14 @@ The candidates (kernel.py): cuBLAS on a weight padded to an aligned width once a
 with the bias in its epilogue (masked stores: any output strides). Verified with the
 dot-product order bound, as matmul_epilogue.
 
+Verified on the layouts the adapter passes (issue 27, class 5): x (batch, seq, k) as the model
+hands it (the case's `lead`), and `out` the adapter's (batch, seq, n_pad) buffer. The contract
+on that buffer: the first n columns are the result and must all be written (`out_region`: the
+verifier compares them and poisons them); the pad columns n..n_pad are the candidate's scratch,
+allowed but not required, written with anything or left alone, since the caller slices them
+away unread (the cuBLAS candidate writes its N_COMPUTE columns there, the Triton one none).
+Writes past the buffer are caught by the guard bytes as for any family.
+
 Where GEMMs already run near their roofline (Llama, Qwen: every width a multiple of 64, cuBLAS
 near the peak) there is nothing to win and a measurement per shape would only cost time, so
 the family declines rows whose attainable speedup is under MIN_ATTAINABLE (`Family.declines`);
@@ -41,6 +49,7 @@ from codegen.matmul.reference import (
     make_out,
     min_bytes,
     order_bound,
+    out_region,
     params,
 )
 from core.family import Family, Pattern, lazy
@@ -80,6 +89,7 @@ FAMILY = Family(
     reference=linear,
     make_inputs=make_inputs,
     make_out=make_out,
+    out_region=out_region,
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,

@@ -7,8 +7,9 @@ cuBLAS is measured by the search, not assumed), into a buffer whose leading dime
 aligned for cuBLAS's vector loads and stores (GPT-2's LM head, vocab 50257, ran at about 96
 TFLOP/s unpadded on an H200, 8x under the measured peak; issue 26). The adapter holds the
 weight padded to the widest choice and hands a candidate its own `n_pad`-wide buffer, sliced
-afterwards, so every width is a view and nothing is copied; given an `n`-wide `out` (the
-verifier's), the candidate computes into a padded buffer and copies.
+afterwards, so every width is a view and nothing is copied (the verifier passes that same
+buffer: reference.make_out); given an `n`-wide `out` (a caller of its own), the candidate
+computes into a padded buffer and copies.
 
 Not searched: the other weight layout (a (K, N) contiguous copy of a Linear's (N, K) weight
 for cuBLAS's NN kernels). The adapter must hold the layout before it learns which candidate

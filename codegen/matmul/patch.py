@@ -72,11 +72,12 @@ def projections(model: nn.Module) -> list[tuple[nn.Module, str]]:
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """One case per distinct (k, n, layout, bias) projection this family replaces; each sees
     `workload.tokens` rows (the LM head too: the pipeline's pass computes logits for every
-    token)."""
+    token) as (batch, tokens per sequence), the leading shape the model passes."""
     cases = []
     for m, layout in projections(model):
         k, n = widths(m, layout)
-        case = make_case(workload.tokens, k, n, workload.dtype, layout, m.bias is not None)
+        case = make_case(workload.tokens, k, n, workload.dtype, layout, m.bias is not None,
+                         lead=(workload.batch, workload.tokens // workload.batch))
         if case not in cases:
             cases.append(case)
     return cases
@@ -138,7 +139,8 @@ def _wrapper(module: nn.Module, layout: str, forward_by_case: Callable,
     has_bias = bias is not None
 
     def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
-        return make_case(shape.numel() // k, k, n, dtype_name(dtype), layout, has_bias)
+        return make_case(shape.numel() // k, k, n, dtype_name(dtype), layout, has_bias,
+                         lead=shape[:-1])
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
+from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
 
 LAYOUTS = ("linear", "conv1d")
@@ -110,13 +111,18 @@ def order_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
     return {"bound": bound, "overflow": (mag >= top) & mag.isfinite()}
 
 
-def make_case(rows: int, k: int, n: int, dtype: str, layout: str, bias: bool) -> Case:
-    """`rows` tokens of width `k` in, `n` out; `n_pad` is the width the adapter's weight has
-    (`held_width`)."""
+def make_case(rows: int, k: int, n: int, dtype: str, layout: str, bias: bool, *,
+              lead=None) -> Case:
+    """`rows` tokens of width `k` in, `n` out; `n_pad` is the width the adapter's weight and
+    output buffer have (`held_width`). `lead`, when given: the leading shape of x and out as
+    the adapter passes them (a model's (batch, seq))."""
     if layout not in LAYOUTS:
         raise ValueError(f"unsupported weight layout {layout!r}; known: {', '.join(LAYOUTS)}")
-    return {"rows": int(rows), "k": int(k), "n": int(n), "n_pad": held_width(int(n)),
+    case = {"rows": int(rows), "k": int(k), "n": int(n), "n_pad": held_width(int(n)),
             "dtype": dtype, "layout": layout, "bias": bool(bias)}
+    if lead is not None:
+        case["lead"] = lead_key(lead, rows)
+    return case
 
 
 def params(case: Case) -> dict:
@@ -131,10 +137,12 @@ def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(x, w[, b]) as the adapter hands them to a kernel: the weight in the module's layout,
-    zero-padded to `n_pad` output columns, as is the bias. Weights scaled by k**-0.5 as trained
-    ones are. A `row_stride` wider than k makes x a column slice of wider rows."""
-    rows, k, n, n_pad, dtype = case["rows"], case["k"], case["n"], case["n_pad"], case["dtype"]
-    x = _randn((rows, case.get("row_stride", k)), device, generator, dtype, 1.0)[:, :k]
+    zero-padded to `n_pad` output columns, as is the bias; x (*lead, k). Weights scaled by
+    k**-0.5 as trained ones are. A `row_stride` wider than k makes x a column slice of wider
+    rows."""
+    k, n, n_pad, dtype = case["k"], case["n"], case["n_pad"], case["dtype"]
+    x = _randn((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
+               1.0)[..., :k]
     w = torch.zeros((n_pad, k) if case["layout"] == "linear" else (k, n_pad),
                     dtype=torch_dtype(dtype), device=device)
     effective_weight(w, n, case["layout"]).copy_(
@@ -148,8 +156,15 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
+    """The adapter's buffer: (*lead, n_pad), of which the caller keeps the first n columns
+    (`out_region`)."""
     x = inputs[0]
-    return torch.empty((case["rows"], case["n"]), dtype=x.dtype, device=x.device)
+    return torch.empty((*lead_of(case), case["n_pad"]), dtype=x.dtype, device=x.device)
+
+
+def out_region(case: Case, out: torch.Tensor) -> torch.Tensor:
+    """The columns of the adapter's buffer the caller keeps: the result."""
+    return out[..., :case["n"]]
 
 
 def edge_cases(case: Case) -> list[Case]:
@@ -157,10 +172,10 @@ def edge_cases(case: Case) -> list[Case]:
     batch 1), a prime count, one row past the largest row block, and x as a column slice of
     wider rows."""
     cases = [
-        {**case, "rows": 1},
-        {**case, "rows": 37},
-        {**case, "rows": MAX_BLOCK_M + 1},
-        {**case, "rows": 5, "row_stride": case["k"] + 64},
+        with_rows(case, 1, "1x1"),
+        with_rows(case, 37, "1x37"),
+        with_rows(case, MAX_BLOCK_M + 1, f"1x{MAX_BLOCK_M + 1}"),
+        {**with_rows(case, 5, "1x5"), "row_stride": case["k"] + 64},
     ]
     return distinct(case, cases)
 

@@ -62,11 +62,13 @@ def find_mlps(model: nn.Module) -> list[tuple[nn.Module, str]]:
 
 
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
-    """Every qualifying MLP sees `workload.tokens` rows of the hidden width."""
+    """Every qualifying MLP sees `workload.tokens` rows of the hidden width, as (batch,
+    tokens per sequence): the leading shape GPT-2 passes."""
     cases = []
     for m, act in find_mlps(model):
         k, n = m.c_fc.weight.shape
-        case = make_case(workload.tokens, k, n, workload.dtype, act)
+        case = make_case(workload.tokens, k, n, workload.dtype, act,
+                         lead=(workload.batch, workload.tokens // workload.batch))
         if case not in cases:
             cases.append(case)
     return cases
@@ -81,7 +83,7 @@ def _wrapper(mlp: nn.Module, act: str, forward_by_case: Callable) -> Callable:
     k, n = c_fc.weight.shape
 
     def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
-        return make_case(shape.numel() // k, k, n, dtype_name(dtype), act)
+        return make_case(shape.numel() // k, k, n, dtype_name(dtype), act, lead=shape[:-1])
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 

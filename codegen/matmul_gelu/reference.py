@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from codegen.dtypes import element_size, torch_dtype
 from codegen.gelu.reference import new_gelu
+from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
 
 ACTS = ("gelu_new", "gelu_pytorch_tanh")
@@ -55,10 +56,15 @@ def order_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *, act: str =
     return {"bound": bound, "overflow": (mag >= top) & mag.isfinite()}
 
 
-def make_case(rows: int, k: int, n: int, dtype: str, act: str) -> Case:
+def make_case(rows: int, k: int, n: int, dtype: str, act: str, *, lead=None) -> Case:
+    """`lead`, when given: the leading shape of x and out as the adapter passes them (GPT-2's
+    MLP hands (batch, seq, k))."""
     if act not in ACTS:
         raise ValueError(f"unsupported activation {act!r}; known: {', '.join(ACTS)}")
-    return {"rows": int(rows), "k": int(k), "n": int(n), "dtype": dtype, "act": act}
+    case = {"rows": int(rows), "k": int(k), "n": int(n), "dtype": dtype, "act": act}
+    if lead is not None:
+        case["lead"] = lead_key(lead, rows)
+    return case
 
 
 def params(case: Case) -> dict:
@@ -74,9 +80,10 @@ def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(x, w, b): x of standard deviation 2 and weights scaled by k**-0.5, so the
     pre-activation reaches both tails of the GELU; a `row_stride` wider than k makes x a
-    column slice of wider rows."""
-    rows, k, n, dtype = case["rows"], case["k"], case["n"], case["dtype"]
-    x = _randn((rows, case.get("row_stride", k)), device, generator, dtype, 2.0)[:, :k]
+    column slice of wider rows; x and out are (*lead, width)."""
+    k, n, dtype = case["k"], case["n"], case["dtype"]
+    x = _randn((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
+               2.0)[..., :k]
     w = _randn((k, n), device, generator, dtype, k ** -0.5)
     b = _randn((n,), device, generator, dtype, 0.5)
     return x, w, b
@@ -84,15 +91,15 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
     x = inputs[0]
-    return torch.empty((case["rows"], case["n"]), dtype=x.dtype, device=x.device)
+    return torch.empty((*lead_of(case), case["n"]), dtype=x.dtype, device=x.device)
 
 
 def edge_cases(case: Case) -> list[Case]:
     """k and n are baked into a candidate; rows stay free: one row (decode at batch 1), a
     prime count, one row past the largest row block, x as a column slice of wider rows."""
-    return distinct(case, [{**case, "rows": 1}, {**case, "rows": 37},
-                           {**case, "rows": MAX_BLOCK_M + 1},
-                           {**case, "rows": 5, "row_stride": case["k"] + 64}])
+    return distinct(case, [with_rows(case, 1, "1x1"), with_rows(case, 37, "1x37"),
+                           with_rows(case, MAX_BLOCK_M + 1, f"1x{MAX_BLOCK_M + 1}"),
+                           {**with_rows(case, 5, "1x5"), "row_stride": case["k"] + 64}])
 
 
 def min_bytes(case: Case) -> int:

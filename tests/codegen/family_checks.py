@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from core.family import result_region
 from core.source import load_forward
 from core.workload import Workload
 from profiling.attribution import attribute
@@ -50,7 +51,7 @@ def run_candidate(family, config, case, tmp_path, seed=0, rendered_for=None):
     for t, b in zip(inputs, before):
         assert torch.equal(t, b), "candidate modified its input"
     ref = family.reference(*inputs, **params)
-    return out, ref
+    return result_region(family, case, out), ref
 
 
 def assert_close(out, ref, tol):

@@ -27,6 +27,7 @@ from codegen.matmul.patch import pad_weight, patch_memory
 from codegen.matmul.reference import MAX_BLOCK_M, held_width, make_case, padded
 from core.workload import Workload
 from profiling.loader import build, resolve
+from verify.harness import verify_candidate
 
 # fp32: the kernel sums each dot product in BK-wide steps, another order than BLAS: a few ulps
 # of the partial sums. fp16/bf16: both round once from fp32 accumulators, so they differ by
@@ -130,7 +131,56 @@ def test_candidate_refuses_other_shapes_and_params(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.gpu)])
 def test_verifier_accepts_the_cublas_candidate_on_the_padded_lm_head(dtype, tmp_path):
-    verify_on_cpu_or_gpu(FAMILY, make_case(16, 64, 500, dtype, "linear", False), tmp_path)
+    """On the adapter's layout: x (2, 8, k), out its (2, 8, n_pad) buffer."""
+    case = make_case(16, 64, 500, dtype, "linear", False, lead=(2, 8))
+    assert FAMILY.make_out(case, FAMILY.make_inputs(case)).shape == (2, 8, 512)
+    verify_on_cpu_or_gpu(FAMILY, case, tmp_path)
+
+
+def test_verifier_accepts_the_triton_candidate_on_the_adapters_layout(tmp_path):
+    """The Triton GEMM writes none of the pad columns: allowed (the family's contract)."""
+    case = make_case(16, 64, 176, "float32", "conv1d", True, lead=(2, 8))
+    path = tmp_path / "kernel.py"
+    path.write_text(FAMILY.render(
+        [c for c in FAMILY.search_space(case) if c["impl"] == "triton"][-1], case))
+    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
+                              fail_fast=False, timeout_s=240)
+    assert result.accepted, result.reasons
+
+
+# A hand-written cuBLAS candidate that owes the first N columns of the adapter's buffer and
+# writes only WRITE of them, then FILL into the pad columns (None: leaves them alone).
+_OWING = """
+import torch
+
+N, WRITE, FILL = {n}, {write}, {fill}
+
+
+def forward(x, w, *, out, n, layout):
+    dst = out.view(-1, out.shape[-1])
+    dst[:, :WRITE] = torch.mm(x.reshape(-1, x.shape[-1]), w[:WRITE].t())
+    if FILL is not None:
+        dst[:, N:].fill_(FILL)
+"""
+
+
+@pytest.mark.parametrize("write, fill, failed", [
+    (175, None, {"writes_all"}),  # one column of the result never written
+    (176, 12345.0, set()),  # all of it, and anything in the pad columns
+])
+def test_verifier_judges_the_result_columns_of_the_padded_buffer(write, fill, failed, tmp_path):
+    rows, n = 16, 176
+    case = make_case(rows, 64, n, "float32", "linear", False, lead=(2, 8))
+    path = tmp_path / "kernel.py"
+    path.write_text(_OWING.format(n=n, write=write, fill=fill))
+    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
+                              fail_fast=True, timeout_s=240)
+    assert failed <= result.failed() and result.accepted == (not failed), result.reasons
+    if failed:
+        # the unwritten pad columns (n_pad - n of each row) are not counted as owed
+        detail = next(c["detail"] for c in result.checks
+                      if c["name"] == "writes_all" and not c["passed"])
+        assert f"{rows} of {rows * n} elements never written" in detail, detail
 
 
 def _weights(model) -> dict[str, torch.Tensor]:
@@ -351,8 +401,6 @@ LM_HEAD_VERIFY_S = 20.0
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["cublas", "triton"])
 def test_verifying_the_lm_head_case_is_proportionate(impl, tmp_path):
-    from verify.harness import verify_candidate
-
     case = make_case(*LM_HEAD, "bfloat16", "linear", False)
     config = [c for c in FAMILY.search_space(case) if c["impl"] == impl][-1]
     path = tmp_path / "kernel.py"
