@@ -122,13 +122,14 @@ def profiled_occurrences(model, tmp_path, batch=1, seq=8):
             for o in found]
 
 
-def verify_on_cpu_or_gpu(family, case, tmp_path):
+def verify_on_cpu_or_gpu(family, case, tmp_path, config=None):
     """The project's verifier on one rendered candidate (its case plus the family's edge cases,
-    poisoned outputs, stress values, NaN/inf, forbidden aten ops, isolation)."""
+    poisoned outputs, stress values, NaN/inf, forbidden aten ops, isolation): `config`, or the
+    last of the search space (the interpreter's cheapest)."""
     from verify.harness import verify_candidate
 
     path = tmp_path / "kernel.py"
-    path.write_text(family.render(family.search_space(case)[-1], case))
+    path.write_text(family.render(config or family.search_space(case)[-1], case))
     result = verify_candidate(family, path, [case], device=DEVICE, trials=1, timing=False,
                               fail_fast=False, timeout_s=240)
     assert result.accepted, result.reasons

@@ -116,14 +116,7 @@ def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
 def test_the_verifier_accepts_a_split_candidate_in_float32(tmp_path):
     """fp32 is where the "large" stress overflows q.k to -inf at the length-1 edge (the case the
     H200 run rejected in bf16), and the split path is what the search picks on a GPU."""
-    from verify.harness import verify_candidate
-
-    case = make_case(1, 8, 2, 16, 100, "float32")
-    path = tmp_path / "kernel.py"
-    path.write_text(FAMILY.render(SPLIT4, case))
-    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
-                              fail_fast=False, timeout_s=240)
-    assert result.accepted, result.reasons
+    verify_on_cpu_or_gpu(FAMILY, make_case(1, 8, 2, 16, 100, "float32"), tmp_path, SPLIT4)
 
 
 def test_all_minus_inf_kept_scores_give_nan_and_no_kept_slot_gives_zero(tmp_path):

@@ -82,14 +82,8 @@ def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
 
 def test_the_verifier_accepts_the_cublas_candidate(tmp_path):
     """Its torch.mm / addmm are the family's declared library calls (`library_ops`)."""
-    from verify.harness import verify_candidate
-
-    case = make_case(2, 136, 32, "float32", True, (2, 1))
-    path = tmp_path / "kernel.py"
-    path.write_text(FAMILY.render(CUBLAS, case))
-    result = verify_candidate(FAMILY, path, [case], device=DEVICE, trials=1, timing=False,
-                              fail_fast=False, timeout_s=240)
-    assert result.accepted, result.reasons
+    verify_on_cpu_or_gpu(FAMILY, make_case(2, 136, 32, "float32", True, (2, 1)), tmp_path,
+                         CUBLAS)
 
 
 def test_candidate_refuses_other_shapes_and_too_many_rows(tmp_path):
