@@ -268,8 +268,11 @@ def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
                              {"base": [base.inside], "patched": [patched.inside]},
                              calls, "fam", pairs=3, device="cpu")
     assert per_pass == 1 and len(rows) == 3
-    for r in rows:
-        # wide: under two pytest-xdist workers on 2 cores a pair's saving read 26.4 ms for
-        # 20; a share of the patched pass instead of the unpatched one would read 1.0
-        assert 12000 < r["us_per_call"] < 28000 and 12000 < r["pass_us_per_call"] < 28000
-        assert 0.3 < r["share_per_call"] < 0.7 and 0.3 < r["pass_share_per_call"] < 0.7
+
+    def median(key):
+        return sorted(r[key] for r in rows)[1]
+    # the median pair: under two pytest-xdist workers on 2 cores one pair's reading was seen at
+    # 26.4 and 41.5 ms for 20 (a sleep delayed); a share of the patched pass instead of the
+    # unpatched one reads 1.0 in every pair
+    assert 12000 < median("us_per_call") < 28000 and 12000 < median("pass_us_per_call") < 28000
+    assert 0.3 < median("share_per_call") < 0.7 and 0.3 < median("pass_share_per_call") < 0.7

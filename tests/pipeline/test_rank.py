@@ -861,3 +861,42 @@ def test_static_cache_decode_attention_row_gains_the_repeat_kv_copies_and_mask_w
     assert row["attainable_speedup"] == pytest.approx(20.0 / roofline_us(moved, 4 * 32 * 64 * 1040,
                                                                          H200))
     assert row["attainable_speedup"] > 2
+
+
+H200_GRAPHS = {**H200, "graph_node_us": 0.08, "graph_launch_us": 19.7,
+               "graph_tiny_kernel_us": 1.0}
+
+
+def test_launch_bound_pass_ranks_families_by_their_gain_inside_the_graph(decode):
+    """Once the graphs stage removes the host, what a row saves inside the graph decides: the
+    decode GEMMs' floor is priced with an in-graph launch (not the eager 8.5 us that capped it
+    at the profiled time), and the family rows are ordered by graph_gain, each above 1 where
+    its kernels cut device time."""
+    w, eager_ranked = decode
+    ranked = rank_workload(w, H200_GRAPHS, DECODE)
+    assert eager_ranked["ranked_by"] == "replay_gain"  # no graph costs: no graph projection
+    assert ranked["ranked_by"] == "graph_gain"
+    fam = [r for r in ranked["rows"] if r["family"]]
+    gains = [r["graph_gain"] for r in fam]
+    assert all(g is not None and g >= 1.0 - 1e-9 for g in gains)
+    assert gains == sorted(gains, reverse=True)
+    assert [r["rank_gain"] for r in fam] == gains
+    by = {r["pattern"]: r for r in ranked["rows"]}
+    eager_by = {r["pattern"]: r for r in eager_ranked["rows"]}
+    assert eager_by["gemv"]["attainable_speedup"] == pytest.approx(1.0)
+    assert by["gemv"]["attainable_speedup"] > 1.1
+    for name in ("gemv", "decode_attention", "kv_cache"):
+        assert by[name]["graph_gain"] > 1.005, name
+        assert by[name]["graph_gain"] > eager_by[name]["replay_gain"], name
+    top5 = [r["family"] for r in fam[:5]]
+    assert {"gemv", "decode_attention", "rmsnorm"} <= set(top5)
+    assert ranked["rows"][0].get("remedy") == "cuda_graph"  # the host's own row stays first
+
+
+def test_device_bound_pass_keeps_the_replay_ranking_with_graph_costs(prefill):
+    w, ranked = prefill
+    again = rank_workload(w, H200_GRAPHS, PREFILL)
+    assert again["ranked_by"] == "replay_gain"
+    assert all("graph_gain" not in r for r in again["rows"])
+    assert [r["pattern"] for r in again["rows"] if r["family"]] == \
+        [r["pattern"] for r in ranked["rows"] if r["family"]]
