@@ -46,3 +46,5 @@ choice="--top $TOP"; [ -z "${FAMILIES:-}" ] || choice="--families $FAMILIES"
 [ -f $run/profile.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
   $logs/h2h.json --rounds $ROUNDS --variants $VARIANTS
 tar -czf $OUT/graphs-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag -C $OUT logs-$tag
+# the traces apart (tens of MB): enough to re-project a run offline (profiling.replay)
+(cd /tmp/runs && find $tag -name '*.json.gz' | tar -czf $OUT/traces-$tag.tgz -T -)

@@ -37,6 +37,7 @@ opt=$!
 wait $opt
 echo "optimize $tag rc=$? $(( $(date +%s) - t1 ))s"; tail -n 30 $OUT/optimize-$tag.log
 tar -czf $OUT/run-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag
+(cd /tmp/runs && find $tag -name '*.json.gz' | tar -czf $OUT/traces-$tag.tgz -T -)
 tar -czf $OUT/trace-$tag.tgz -C /tmp/runs $tag/trace $tag/profile.json  # for offline replay work
 # compile against eager and ours in one process (head_to_head.py); Liger in its own, since it
 # patches module-level code
