@@ -10,6 +10,9 @@ the store is masked. tanh is 2 sigmoid(2z) - 1: libdevice's tanh does not run un
 CPU interpreter (FACTS.md) and in fp32 the two agree to a few ulps, within what the
 tolerance and the order bound allow for one rounding.
 
+The kernel is codegen.matmul's `_linear_kernel` with its GELU_TANH epilogue, the Conv1D
+weight read through its strides (one kernel body for both families).
+
 Precision: fp32 inputs use input_precision="ieee" (torch's fp32 matmul does not use TF32);
 16-bit inputs multiply exactly on the tensor cores and accumulate in fp32.
 """
@@ -19,46 +22,12 @@ from __future__ import annotations
 import json
 import textwrap
 
-import triton
-import triton.language as tl
-
 from codegen.dtypes import element_size
+from codegen.matmul.kernel import _linear_kernel
 from codegen.matmul_epilogue.kernel import _tile
 from codegen.matmul_gelu.reference import MAX_BLOCK_M
 from core.family import Case
 from core.source import kernel_source
-
-
-@triton.jit
-def _conv1d_gelu_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_rows, x_row_stride, x_col_stride,
-                        out_row_stride, K: tl.constexpr, N: tl.constexpr,
-                        INPUT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, GROUP_M: tl.constexpr):
-    row_block, col_block = _tile(tl.program_id(0), n_rows, N, BM, BN, GROUP_M)
-    rows = row_block.to(tl.int64) * BM + tl.arange(0, BM)
-    cols = col_block.to(tl.int64) * BN + tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    x_ptrs = x_ptr + (rows % n_rows)[:, None] * x_row_stride + ks[None, :] * x_col_stride
-    w_ptrs = w_ptr + (cols % N)[None, :] + ks[:, None] * N  # Conv1D: (K, N), contiguous
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, K, BK):
-        if K % BK == 0:  # decided at compile time: every step is a full BK
-            x = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:  # the last step is partial: zeros past K add nothing to the dot
-            k_in = ks < K - k
-            x = tl.load(x_ptrs, mask=k_in[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_in[:, None], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=INPUT_PRECISION)
-        x_ptrs += BK * x_col_stride
-        w_ptrs += BK * N
-    h = acc + tl.load(b_ptr + cols % N).to(tl.float32)[None, :]
-    z = 0.7978845608028654 * (h + 0.044715 * h * h * h)
-    out = 0.5 * h * (2.0 * tl.sigmoid(2.0 * z))  # 1 + tanh(z) = 2 sigmoid(2z)
-    out_ptrs = out_ptr + rows[:, None] * out_row_stride + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < N)
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
-
 
 # (BM, BN, BK, num_warps, num_stages, GROUP_M); BK counts 16-bit elements (fp32 takes half
 # as many per step: the same bytes per stage)
@@ -122,8 +91,8 @@ N_COL_BLOCKS = {n_col_blocks}
 
 {kernel_src}
 
-_kernel = launcher(_conv1d_gelu_kernel, K=K, N=N, INPUT_PRECISION=INPUT_PRECISION, BM=BM,
-                   BN=BN, BK=BK, GROUP_M=GROUP_M, num_warps=NUM_WARPS,
+_kernel = launcher(_linear_kernel, K=K, N=N, HAS_BIAS=True, INPUT_PRECISION=INPUT_PRECISION,
+                   BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, GELU_TANH=True, num_warps=NUM_WARPS,
                    num_stages=NUM_STAGES)
 
 
@@ -144,8 +113,9 @@ def forward(x, w, b, *, out, **params) -> None:
     rows = x.shape[0]
     if rows == 0:
         return
+    # the Conv1D weight (K, N): an output's column stride 1, a step in k N
     _kernel((cdiv(rows, BM) * N_COL_BLOCKS,), x, w, b, dst, rows, x.stride(0), x.stride(1),
-            dst.stride(0))
+            1, N, dst.stride(0), 1)
 '''
 
 
@@ -153,5 +123,5 @@ def render(config: dict, case: Case) -> str:
     fields = dict(case, **config, case_json=json.dumps(case), config_json=json.dumps(config),
                   precision="ieee" if case["dtype"] == "float32" else "tf32",
                   n_col_blocks=-(-case["n"] // config["BN"]), tile_src=kernel_source(_tile),
-                  kernel_src=kernel_source(_conv1d_gelu_kernel))
+                  kernel_src=kernel_source(_linear_kernel))
     return textwrap.dedent(_SOURCE.format(**fields))
