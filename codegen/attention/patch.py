@@ -78,6 +78,23 @@ def _sliding_window(module: nn.Module) -> int | None:
     return getattr(getattr(module, "config", None), "sliding_window", None)
 
 
+def sdpa_attentions(model: nn.Module, keys: int) -> list[tuple[nn.Module, int, int]]:
+    """(module, heads, kv heads) of each attention configured with SDPA whose sliding window,
+    if any, covers `keys` keys: the calls a kernel of ours may take (a shorter window makes HF
+    pass a mask, and other implementations keep their own code)."""
+    out = []
+    for _, module, _ in find_attentions(model):
+        config = module.config
+        if getattr(config, "_attn_implementation", None) != "sdpa":
+            continue
+        window = _sliding_window(module)
+        if window is not None and keys > window:
+            continue
+        heads = config.num_attention_heads
+        out.append((module, heads, getattr(config, "num_key_value_heads", None) or heads))
+    return out  # (GPT-2's config has no num_key_value_heads)
+
+
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """One case per distinct attention shape of a prefill. A decode step has none: its single
     query attends to the cached keys (q_len 1 != k_len), which is not the causal square this
@@ -87,15 +104,7 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     if workload.mode != "prefill":
         return []
     cases = []
-    for _, module, _ in find_attentions(model):
-        config = module.config
-        if getattr(config, "_attn_implementation", None) != "sdpa":
-            continue
-        window = _sliding_window(module)
-        if window is not None and workload.seq > window:
-            continue
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads  # GPT-2 has none
+    for module, heads, kv_heads in sdpa_attentions(model, workload.seq):
         case = make_case(workload.batch, workload.seq, heads, kv_heads, module.head_dim,
                          workload.dtype, getattr(module, "scaling", None),
                          predicted_layouts(module))

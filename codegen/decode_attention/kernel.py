@@ -34,7 +34,7 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.attention.kernel import LOG2E, block_d
+from codegen.attention.kernel import LOG2E, block_d, precisions
 from core.family import Case
 from core.source import kernel_source
 
@@ -146,12 +146,6 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
     out = tl.where((seen > 0) & (m_all == float("-inf")), float("nan"), out)
     tl.store(o_ptr + b * o_sb + (kv_h * group + g) * o_sh + offs_d * o_sd,
              out.to(o_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-
-
-def precisions(dtype: str) -> tuple[str, str]:
-    """(QK^T, PV) dot precisions: IEEE for fp32 inputs; on bf16/fp16 the QK^T entry is moot
-    (tensor cores, fp32 sums) and PV runs as 3xTF32 on fp32 probabilities."""
-    return ("ieee", "ieee") if dtype == "float32" else ("tf32", "tf32x3")
 
 
 def search_space(case: Case) -> list[dict]:

@@ -29,8 +29,8 @@ from codegen.attention.patch import (
     GLOBAL_NAME,
     _Interfaces,
     _sdpa_forward,
-    _sliding_window,
     find_attentions,
+    sdpa_attentions,
 )
 from codegen.decode_attention.reference import make_case, params
 from codegen.dtypes import dtype_name
@@ -153,15 +153,7 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     if workload.mode != "decode":
         return []
     cases = []
-    for _, module, _ in find_attentions(model):
-        config = module.config
-        if getattr(config, "_attn_implementation", None) != "sdpa":
-            continue
-        window = _sliding_window(module)
-        if window is not None and workload.seq + 1 > window:
-            continue
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for module, heads, kv_heads in sdpa_attentions(model, workload.seq + 1):
         case = make_case(workload.batch, heads, kv_heads, module.head_dim, workload.seq + 1,
                          workload.dtype, getattr(module, "scaling", None))
         if case not in cases:
