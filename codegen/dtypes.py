@@ -19,6 +19,14 @@ def element_size(case: Case) -> int:
     return torch.empty((), dtype=torch_dtype(case["dtype"])).element_size()
 
 
+def random_normal(shape, device, generator, dtype: str, scale: float = 1.0) -> torch.Tensor:
+    """`scale` x standard normal values of the dtype named, drawn in fp32 on the generator's
+    device (so one seed gives the same values wherever the tensor goes), then moved."""
+    gen_device = generator.device if generator is not None else "cpu"
+    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
+    return (scale * x).to(device=device, dtype=torch_dtype(dtype))
+
+
 def random_heads(case: Case, n_heads: int, device="cpu", generator=None) -> torch.Tensor:
     """Random (batch, n_heads, seq, head_dim) of the case's dtype, laid out as HF makes q, k
     and v: a transposed view of a (batch, seq, heads, head_dim) projection, or contiguous

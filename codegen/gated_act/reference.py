@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from codegen.dtypes import element_size, torch_dtype
+from codegen.dtypes import element_size, random_normal
+from codegen.shapes import lead_of
 from core.family import Case, distinct
 
 ACTS = ("silu", "gelu_tanh")
@@ -86,38 +87,30 @@ def params(case: Case) -> dict:
 
 
 
-def _randn(shape, device, generator, dtype: str) -> torch.Tensor:
-    gen_device = generator.device if generator is not None else "cpu"
-    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
-    # Pre-activations of trained MLPs spread over a few units; x2 reaches both tails of silu/gelu.
-    return (2.0 * x).to(device=device, dtype=torch_dtype(dtype))
-
-
-def _lead(case: Case) -> list[int]:
-    """The leading shape, e.g. "2x8" -> [2, 8]; (rows,) where the case does not say."""
-    lead = case.get("lead")
-    return [int(n) for n in lead.split("x")] if lead else [case["rows"]]
+# Pre-activations of trained MLPs spread over a few units; x2 reaches both tails of silu/gelu.
+SPREAD = 2.0
 
 
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(gate, up) or (gate_up,), in the layout the adapter passes: shaped (*lead, width); for
     operands "halves" gate and up are the column halves of one (*lead, 2 * cols) buffer. A
     `row_stride` wider than that makes the buffer's rows wider still (a slice of a wider one)."""
-    cols, dtype, lead = case["cols"], case["dtype"], _lead(case)
+    cols, dtype, lead = case["cols"], case["dtype"], lead_of(case)
     if case.get("operands") == "halves":
-        buf = _randn((*lead, case.get("row_stride", 2 * cols)), device, generator, dtype)
+        buf = random_normal((*lead, case.get("row_stride", 2 * cols)), device, generator, dtype,
+                            SPREAD)
         return buf[..., :cols], buf[..., cols:2 * cols]
     width = 2 * cols if case["layout"] == "packed" else cols
     stride = case.get("row_stride", width)
     n_inputs = 1 if case["layout"] == "packed" else 2
-    return tuple(_randn((*lead, stride), device, generator, dtype)[..., :width]
+    return tuple(random_normal((*lead, stride), device, generator, dtype, SPREAD)[..., :width]
                  for _ in range(n_inputs))
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
     """(*lead, cols), contiguous: what the adapter allocates."""
     x = inputs[0]
-    return torch.empty((*_lead(case), case["cols"]), dtype=x.dtype, device=x.device)
+    return torch.empty((*lead_of(case), case["cols"]), dtype=x.dtype, device=x.device)
 
 
 def edge_cases(case: Case) -> list[Case]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from codegen.dtypes import torch_dtype
-from codegen.matmul.reference import GEMV_MAX_ROWS, _randn, flops, linear, min_bytes, order_bound
+from codegen.dtypes import random_normal, torch_dtype
+from codegen.matmul.reference import GEMV_MAX_ROWS, flops, linear, min_bytes, order_bound
 from codegen.matmul.reference import params as params
 from codegen.shapes import lead_key, lead_of
 from core.family import Case, distinct
@@ -39,12 +39,12 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(x, w[, b]): w the module's own (n, k) weight, scaled by k**-0.5 as trained ones are; x
     of the case's leading shape, a column slice of wider rows where `row_stride` > k."""
     k, n, dtype = case["k"], case["n"], case["dtype"]
-    x = _randn((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
+    x = random_normal((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
                1.0)[..., :k]
-    w = _randn((n, k), device, generator, dtype, k ** -0.5)
+    w = random_normal((n, k), device, generator, dtype, k ** -0.5)
     if not case["bias"]:
         return x, w
-    return x, w, _randn((n,), device, generator, dtype, 0.5)
+    return x, w, random_normal((n,), device, generator, dtype, 0.5)
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:

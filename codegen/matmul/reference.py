@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from codegen.dtypes import element_size, torch_dtype
+from codegen.dtypes import element_size, random_normal, torch_dtype
 from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
 
@@ -129,29 +129,23 @@ def params(case: Case) -> dict:
     return {"n": case["n"], "layout": case["layout"]}
 
 
-def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
-    gen_device = generator.device if generator is not None else "cpu"
-    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
-    return (scale * x).to(device=device, dtype=torch_dtype(dtype))
-
-
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(x, w[, b]) as the adapter hands them to a kernel: the weight in the module's layout,
     zero-padded to `n_pad` output columns, as is the bias; x (*lead, k). Weights scaled by
     k**-0.5 as trained ones are. A `row_stride` wider than k makes x a column slice of wider
     rows."""
     k, n, n_pad, dtype = case["k"], case["n"], case["n_pad"], case["dtype"]
-    x = _randn((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
+    x = random_normal((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
                1.0)[..., :k]
     w = torch.zeros((n_pad, k) if case["layout"] == "linear" else (k, n_pad),
                     dtype=torch_dtype(dtype), device=device)
     effective_weight(w, n, case["layout"]).copy_(
-        _randn((n, k) if case["layout"] == "linear" else (k, n), device, generator, dtype,
+        random_normal((n, k) if case["layout"] == "linear" else (k, n), device, generator, dtype,
                k ** -0.5))
     if not case["bias"]:
         return x, w
     b = torch.zeros(n_pad, dtype=torch_dtype(dtype), device=device)
-    b[:n] = _randn((n,), device, generator, dtype, 0.5)
+    b[:n] = random_normal((n,), device, generator, dtype, 0.5)
     return x, w, b
 
 

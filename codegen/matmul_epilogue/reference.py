@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from codegen.dtypes import element_size, torch_dtype
+from codegen.dtypes import element_size, random_normal
 from codegen.gated_act.reference import ACTS, activation
 from codegen.gated_act.reference import flops as activation_flops
 from codegen.shapes import lead_key, lead_of, with_rows
@@ -91,12 +91,6 @@ def params(case: Case) -> dict:
     return {"act": case["act"]}
 
 
-def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
-    gen_device = generator.device if generator is not None else "cpu"
-    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
-    return (scale * x).to(device=device, dtype=torch_dtype(dtype))
-
-
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(x, w_gate, w_up). Weights scaled by hidden**-0.5 as trained (and initialised) ones
     are, so gate and up keep the spread of x whatever the width; x of standard deviation 2, so
@@ -104,12 +98,12 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     column slice of wider rows (a slice of a fused buffer, a strided view)."""
     hidden, cols, dtype = case["hidden"], case["cols"], case["dtype"]
     stride = case.get("row_stride", hidden)
-    x = _randn((*lead_of(case), stride), device, generator, dtype, 2.0)[..., :hidden]
+    x = random_normal((*lead_of(case), stride), device, generator, dtype, 2.0)[..., :hidden]
     if case.get("weights") == "packed":
-        w = _randn((2 * cols, hidden), device, generator, dtype, hidden ** -0.5)
+        w = random_normal((2 * cols, hidden), device, generator, dtype, hidden ** -0.5)
         return x, w[:cols], w[cols:]
-    w_gate = _randn((cols, hidden), device, generator, dtype, hidden ** -0.5)
-    w_up = _randn((cols, hidden), device, generator, dtype, hidden ** -0.5)
+    w_gate = random_normal((cols, hidden), device, generator, dtype, hidden ** -0.5)
+    w_up = random_normal((cols, hidden), device, generator, dtype, hidden ** -0.5)
     return x, w_gate, w_up
 
 

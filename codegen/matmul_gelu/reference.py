@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from codegen.dtypes import element_size, torch_dtype
+from codegen.dtypes import element_size, random_normal
 from codegen.gelu.reference import new_gelu
 from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
@@ -71,21 +71,15 @@ def params(case: Case) -> dict:
     return {"act": case["act"]}
 
 
-def _randn(shape, device, generator, dtype: str, scale: float) -> torch.Tensor:
-    gen_device = generator.device if generator is not None else "cpu"
-    x = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
-    return (scale * x).to(device=device, dtype=torch_dtype(dtype))
-
-
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """(x, w, b): x of standard deviation 2 and weights scaled by k**-0.5, so the
     pre-activation reaches both tails of the GELU; a `row_stride` wider than k makes x a
     column slice of wider rows; x and out are (*lead, width)."""
     k, n, dtype = case["k"], case["n"], case["dtype"]
-    x = _randn((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
+    x = random_normal((*lead_of(case), case.get("row_stride", k)), device, generator, dtype,
                2.0)[..., :k]
-    w = _randn((k, n), device, generator, dtype, k ** -0.5)
-    b = _randn((n,), device, generator, dtype, 0.5)
+    w = random_normal((k, n), device, generator, dtype, k ** -0.5)
+    b = random_normal((n,), device, generator, dtype, 0.5)
     return x, w, b
 
 
