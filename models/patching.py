@@ -13,7 +13,14 @@ import inspect
 import textwrap
 from collections.abc import Callable
 
+import torch
 from torch import nn
+
+
+def needs_graph(*tensors: torch.Tensor) -> bool:
+    """Whether a backward pass will need these tensors' autograd history: a kernel writes plain
+    buffers with none, so the adapter then runs the original code instead."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class _InstanceForward:

@@ -36,7 +36,7 @@ from torch import nn
 from codegen.attention.reference import head_layout, make_case, params
 from codegen.dtypes import dtype_name
 from core.family import Case
-from models.patching import with_global, wrap_instance_forwards
+from models.patching import needs_graph, with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -138,7 +138,7 @@ def _fits(module: nn.Module, q, k, v, attention_mask, kwargs: dict) -> bool:
         return False  # HF warns that SDPA returns no weights; keep that
     if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if needs_graph(q, k, v):
         return False  # the kernel's output carries no autograd history
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         return False

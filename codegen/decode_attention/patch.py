@@ -35,7 +35,7 @@ from codegen.attention.patch import (
 from codegen.decode_attention.reference import make_case, params
 from codegen.dtypes import dtype_name
 from core.family import Case, kernel_by_signature
-from models.patching import wrap_instance_forwards
+from models.patching import needs_graph, wrap_instance_forwards
 
 
 def _static_layer_type():
@@ -78,7 +78,7 @@ def _fits(module: nn.Module, q, k, v, attention_mask, kwargs: dict) -> bool:
         return False
     if kwargs.get("softcap") is not None or kwargs.get("output_attentions"):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if needs_graph(q, k, v):
         return False
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or q.shape[2] != 1:
         return False

@@ -26,7 +26,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.gated_act.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, set_instance_forwards
+from models.patching import code_shape, needs_graph, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
 _SILU_CLASSES = ("SiLUActivation",)
@@ -84,12 +84,6 @@ def find_gated_mlps(model: nn.Module) -> list[GatedMLP]:
         if act is not None:
             found.append(GatedMLP(path, module, act, layout, cols))
     return found
-
-
-def needs_graph(*tensors: torch.Tensor) -> bool:
-    """The kernel writes a plain buffer with no autograd history; when a backward pass will
-    need one, the original code runs instead."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def cases_from_model(model: nn.Module, workload) -> list[Case]:

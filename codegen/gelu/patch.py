@@ -16,7 +16,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.gelu.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import set_instance_forwards
+from models.patching import needs_graph, set_instance_forwards
 
 ACT_CLASSES = ("NewGELUActivation",)
 
@@ -55,12 +55,6 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         if case not in cases:
             cases.append(case)
     return cases
-
-
-def needs_graph(x: torch.Tensor) -> bool:
-    """The kernel writes a plain buffer with no autograd history; when a backward pass will
-    need one, the original code runs instead."""
-    return torch.is_grad_enabled() and x.requires_grad
 
 
 def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:

@@ -22,10 +22,10 @@ from torch import nn
 
 from codegen.dtypes import dtype_name
 from codegen.gemv.reference import make_case, params
-from codegen.matmul.patch import layout_of, needs_graph, projections
+from codegen.matmul.patch import layout_of, projections
 from codegen.matmul.reference import gemv_takes
 from core.family import Case, kernel_by_signature
-from models.patching import wrap_instance_forward
+from models.patching import needs_graph, wrap_instance_forward
 
 
 def linears(model: nn.Module) -> list[nn.Module]:

@@ -50,7 +50,7 @@ from codegen.kv_cache.reference import (
     static_layer_update,
 )
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, wrap_instance_forwards
+from models.patching import code_shape, needs_graph, wrap_instance_forwards
 
 CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -217,8 +217,7 @@ def _fits(keys, values, key_states, value_states) -> int | None:
     every call: dtypes are compared by identity and devices as indices (cheap, no objects)."""
     if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
         return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (keys, values, key_states,
-                                                                 value_states)):
+    if needs_graph(keys, values, key_states, value_states):
         return None  # the kernel's outputs carry no autograd history
     dtype = key_states.dtype
     if dtype not in DTYPES or not (value_states.dtype is keys.dtype is values.dtype is dtype):
@@ -372,8 +371,7 @@ def _fits_static(keys, values, key_states, value_states, position) -> bool:
     """Where the kernel writes what index_copy_ would (index_copy_ raises on mixed dtypes)."""
     if not all(isinstance(t, torch.Tensor) for t in (keys, values, position)):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (keys, values, key_states,
-                                                                 value_states)):
+    if needs_graph(keys, values, key_states, value_states):
         return False
     dtype = key_states.dtype
     if dtype not in DTYPES or not (value_states.dtype is keys.dtype is values.dtype is dtype):

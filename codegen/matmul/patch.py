@@ -32,7 +32,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.matmul.reference import held_width, make_case, padded, params
 from core.family import Case, kernel_by_signature
-from models.patching import wrap_instance_forward
+from models.patching import needs_graph, wrap_instance_forward
 
 CONV1D = "Conv1D"  # transformers.pytorch_utils.Conv1D (GPT-2): weight (in, out), `nf` outputs
 
@@ -81,10 +81,6 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         if case not in cases:
             cases.append(case)
     return cases
-
-
-def needs_graph(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def pad_weight(weight: torch.Tensor, bias: torch.Tensor | None, layout: str

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.gated_act.patch import GatedMLP, find_gated_mlps, needs_graph
+from codegen.gated_act.patch import GatedMLP, find_gated_mlps
 from codegen.matmul_epilogue.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import wrap_instance_forwards
+from models.patching import needs_graph, wrap_instance_forwards
 
 
 def _plain(linear) -> bool:

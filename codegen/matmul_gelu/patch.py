@@ -27,7 +27,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.matmul_gelu.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, wrap_instance_forwards
+from models.patching import code_shape, needs_graph, wrap_instance_forwards
 
 ACT_OF_CLASS = {"NewGELUActivation": "gelu_new", "GELUTanh": "gelu_pytorch_tanh",
                 "PytorchGELUTanh": "gelu_pytorch_tanh"}
@@ -72,10 +72,6 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
         if case not in cases:
             cases.append(case)
     return cases
-
-
-def needs_graph(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _wrapper(mlp: nn.Module, act: str, forward_by_case: Callable) -> Callable:
