@@ -110,13 +110,18 @@ def _family_patterns() -> list:
             for p in f.patterns]
 
 
-def profiled_occurrences(model, tmp_path, batch=1, seq=8):
-    """Pattern occurrences of one profiled CPU forward: [(pattern, family, ops Counter)]."""
+def profiled_ops(model, tmp_path, batch=1, seq=8) -> list[dict]:
+    """The attributed ops (as profile.json holds them) of one profiled CPU forward."""
     runner = make_runner(model, Workload(batch, seq))
     trace_path = tmp_path / "trace.json.gz"
     capture(runner, "cpu", trace_path)
-    att = attribute(load_trace(trace_path), module_names(model, runner))
-    ops = [op.to_dict() for op in att.ops]
+    return [op.to_dict() for op in attribute(load_trace(trace_path),
+                                             module_names(model, runner)).ops]
+
+
+def profiled_occurrences(model, tmp_path, batch=1, seq=8):
+    """Pattern occurrences of one profiled CPU forward: [(pattern, family, ops Counter)]."""
+    ops = profiled_ops(model, tmp_path, batch, seq)
     found, _ = match(ops, list(BASE_PATTERNS) + _family_patterns())
     return [(o.pattern, o.family, collections.Counter(ops[i]["name"] for i in o.ops))
             for o in found]

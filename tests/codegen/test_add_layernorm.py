@@ -13,6 +13,7 @@ from family_checks import (
     _family_patterns,
     assert_close,
     instance_forwards,
+    profiled_ops,
 )
 
 from codegen.add_layernorm import FAMILY
@@ -64,16 +65,10 @@ def test_declined_signatures_and_cross_attention_run_the_original(tmp_path):
 
 
 def test_the_block_scope_is_this_familys_pattern(tmp_path):
-    from profiling.attribution import attribute
-    from profiling.capture import capture, make_runner, module_names
     from profiling.patterns import BASE_PATTERNS, match
-    from profiling.trace import load_trace
 
     model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
-    runner = make_runner(model, Workload(1, 8))
-    trace = tmp_path / "trace.json.gz"
-    capture(runner, "cpu", trace)
-    ops = [op.to_dict() for op in attribute(load_trace(trace), module_names(model, runner)).ops]
+    ops = profiled_ops(model, tmp_path)
     # every family's patterns, as the rank stage has them: the attention's and MLP's own
     # claim their ops, leaving the block scope its two adds
     patterns = list(BASE_PATTERNS) + _family_patterns() + [LAYERNORM_PATTERN, *FAMILY.patterns]

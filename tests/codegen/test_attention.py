@@ -17,6 +17,7 @@ from family_checks import (
     declines_then_trains,
     instance_forwards,
     load_rendered,
+    profiled_ops,
     run_candidate,
     space_ends,
     verify_on_cpu_or_gpu,
@@ -161,16 +162,9 @@ def test_rendered_source_is_specialised_and_checks_shapes(tmp_path):
 def _profiled_attention(model, tmp_path):
     """[(pattern, family, op dicts)] of the attention occurrences in one profiled CPU forward,
     matched with the base patterns plus this family's."""
-    from profiling.attribution import attribute
-    from profiling.capture import capture, make_runner, module_names
     from profiling.patterns import BASE_PATTERNS, match
-    from profiling.trace import load_trace
 
-    runner = make_runner(model, Workload(2, 8))
-    trace_path = tmp_path / "trace.json.gz"
-    capture(runner, "cpu", trace_path)
-    att = attribute(load_trace(trace_path), module_names(model, runner))
-    ops = [op.to_dict() for op in att.ops]
+    ops = profiled_ops(model, tmp_path, batch=2)
     found, _ = match(ops, list(BASE_PATTERNS) + list(FAMILY.patterns))
     return [(o.pattern, o.family, [ops[i] for i in o.ops]) for o in found
             if o.family == "attention"]

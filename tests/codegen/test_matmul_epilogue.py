@@ -18,6 +18,7 @@ from family_checks import (
     declines_then_trains,
     instance_forwards,
     load_rendered,
+    profiled_ops,
     run_candidate,
     space_ends,
     verify_on_cpu_or_gpu,
@@ -344,15 +345,9 @@ def test_rendered_source_is_specialised_and_guards_its_inputs(tmp_path):
 
 def _profiled_alternatives(model, tmp_path):
     """(op dicts, occurrences of this family's patterns) of one CPU forward of 1 x 8 tokens."""
-    from profiling.attribution import attribute
-    from profiling.capture import capture, make_runner, module_names
     from profiling.patterns import BASE_PATTERNS, alternatives, match
-    from profiling.trace import load_trace
 
-    runner = make_runner(model, Workload(1, 8))
-    trace = tmp_path / "trace.json.gz"
-    capture(runner, "cpu", trace)
-    ops = [op.to_dict() for op in attribute(load_trace(trace), module_names(model, runner)).ops]
+    ops = profiled_ops(model, tmp_path)
     patterns = (list(BASE_PATTERNS) + list(GATED_ACT.patterns) + list(MATMUL.patterns)
                 + list(FAMILY.patterns))
     found, _ = match(ops, patterns)

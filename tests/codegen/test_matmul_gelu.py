@@ -14,6 +14,7 @@ from family_checks import (
     CountingChooser,
     assert_close,
     instance_forwards,
+    profiled_ops,
     run_candidate,
     space_ends,
     verify_on_cpu_or_gpu,
@@ -90,16 +91,10 @@ def test_a_wrapped_c_fc_falls_back_to_what_ran_before(tmp_path):
 
 
 def test_pattern_extends_gelu_new_and_absorbs_the_sibling_c_fc(tmp_path):
-    from profiling.attribution import attribute
-    from profiling.capture import capture, make_runner, module_names
     from profiling.patterns import BASE_PATTERNS, alternatives, match
-    from profiling.trace import load_trace
 
     model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
-    runner = make_runner(model, Workload(1, 8))
-    trace = tmp_path / "trace.json.gz"
-    capture(runner, "cpu", trace)
-    ops = [op.to_dict() for op in attribute(load_trace(trace), module_names(model, runner)).ops]
+    ops = profiled_ops(model, tmp_path)
     patterns = list(BASE_PATTERNS) + list(GELU.patterns) + list(MATMUL.patterns) + \
         list(FAMILY.patterns)
     found, _ = match(ops, patterns)
