@@ -98,7 +98,7 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     from codegen.registry import get_family
     from core.source import load_forward
     from verify.loading import case_params
-    from verify.timing import bench
+    from verify.timing import bench, bench_graphed
 
     family = get_family(family_name)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -114,6 +114,9 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     on_gpu = str(device).startswith("cuda")
     base = bench(baseline, device=device, min_bytes=family.min_bytes(case)).to_dict()
     base["host_us"] = _host_call_us(baseline) if on_gpu else None
+    # the graph projection's kernel times (verify.timing.bench_graphed); CPU: not measured
+    base["graph_ms"], base["graph_note"] = (bench_graphed(baseline, device=device) if on_gpu
+                                            else (None, None))
     out_q.put({"baseline": base})
     for path in paths:
         out_q.put({"start": path})
@@ -139,6 +142,8 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
                 entry["timing"] = bench(call, device=device,
                                         min_bytes=family.min_bytes(case)).to_dict()
                 entry["host_us"] = _host_call_us(patched_call) if on_gpu else None
+                entry["graph_ms"], entry["graph_note"] = (
+                    bench_graphed(call, device=device) if on_gpu else (None, None))
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
             entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
                      "trace": traceback.format_exc(limit=3)[-600:]}

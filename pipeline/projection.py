@@ -20,6 +20,14 @@ def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
     return {f: statistics.median(v) for f, v in by_family.items()}
 
 
+def in_graph_speedups(summary: dict, speed: dict[str, float]) -> dict[str, float]:
+    """family -> the speedup the graph projection uses: the median over the family's cases of
+    `graph_speedup` (both sides timed inside a CUDA graph, `verify.timing.bench_graphed`),
+    else its `speedup` (`bench`), for the families in `speed`."""
+    graphed = kernel_speedups(summary, "graph_speedup")
+    return {f: graphed.get(f, v) for f, v in speed.items()}
+
+
 def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool,
                       in_model: dict | None = None, in_model_set: dict | None = None) -> dict:
     """Re-rank with measured kernel times (not rooflines) and freeze the projection.
@@ -40,8 +48,9 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     speed = {f: v for f, v in kernel_speedups(summary).items() if f in known} if on_gpu else {}
     host = {f: v for f, v in kernel_speedups(summary, "host_delta_us").items()
             if f in known} if on_gpu else {}
+    graph_speed = in_graph_speedups(summary, speed)
     out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
-           "families": families, "workloads": {}}
+           "graph_kernel_speedups": graph_speed, "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         measured = (in_model or {}).get(w["key"]) or {}
         together = (in_model_set or {}).get(w["key"])
@@ -53,7 +62,7 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
             **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
             "host_set": together,
-            "graphs": project_graphs(run_dir, w, speed, on_gpu, only=fams),
+            "graphs": project_graphs(run_dir, w, graph_speed, on_gpu, only=fams),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
@@ -149,7 +158,8 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
         if key in ranking and g.get("captured") and set(in_graph) != set(proj["families"]):
             # the graph ran that set: its kernels + graph projection, same numbers
             g["projected_for_kept"] = project_graphs(
-                run_dir, ranking[key], proj["kernel_speedups"], on_gpu, only=in_graph)
+                run_dir, ranking[key], proj.get("graph_kernel_speedups")
+                or proj["kernel_speedups"], on_gpu, only=in_graph)
             changed = True
     if changed:
         write_json(run_dir / "integration.json", integ)

@@ -47,6 +47,9 @@ def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict
     runner = make_runner(model, workload)
     say("timing without the profiler")
     timed = {"wall": wall_time(runner, workload.device)}
+    if workload.device.startswith("cuda") and workload.mode == "decode":
+        say("timing the step over a static KV cache without the profiler")
+        timed["static_wall"] = wall_time(make_static_runner(model, workload), workload.device)
     if workload.device.startswith("cuda"):
         probe = _probe(workload)
         timed["probe_wall_ms"] = wall_time(make_runner(model, probe), probe.device, warmup=3,
@@ -67,8 +70,14 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
     if workload.device.startswith("cuda") and workload.mode == "decode":
         say("profiling the step over a static KV cache (what a CUDA graph replays)")
         static_rel = f"trace/{workload.key}-static.json.gz"
-        capture(make_static_runner(model, workload), workload.device, run_dir / static_rel)
+        static = make_static_runner(model, workload)
+        static_names = module_names(model, static)
+        static_ms = capture(static, workload.device, run_dir / static_rel)
         result["static_trace"] = static_rel
+        # its ops, attributed to patterns like the dynamic step's: the graph projection credits
+        # each kernel's saving where the graph runs it (rank.graph_projection)
+        result["static"] = summarise(run_dir / static_rel, workload, timed["static_wall"],
+                                     static_names, static_ms)
     if workload.device.startswith("cuda"):
         say("HTA analyses")
         result["hta"] = _hta(run_dir / trace_rel)

@@ -70,6 +70,7 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
                 "kernel": entry["timing"],
                 "baseline": s["baseline"], "record": res.record_path,
                 "speedup": s["baseline"]["median_ms"] / entry["timing"]["median_ms"],
+                "graph_speedup": _graph_speedup(s["baseline"], entry),
                 "host_delta_us": (s["baseline"].get("host_us") - entry["host_us"])
                 if entry.get("host_us") is not None and s["baseline"].get("host_us")
                 is not None else None,
@@ -84,3 +85,10 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
     if changed:
         write_json(path, summary)
     return summary
+
+
+def _graph_speedup(baseline: dict, entry: dict) -> float | None:
+    """The speedup inside a CUDA graph (`verify.timing.bench_graphed`), None where either side
+    was not captured: the graph projection then falls back to `speedup`."""
+    b, c = baseline.get("graph_ms"), entry.get("graph_ms")
+    return b / c if b and c else None

@@ -1145,6 +1145,25 @@ def test_a_family_that_cannot_win_is_not_integrated():
     skipped = cannot_win(accepted, ["attention", "gated_act", "kv_cache", "rope", "rmsnorm"])
     assert list(skipped) == ["attention"]
     assert "0.19x, 0.69x" in skipped["attention"] and "+30.0 us" in skipped["attention"]
+    # faster inside a CUDA graph (gated_act's 0.88x by events on Llama decode) is enough too
+    accepted["attention/a"]["graph_speedup"] = 1.3
+    assert cannot_win(accepted, ["attention"]) == {}
+    accepted["attention/a"]["graph_speedup"] = 0.9
+    assert list(cannot_win(accepted, ["attention"])) == ["attention"]
+
+
+def test_the_graph_projection_takes_each_familys_in_graph_speedup_where_measured():
+    from pipeline.projection import in_graph_speedups
+    from pipeline.stages.verify import _graph_speedup
+
+    assert _graph_speedup({"graph_ms": 0.006}, {"graph_ms": 0.002}) == pytest.approx(3.0)
+    assert _graph_speedup({"graph_ms": 0.006}, {"graph_ms": None}) is None
+    summary = {"accepted": {
+        "rmsnorm/a": {"family": "rmsnorm", "speedup": 5.0, "graph_speedup": 2.0},
+        "rmsnorm/b": {"family": "rmsnorm", "speedup": 5.0, "graph_speedup": 4.0},
+        "rope/a": {"family": "rope", "speedup": 6.8, "graph_speedup": None}}}
+    got = in_graph_speedups(summary, {"rmsnorm": 5.0, "rope": 6.8})
+    assert got == {"rmsnorm": pytest.approx(3.0), "rope": 6.8}
 
 
 def test_of_two_families_replacing_the_same_ops_the_one_saving_more_is_integrated():

@@ -797,6 +797,45 @@ def test_decode_graph_projection_replays_the_static_cache_step(decode, tmp_path)
     assert proj["basis"] == "the step over a static KV cache"
 
 
+def test_a_row_the_static_step_has_is_replaced_there(decode, prefill, tmp_path):
+    """With the static step attributed (profile's `w["static"]`), a row whose pattern that step
+    has is replaced in it, at the row's own target over time; a row it lacks (here the decode
+    attention, absent from the stand-in) saves what it saves in the dynamic step graphed."""
+    import shutil
+
+    from core.artifacts import write_json
+    from profiling.replay import graphed, graphed_with
+
+    w, _ = decode
+    pw, _ = prefill  # a stand-in static step with its own patterns and correlations
+    node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
+    shutil.copy(PREFILL, tmp_path / "static.json.gz")
+    ws = {**w, "trace": str(DECODE), "static_trace": "static.json.gz", "static": pw}
+    write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
+                                           "workloads": [ws]})
+    speed = {"rmsnorm": 2.0, "decode_attention": 3.0}
+    proj = rank_stage.project_graphs_with(tmp_path, w["key"], speed)
+    static = rank_stage.static_graph(ws, tmp_path, GRAPHED)
+    there = static.graph["pattern_rows"]
+    assert "rmsnorm" in there and "decode_attention" not in there
+    moved = [{**there["rmsnorm"], "target_us": there["rmsnorm"]["time_us"] / 2.0}]
+    dyn = rank_stage.workload_graph(w, DECODE)
+    attn = [{**r, "target_us": r["time_us"] / 3.0} for r in rank_stage.pattern_rows(w, GRAPHED)
+            if r["pattern"] == "decode_attention"]
+    saved = graphed(dyn, node, launch) - graphed_with(
+        dyn, rank_stage._replacements(dyn, attn), node, launch)
+    want = graphed_with(static, rank_stage._replacements(static, moved), node, launch) - saved
+    assert saved > 0
+    assert proj["kept_pass_us"] == pytest.approx(want, rel=1e-9)
+    assert proj["kept_pass_us"] < proj["unpatched_pass_us"] - saved
+    # without the attribution (an older profile) rmsnorm's saving came from the dynamic step
+    old = rank_stage.graph_projection(dyn, GRAPHED, [
+        {**r, "target_us": r["time_us"] / speed[r["pattern"]]}
+        for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] in speed],
+        static=rank_stage.static_graph({**ws, "static": None}, tmp_path, GRAPHED))
+    assert old["pass_us"] != pytest.approx(proj["kept_pass_us"], rel=1e-3)
+
+
 def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_again(
         tmp_path, monkeypatch):
     import json

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from verify.stats import bootstrap_ci, summarize
-from verify.timing import NOT_GPU_REASON, bench, paired_ratio
+from verify.timing import NOT_GPU_REASON, bench, bench_graphed, paired_ratio
 
 
 class FakeClock:
@@ -94,6 +94,32 @@ def test_gpu_bench_times_the_device_work_not_a_slow_wrapper():
     wrapped = bench(slow_wrapper, device="cuda", rep_ms=20)
     assert "head start" in wrapped.method
     assert wrapped.median_ms < plain.median_ms + 0.05 < 0.3
+
+
+def test_graphed_timing_is_not_measured_on_the_cpu():
+    x = torch.randn(16)
+    assert bench_graphed(lambda: x * 2, device="cpu") == (None, NOT_GPU_REASON)
+
+
+@pytest.mark.gpu
+def test_graphed_timing_drops_the_event_overhead_and_scales_with_the_work():
+    """A tiny kernel costs about 3 us more between events than inside a graph (the per-call
+    overhead the graph projection must not count); a kernel of 8x the bytes takes longer in
+    the graph too; a call that synchronises cannot be captured and says so."""
+    small = torch.randn(256, device="cuda")
+    big = torch.randn(1 << 23, device="cuda")
+    out_s, out_b = torch.empty_like(small), torch.empty_like(big)
+    tiny_ms, why = bench_graphed(lambda: torch.mul(small, 2, out=out_s), device="cuda")
+    assert why is None and 0 < tiny_ms
+    events = bench(lambda: torch.mul(small, 2, out=out_s), device="cuda", rep_ms=20)
+    assert tiny_ms < events.median_ms - 1e-3  # > 1 us less than between events
+    big_ms, _ = bench_graphed(lambda: torch.mul(big, 2, out=out_b), device="cuda")
+    assert big_ms > 4 * tiny_ms
+    ms, why = bench_graphed(lambda: small.sum().item(), device="cuda")
+    assert ms is None and why.startswith("not capturable")
+    # and the process goes on capturing (the screen worker times its next candidate)
+    again, why = bench_graphed(lambda: torch.mul(small, 2, out=out_s), device="cuda")
+    assert why is None and again > 0
 
 
 def test_paired_ratio_records_each_calls_host_time_apart_from_its_wall_time(monkeypatch):
