@@ -71,4 +71,7 @@ FAMILY = Family(
     # order-dependent way (as the matmul family)
     stress_inputs=(0,),
     order_bound=order_bound,
+    # matmul_epilogue's kernel replaces an MLP's gate and up Linears, which gemv also patches
+    # at decode: one of the two is integrated
+    rivals=("matmul_epilogue",),
 )

@@ -101,7 +101,8 @@ FAMILY = Family(
     # where a dot product cancels, the summation order decides which of HF's result and ours
     # lands closer: the verifier allows either within the classic bound
     order_bound=order_bound,
-    # replaces the ops gated_act replaces: one of the two is integrated
-    rivals=("gated_act",),
+    # replaces the ops gated_act replaces, and at decode the gate and up Linears gemv
+    # replaces: one of each two is integrated
+    rivals=("gated_act", "gemv"),
     benchmark="codegen.matmul_epilogue.bench",
 )
