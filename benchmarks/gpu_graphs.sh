@@ -4,7 +4,8 @@
 # compile-reduce-overhead, the unpatched and the patched model as CUDA graphs, and for decode
 # eager over the static cache), then one tarball of what it made.
 # Env: M (model), B, S (workload), MODE (prefill or decode), TOP, FAMILIES (instead of TOP:
-# exactly these, comma-separated), MAXC (configs per case; "all":
+# exactly these, comma-separated), RESUME (a carried run folder to continue with
+# `optimize --resume` instead of profiling anew), MAXC (configs per case; "all":
 # the default exhaustive search), PAIRS, BACKEND, ROUNDS, VARIANTS, and the limits in seconds
 # T_PROFILE, T_OPTIMIZE, T_H2H. Each step runs under `timeout`, which (without --foreground)
 # puts itself and the step in one process group and signals the whole group on expiry, TERM
@@ -36,12 +37,19 @@ step() {  # step NAME LIMIT CMD...: CMD under timeout, its output in $OUT/logs-$
 }
 
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
-step profile $T_PROFILE python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 \
-  --mode $MODE --run-dir $run --top 8
 maxc="--max-configs $MAXC"; [ "$MAXC" != all ] || maxc=""
 choice="--top $TOP"; [ -z "${FAMILIES:-}" ] || choice="--families $FAMILIES"
-[ -f $run/profile.json ] && step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline \
-  optimize $run $choice $maxc --pairs $PAIRS --backend $BACKEND
+if [ -n "${RESUME:-}" ]; then
+  # RESUME: a run folder carried from an earlier call (its traces included), put back where
+  # its artifacts say it lives; optimize continues it with its own options
+  mkdir -p $run && cp -r "$RESUME"/. $run/
+  step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline optimize $run --resume
+else
+  step profile $T_PROFILE python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 \
+    --mode $MODE --run-dir $run --top 8
+  [ -f $run/profile.json ] && step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline \
+    optimize $run $choice $maxc --pairs $PAIRS --backend $BACKEND
+fi
 # without an optimize run, head_to_head skips ours and ours-graphs and says why
 [ -f $run/profile.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
   $logs/h2h.json --rounds $ROUNDS --variants $VARIANTS

@@ -239,11 +239,11 @@ def _replay_gain(graph, rows: list[dict]) -> float:
 
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
     reps = []
-    for r in rows:
+    for r, corrs in _disjoint(rows):
         # a measured kernel may be slower than the code it replaces: project that too (our
         # attention at 0.19x of SDPA replayed as 1.00x, and measured 0.85x)
         scale = r["target_us"] / r["time_us"] if r["time_us"] else 1.0
-        occ = [c for c in r["kernel_correlations"] if any(x in dur for x in c)]
+        occ = [c for c in corrs if any(x in dur for x in c)]
         # Each row's saving stays on its own removed launches. Spread over every row's
         # launches, a saving the row's own segments cannot hold (capped at their length)
         # moved onto other patterns' launches and over-projected the set (Qwen2.5-0.5B b1
@@ -276,13 +276,29 @@ def _replacements(graph, rows: list[dict]) -> list:
 
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
     reps = []
-    for r in rows:
+    for r, corrs in _disjoint(rows):
         scale = r["target_us"] / r["time_us"] if r["time_us"] else 1.0
-        for corr in r["kernel_correlations"]:
+        for corr in corrs:
             present = [c for c in corr if c in dur]
             if present:
                 reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
     return reps
+
+
+def _disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]]]]:
+    """Each row with the occurrences (kernel correlations) it replaces, none twice: where two
+    rows replace the same kernels (GPT-2's c_fc GEMM is in `linear`, which the matmul family
+    patches, and in mlp_gemm_gelu, which matmul_gelu patches with its activation), the fused
+    alternative (`extends`) takes the occurrence, as its patch does in the model, and the
+    other row keeps the rest of its occurrences."""
+    taken: set[int] = set()
+    out = []
+    for r in sorted(rows, key=lambda r: r.get("extends") is None):
+        keep = [c for c in r["kernel_correlations"] if not taken.intersection(c)]
+        for c in keep:
+            taken.update(c)
+        out.append((r, keep))
+    return out
 
 
 def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,

@@ -836,6 +836,30 @@ def test_a_row_the_static_step_has_is_replaced_there(decode, prefill, tmp_path):
     assert old["pass_us"] != pytest.approx(proj["kept_pass_us"], rel=1e-3)
 
 
+def test_two_rows_replacing_the_same_kernels_are_projected_once_each(decode):
+    """Two rows sharing kernels (GPT-2: `linear`, which the matmul family patches, holds the
+    c_fc GEMM that mlp_gemm_gelu fuses with its activation; that decode run stopped on
+    "replacements overlap"): projected together, the fused alternative takes the shared
+    occurrences and the other row keeps the rest. Here a stand-in alternative holds half of
+    the decode fixture's rmsnorm occurrences."""
+    from profiling.replay import graphed_with
+
+    w, _ = decode
+    norm = next(r for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] == "rmsnorm")
+    half = norm["kernel_correlations"][::2]
+    fused = {**norm, "pattern": "fused_norm", "extends": "rmsnorm", "kernel_correlations": half,
+             "target_us": norm["target_us"] / 4}
+    pairs = rank_stage._disjoint([norm, fused])
+    assert pairs[0] == (fused, half)
+    assert pairs[1][0] is norm and pairs[1][1] == norm["kernel_correlations"][1::2]
+    graph = rank_stage.workload_graph(w, DECODE)
+    node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
+    both = graphed_with(graph, rank_stage._replacements(graph, [norm, fused]), node, launch)
+    alone = graphed_with(graph, rank_stage._replacements(graph, [fused]), node, launch)
+    assert both < alone  # rmsnorm's other occurrences still count
+    assert rank_stage._replay_gain(graph, [norm, fused]) > rank_stage._replay_gain(graph, [fused])
+
+
 def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_again(
         tmp_path, monkeypatch):
     import json
