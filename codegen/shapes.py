@@ -46,3 +46,15 @@ def strides(t: torch.Tensor) -> tuple:
 def canonical(shape, stride) -> tuple:
     """`strides` of a layout given as numbers."""
     return tuple(None if n == 1 else s for n, s in zip(shape, stride))
+
+
+def gemm_k_n(ops: list[dict]) -> dict | None:
+    """{"k", "n"} of a profiled GEMM occurrence: aten::linear's input [.., k] and weight [n, k],
+    or HF Conv1D's aten::addmm (bias [n], input [rows, k], weight [k, n]); None for another op."""
+    for op in ops:
+        shapes = op.get("shapes") or []
+        if op["name"] == "aten::linear" and len(shapes) >= 2 and shapes[0] and shapes[1]:
+            return {"k": shapes[0][-1], "n": shapes[1][0]}
+        if op["name"] == "aten::addmm" and len(shapes) >= 3 and shapes[1] and shapes[2]:
+            return {"k": shapes[1][-1], "n": shapes[2][-1]}
+    return None

@@ -144,6 +144,12 @@ class Family:
     # caller slices away) may be written with anything or left alone, while writes outside
     # the buffer are still caught. None: the whole of `out` is the result.
     out_region: Callable[[Case, Any], Any] | None = None
+    # occurrence_case(ops) -> the case keys one ranked occurrence's ops give (a subset of a
+    # case's keys: a GEMM's k and n), for a family whose pattern spans cases of different work
+    # that it patches one by one: the graph projection then speeds each occurrence up by the
+    # speedup of the accepted case it matches, and leaves one that no accepted case matches as
+    # it is (the patch leaves that module alone). None: every occurrence at the family's median.
+    occurrence_case: Callable[[list[dict]], dict | None] | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -28,6 +28,18 @@ def in_graph_speedups(summary: dict, speed: dict[str, float]) -> dict[str, float
     return {f: graphed.get(f, v) for f, v in speed.items()}
 
 
+def in_graph_case_speedups(summary: dict, speed: dict[str, float]) -> dict[str, list]:
+    """family -> [(case, speedup inside a graph, else by events)] of its accepted cases, for
+    the families in `speed`: the graph projection matches occurrences to cases with them
+    (`Family.occurrence_case`)."""
+    out: dict[str, list] = {}
+    for acc in summary["accepted"].values():
+        if acc["family"] in speed:
+            out.setdefault(acc["family"], []).append(
+                [acc["case"], acc.get("graph_speedup") or acc["speedup"]])
+    return out
+
+
 def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu: bool,
                       in_model: dict | None = None, in_model_set: dict | None = None) -> dict:
     """Re-rank with measured kernel times (not rooflines) and freeze the projection.
@@ -49,8 +61,10 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     host = {f: v for f, v in kernel_speedups(summary, "host_delta_us").items()
             if f in known} if on_gpu else {}
     graph_speed = in_graph_speedups(summary, speed)
+    graph_cases = in_graph_case_speedups(summary, speed)
     out = {"stage": "projection", "kernel_speedups": speed, "host_delta_us": host,
-           "graph_kernel_speedups": graph_speed, "families": families, "workloads": {}}
+           "graph_kernel_speedups": graph_speed, "graph_case_speedups": graph_cases,
+           "families": families, "workloads": {}}
     for w in ranking["workloads"]:
         measured = (in_model or {}).get(w["key"]) or {}
         together = (in_model_set or {}).get(w["key"])
@@ -62,7 +76,8 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
             **project_set(run_dir, w, speed, host_w, on_gpu, only=fams),
             "host_delta_us": host_w, "host_in_model": measured,
             "host_set": together,
-            "graphs": project_graphs(run_dir, w, graph_speed, on_gpu, only=fams),
+            "graphs": project_graphs(run_dir, w, graph_speed, on_gpu, only=fams,
+                                     cases=graph_cases),
             "note": None if on_gpu else "CPU/interpreter run: kernel times are not GPU "
                                         "timings, so no speedup is projected",
         }
@@ -121,7 +136,7 @@ def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bo
 
 
 def project_graphs(run_dir: Path, ranked: dict, speed: dict, on_gpu: bool,
-                   only: list[str] | None = None) -> dict:
+                   only: list[str] | None = None, cases: dict[str, list] | None = None) -> dict:
     """The CUDA-graph projection of one workload, frozen with the families' (kernel numbers
     alone): `unpatched`, the unpatched model replayed as one graph, and `kept`, the families in
     `speed` (or `only`) at their measured kernel speedups, then graphed ("kernels + graph");
@@ -134,7 +149,8 @@ def project_graphs(run_dir: Path, ranked: dict, speed: dict, on_gpu: bool,
     rows = [r for r in ranked["rows"] if r["family"] in speed
             and (only is None or r["family"] in only)]
     return project_graphs_with(run_dir, ranked["key"],
-                               {r["pattern"]: speed[r["family"]] for r in rows})
+                               {r["pattern"]: speed[r["family"]] for r in rows},
+                               {r["pattern"]: (cases or {}).get(r["family"]) for r in rows})
 
 
 def project_kept(run_dir: Path, on_gpu: bool) -> None:
@@ -159,7 +175,8 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
             # the graph ran that set: its kernels + graph projection, same numbers
             g["projected_for_kept"] = project_graphs(
                 run_dir, ranking[key], proj.get("graph_kernel_speedups")
-                or proj["kernel_speedups"], on_gpu, only=in_graph)
+                or proj["kernel_speedups"], on_gpu, only=in_graph,
+                cases=proj.get("graph_case_speedups"))
             changed = True
     if changed:
         write_json(run_dir / "integration.json", integ)

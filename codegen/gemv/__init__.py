@@ -40,6 +40,7 @@ from codegen.gemv.reference import (
     params,
 )
 from codegen.matmul.reference import gemv_call
+from codegen.shapes import gemm_k_n
 from core.family import Family, Pattern, lazy
 
 __all__ = ["FAMILY", "MAX_ROWS", "PATTERNS"]
@@ -52,6 +53,9 @@ PATTERNS = (
 
 FAMILY = Family(
     name="gemv",
+    # one pattern over projections of very different sizes, each patched only where a case
+    # was accepted: the graph projection matches each occurrence to its case
+    occurrence_case=gemm_k_n,
     patterns=PATTERNS,
     reference=linear,
     make_inputs=make_inputs,

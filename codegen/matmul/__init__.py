@@ -52,6 +52,7 @@ from codegen.matmul.reference import (
     out_region,
     params,
 )
+from codegen.shapes import gemm_k_n
 from core.family import Family, Pattern, lazy
 
 # Under this attainable speedup (the ranking's roofline or measured time) a projection row is
@@ -85,6 +86,9 @@ PATTERNS = (
 
 FAMILY = Family(
     name="matmul",
+    # one pattern over projections of very different sizes, each patched only where a case
+    # was accepted: the graph projection matches each occurrence to its case
+    occurrence_case=gemm_k_n,
     patterns=PATTERNS,
     reference=linear,
     make_inputs=make_inputs,

@@ -41,6 +41,12 @@ def _patterns():
     return list(BASE_PATTERNS) + family_patterns()
 
 
+def _occurrence_case(family: str | None):
+    from codegen.registry import get_family
+
+    return get_family(family).occurrence_case if family else None
+
+
 def launch_ceilings(w: dict, ceil: dict) -> dict:
     """The ceilings a fused kernel's floor is priced with: on a launch-bound pass, where the
     graphs stage captures the pass, a launch costs what a tiny kernel takes inside a graph
@@ -88,6 +94,8 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
         nbytes = flops = launches = n_ops = 0
         floor_us = 0.0
         corr: list[list[int]] = []
+        cases: list[dict | None] = []
+        case_of = _occurrence_case(g["family"])
         modules = set()
         for o in g["occ"]:
             o_ops = [ops[i] for i in o.ops]
@@ -111,6 +119,8 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             nbytes, flops = nbytes + b, flops + f
             floor_us += min(fused, t) if t > 0 else 0.0
             corr.append([k["correlation"] for op in o_ops for k in op.get("kernels", [])])
+            if case_of is not None:
+                cases.append(case_of(o_ops))
             modules.add(module_pattern(o.module))
         measured_kernel = (kernel_times or {}).get(name)
         target = measured_kernel if measured_kernel is not None else floor_us
@@ -126,6 +136,8 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             "attainable_speedup": (time_us / target) if target > 0 else 1.0,
             "achieved_GBps": nbytes / time_us / 1e3 if time_us > 0 else None,
             "kernel_correlations": corr if gpu else [],
+            # per occurrence, the case keys its ops give (`Family.occurrence_case`)
+            "occurrence_cases": cases if gpu and case_of is not None else None,
             "host_share": host / wall_us,
             # the rows this one overlaps (same ops): at most one of them is ever replaced
             "alternative_to": sorted(g["extends"]),
@@ -239,11 +251,11 @@ def _replay_gain(graph, rows: list[dict]) -> float:
 
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
     reps = []
-    for r, corrs in _disjoint(rows):
+    for r, corrs, scales in _disjoint(rows):
         # a measured kernel may be slower than the code it replaces: project that too (our
         # attention at 0.19x of SDPA replayed as 1.00x, and measured 0.85x)
-        scale = r["target_us"] / r["time_us"] if r["time_us"] else 1.0
-        occ = [c for c in corrs if any(x in dur for x in c)]
+        kept = [(c, f) for c, f in zip(corrs, scales) if any(x in dur for x in c)]
+        occ = [c for c, _ in kept]
         # Each row's saving stays on its own removed launches. Spread over every row's
         # launches, a saving the row's own segments cannot hold (capped at their length)
         # moved onto other patterns' launches and over-projected the set (Qwen2.5-0.5B b1
@@ -259,7 +271,7 @@ def _replay_gain(graph, rows: list[dict]) -> float:
         total = None
         if occ and r.get("host_delta_us") is not None and removed:
             total = r["host_delta_us"]
-        for corr in occ:
+        for corr, scale in kept:
             present = [c for c in corr if c in dur]
             reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale,
                                     host_saving_total_us=total))
@@ -276,29 +288,53 @@ def _replacements(graph, rows: list[dict]) -> list:
 
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
     reps = []
-    for r, corrs in _disjoint(rows):
-        scale = r["target_us"] / r["time_us"] if r["time_us"] else 1.0
-        for corr in corrs:
+    for _, corrs, scales in _disjoint(rows):
+        for corr, scale in zip(corrs, scales):
             present = [c for c in corr if c in dur]
             if present:
                 reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
     return reps
 
 
-def _disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]]]]:
-    """Each row with the occurrences (kernel correlations) it replaces, none twice: where two
-    rows replace the same kernels (GPT-2's c_fc GEMM is in `linear`, which the matmul family
+def _disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]], list[float]]]:
+    """Each row with the occurrences (kernel correlations) it replaces, none twice, and each
+    one's time scale (`_scales`; an occurrence without one is not replaced). Where two rows
+    replace the same kernels (GPT-2's c_fc GEMM is in `linear`, which the matmul family
     patches, and in mlp_gemm_gelu, which matmul_gelu patches with its activation), the fused
     alternative (`extends`) takes the occurrence, as its patch does in the model, and the
     other row keeps the rest of its occurrences."""
     taken: set[int] = set()
     out = []
     for r in sorted(rows, key=lambda r: r.get("extends") is None):
-        keep = [c for c in r["kernel_correlations"] if not taken.intersection(c)]
-        for c in keep:
+        keep = [(c, f) for c, f in zip(r["kernel_correlations"], _scales(r))
+                if f is not None and not taken.intersection(c)]
+        for c, _ in keep:
             taken.update(c)
-        out.append((r, keep))
+        out.append((r, [c for c, _ in keep], [f for _, f in keep]))
     return out
+
+
+def _scales(row: dict) -> list[float | None]:
+    """Per occurrence, its target over its time: the row's, or where the row carries measured
+    speedups per case (`case_speedups`: [(case, speedup)], with `occurrence_cases`) the
+    speedup of the first case whose keys the occurrence's match; None where none does: the
+    family's patch leaves that module alone, so it is not replaced (GPT-2 decode's matmul
+    patched only the LM head while its 1.27x was applied to every Conv1D, projecting 0.451 ms
+    for a measured 0.538)."""
+    n = len(row["kernel_correlations"])
+    by_case, cases = row.get("case_speedups"), row.get("occurrence_cases")
+    if by_case is None or cases is None or len(cases) != n:
+        ratio = row["target_us"] / row["time_us"] if row["time_us"] else 1.0
+        return [ratio] * n
+
+    def scale(keys: dict | None) -> float | None:
+        if keys:
+            for case, sp in by_case:
+                if all(case.get(k) == v for k, v in keys.items()):
+                    return 1.0 / sp
+        return None
+
+    return [scale(c) for c in cases]
 
 
 def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
@@ -347,9 +383,11 @@ def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
 
 
 def _as_row_of(row: dict, there: dict) -> dict:
-    """The static step's row of `row`'s pattern, sped up by `row`'s target over its time."""
+    """The static step's row of `row`'s pattern, sped up by `row`'s target over its time, or
+    by `row`'s speedups per case, matched to the static step's own occurrences."""
     ratio = row["target_us"] / row["time_us"] if row["time_us"] else 1.0
-    return {**there, "target_us": there["time_us"] * ratio}
+    return {**there, "target_us": there["time_us"] * ratio,
+            "case_speedups": row.get("case_speedups")}
 
 
 def _replayed_once(graph) -> float:
@@ -478,10 +516,13 @@ def enqueue_factor(traced, enqueue_ms: float | None) -> float | None:
     return min(1.0, enqueue_ms * 1e3 / host_us) if host_us > 0 else None
 
 
-def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float]) -> dict:
+def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float],
+                        case_speedups: dict[str, list] | None = None) -> dict:
     """The frozen "graphs" projection of one profiled workload: the unpatched model graphed,
     and the patterns in `speedups` sped up (measured kernel speedups) then graphed. Gains over
-    the replayed eager pass; None with a note where there is no trace or no calibration."""
+    the replayed eager pass; None with a note where there is no trace or no calibration.
+    `case_speedups`: per pattern, [(case, speedup)] of its accepted cases; a pattern whose
+    family matches occurrences to cases (`Family.occurrence_case`) is sped up per case."""
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
     graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
@@ -490,6 +531,7 @@ def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float]) -> 
     rows = [r for r in pattern_rows(w, ceil) if r["pattern"] in speedups]
     for r in rows:
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]
+        r["case_speedups"] = (case_speedups or {}).get(r["pattern"])
     alone = graph_projection(graph, ceil, static=static)
     kept = (graph_projection(graph, ceil, rows, static=static) if rows and graph is not None
             else alone)
@@ -549,6 +591,7 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
     launch_bound = busy is not None and busy < LAUNCH_BOUND_BUSY
     for r in rows:
         r.pop("kernel_correlations", None)
+        r.pop("occurrence_cases", None)
     return {
         "key": w["key"], "workload": w["workload"], "wall_ms": w["wall"]["median_ms"],
         "enqueue_ms": w["wall"].get("enqueue_ms"), "time_basis": w["time_basis"],

@@ -850,7 +850,7 @@ def test_two_rows_replacing_the_same_kernels_are_projected_once_each(decode):
     fused = {**norm, "pattern": "fused_norm", "extends": "rmsnorm", "kernel_correlations": half,
              "target_us": norm["target_us"] / 4}
     pairs = rank_stage._disjoint([norm, fused])
-    assert pairs[0] == (fused, half)
+    assert pairs[0][:2] == (fused, half)
     assert pairs[1][0] is norm and pairs[1][1] == norm["kernel_correlations"][1::2]
     graph = rank_stage.workload_graph(w, DECODE)
     node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
@@ -858,6 +858,42 @@ def test_two_rows_replacing_the_same_kernels_are_projected_once_each(decode):
     alone = graphed_with(graph, rank_stage._replacements(graph, [fused]), node, launch)
     assert both < alone  # rmsnorm's other occurrences still count
     assert rank_stage._replay_gain(graph, [norm, fused]) > rank_stage._replay_gain(graph, [fused])
+
+
+def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decode, tmp_path):
+    """gemv's one row holds every projection of the step; a case's speedup applies to the
+    occurrences of its (k, n) alone, and an occurrence no accepted case matches is left as it
+    is, as the patch leaves its module."""
+    from codegen.shapes import gemm_k_n
+    from core.artifacts import write_json
+    from profiling.replay import graphed, graphed_with
+
+    w, _ = decode
+    row = next(r for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] == "gemv")
+    cases = row["occurrence_cases"]
+    assert len(cases) == len(row["kernel_correlations"]) and all(c for c in cases)
+    kinds = sorted({(c["k"], c["n"]) for c in cases})
+    assert len(kinds) >= 3  # q, k/v, o, gate/up, down, LM head: several shapes
+    k, n = kinds[0]
+    assert gemm_k_n([{"name": "aten::addmm", "shapes": [[n], [1, k], [k, n], [], []]}]) == \
+        {"k": k, "n": n}
+    write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
+                                           "workloads": [{**w, "trace": str(DECODE)}]})
+    per_case = rank_stage.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5},
+                                              {"gemv": [[{"k": k, "n": n, "rows": 1}, 3.0]]})
+    graph = rank_stage.workload_graph(w, DECODE)
+    only = [c for c, keys in zip(row["kernel_correlations"], cases)
+            if (keys["k"], keys["n"]) == (k, n)]
+    assert 0 < len(only) < len(cases)
+    mine = {**row, "kernel_correlations": only, "occurrence_cases": None,
+            "target_us": 1.0, "time_us": 3.0}
+    node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
+    want = graphed_with(graph, rank_stage._replacements(graph, [mine]), node, launch)
+    assert per_case["kept_pass_us"] == pytest.approx(want, rel=1e-9)
+    assert per_case["kept_pass_us"] < graphed(graph, node, launch)
+    # without the cases every occurrence runs at the median speedup
+    median = rank_stage.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5})
+    assert median["kept_pass_us"] != pytest.approx(per_case["kept_pass_us"], rel=1e-3)
 
 
 def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_again(
