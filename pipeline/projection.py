@@ -34,7 +34,7 @@ def in_graph_case_speedups(summary: dict, speed: dict[str, float]) -> dict[str, 
     (`Family.occurrence_case`)."""
     out: dict[str, list] = {}
     for acc in summary["accepted"].values():
-        if acc["family"] in speed:
+        if acc["family"] in speed and acc.get("case") is not None:
             out.setdefault(acc["family"], []).append(
                 [acc["case"], acc.get("graph_speedup") or acc["speedup"]])
     return out

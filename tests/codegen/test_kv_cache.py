@@ -467,3 +467,21 @@ def test_static_cache_decode_steps_take_the_kernel_and_match_hf(tmp_path):
     assert make_static_case(1, 2, 16, 1, "float32") in FAMILY.cases_from_model(
         model, Workload(1, 8, mode="decode"))
     assert not any(is_static(c) for c in FAMILY.cases_from_model(model, Workload(1, 8)))
+
+
+def test_a_profiled_update_is_matched_to_its_kind_of_case():
+    """The graph projection speeds a static cache's index_copy_ update up by the static case's
+    speedup and a dynamic cache's cat by the dynamic case's at its past length."""
+    static = [{"name": "aten::index_copy_", "shapes": [[1, 12, 528, 64], [], [1], [1, 12, 1, 64]]}]
+    dynamic = [{"name": "aten::cat", "shapes": [[[1, 12, 512, 64], [1, 12, 1, 64]], []]}]
+    of = FAMILY.occurrence_case
+    assert of(static) == {"layout": "static"}
+    assert of(dynamic) == {"layout": None, "past": 512}
+    s_case = {"batch": 1, "kv_heads": 12, "head_dim": 64, "new": 1, "layout": "static"}
+    d_case = {"batch": 1, "kv_heads": 12, "head_dim": 64, "new": 1, "past": 512}
+    from pipeline.stages.rank import _scales
+
+    row = {"kernel_correlations": [[1], [2], [3]], "target_us": 1.0, "time_us": 1.0,
+           "occurrence_cases": [of(static), of(dynamic), {"layout": None, "past": 128}],
+           "case_speedups": [[s_case, 7.0], [d_case, 1.8]]}
+    assert _scales(row) == [pytest.approx(1 / 7.0), pytest.approx(1 / 1.8), None]

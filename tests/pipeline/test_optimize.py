@@ -1238,7 +1238,7 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     monkeypatch.setattr(rank_stage, "project_with",
                         lambda run_dir, key, speed, host: replays.append(speed) or 1.1)
     graphed = []
-    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed: (
+    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: (
         graphed.append(speed) or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed),
                                   "note": None}))
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
