@@ -179,7 +179,7 @@ def bench_graphed(fn: Callable[[], object], *, device: str | torch.device, calls
             end.record()
             torch.cuda.synchronize(device)
             times.append(start.elapsed_time(end))
-        medians.append(sorted(times)[len(times) // 2])
+        medians.append(summarize(times)["median_ms"])
     del graphs
     return max(medians[1] - medians[0], 0.0) / calls, None
 

@@ -324,8 +324,7 @@ def _scales(row: dict) -> list[float | None]:
     n = len(row["kernel_correlations"])
     by_case, cases = row.get("case_speedups"), row.get("occurrence_cases")
     if by_case is None or cases is None or len(cases) != n:
-        ratio = row["target_us"] / row["time_us"] if row["time_us"] else 1.0
-        return [ratio] * n
+        return [_target_ratio(row)] * n
 
     def scale(keys: dict | None) -> float | None:
         if keys:
@@ -385,9 +384,13 @@ def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
 def _as_row_of(row: dict, there: dict) -> dict:
     """The static step's row of `row`'s pattern, sped up by `row`'s target over its time, or
     by `row`'s speedups per case, matched to the static step's own occurrences."""
-    ratio = row["target_us"] / row["time_us"] if row["time_us"] else 1.0
-    return {**there, "target_us": there["time_us"] * ratio,
+    return {**there, "target_us": there["time_us"] * _target_ratio(row),
             "case_speedups": row.get("case_speedups")}
+
+
+def _target_ratio(row: dict) -> float:
+    """A row's target over its profiled time: the time scale of each of its occurrences."""
+    return row["target_us"] / row["time_us"] if row["time_us"] else 1.0
 
 
 def _replayed_once(graph) -> float:
