@@ -25,7 +25,8 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
 )
 from pipeline.report_render import NOT_MEANINGFUL
 from pipeline.report_sources import source_tables
-from pipeline.stages.rank import LAUNCH_BOUND_BUSY, top_level
+from pipeline.stages.rank import top_level
+from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
              "search": "candidates/search_log.json", "verification": "verification/summary.json",

@@ -1,6 +1,6 @@
 """The host probe for launch-bound passes, on and off: re-project every committed run both ways.
 
-`pipeline.stages.rank.workload_graph` scales the replay's host chain to the unprofiled wall,
+`pipeline.stages.rank_replay.workload_graph` scales the replay's host chain to the unprofiled wall,
 then, before run 14, also to the profile's host-bound probe (a tiny pass) wherever that was
 faster. Since run 14 the probe is used for device-bound passes only. This re-projects the set
 each committed workload shipped, from its frozen inputs (`reproject.py`), with the probe

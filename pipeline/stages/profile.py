@@ -75,7 +75,7 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
         static_ms = capture(static, workload.device, run_dir / static_rel)
         result["static_trace"] = static_rel
         # its ops, attributed to patterns like the dynamic step's: the graph projection credits
-        # each kernel's saving where the graph runs it (rank.graph_projection)
+        # each kernel's saving where the graph runs it (rank_replay.graph_projection)
         result["static"] = summarise(run_dir / static_rel, workload, timed["static_wall"],
                                      static_names, static_ms)
     if workload.device.startswith("cuda"):

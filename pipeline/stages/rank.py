@@ -14,19 +14,22 @@ from collections import defaultdict
 from pathlib import Path
 
 from core.artifacts import read_json, write_json
+from pipeline.stages.rank_replay import (
+    LAUNCH_BOUND_BUSY,
+    graph_gains,
+    graph_projection,
+    replay_gain,
+    workload_graph,
+)
 from pipeline.summary import console, module_pattern
 from profiling.patterns import BASE_PATTERNS, Occurrence, alternatives, match
 from profiling.roofline import op_cost, roofline_us
 
 RANKING = "ranking.json"
-LAUNCH_BOUND_BUSY = 0.5  # below this GPU-busy share of the wall time a pass is launch-bound
 # A device-bound pass lists the CUDA-graph row only when the replay projects more than this:
 # below it the graph's own node and launch costs are within the replay's error of its saving.
 GRAPH_MIN_GAIN = 1.02
 GRAPH_PATTERN = "host: CUDA graph capture"
-NOT_CALIBRATED = ("CUDA graph costs not calibrated on this device (ceilings measured before "
-                  "`graph_node_us`/`graph_launch_us` existed): run `pipeline calibrate` again; "
-                  "no projection")
 
 
 def amdahl(parts: list[tuple[float, float]]) -> float:
@@ -234,182 +237,7 @@ def project(w: dict, rows: list[dict], graph=None) -> None:
         # a family row is replayed even at its roofline: fusing still removes launches and
         # host dispatch, which is what decides a launch-bound pass
         if graph is not None and r["kernel_correlations"] and r["family"]:
-            r["replay_gain"] = _replay_gain(graph, [r])
-
-
-def _replay_gain(graph, rows: list[dict]) -> float:
-    """Whole-model gain from replaying the trace with `rows` replaced.
-
-    Each occurrence's kernels become one kernel of the target time and its launch calls merge
-    into one. The Python-side dispatch a fused call saves or adds is only known once a kernel
-    exists: a row may carry `host_delta_us` (measured, unprofiled: the baseline call's host
-    time minus the candidate's, per occurrence; negative when the kernel costs the host more,
-    as Triton's launcher can), else none is assumed. Profiled host times are inflated by the
-    profiler, so they never stand in for it.
-    """
-    from profiling.replay import Replacement, kernel_table, what_if
-
-    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
-    reps = []
-    for r, corrs, scales in _disjoint(rows):
-        # a measured kernel may be slower than the code it replaces: project that too (our
-        # attention at 0.19x of SDPA replayed as 1.00x, and measured 0.85x)
-        kept = [(c, f) for c, f in zip(corrs, scales) if any(x in dur for x in c)]
-        occ = [c for c, _ in kept]
-        # Each row's saving stays on its own removed launches. Spread over every row's
-        # launches, a saving the row's own segments cannot hold (capped at their length)
-        # moved onto other patterns' launches and over-projected the set (Qwen2.5-0.5B b1
-        # prefill: 1.423x projected for four families, 1.314x measured).
-        # The measured delta (per call, one call per occurrence) already pays for the launch
-        # calls the fused call removes: their nodes leave the replay with their own traced
-        # durations, and only the rest of the occurrence's delta comes off the host segments
-        # before them, pooled over those segments. (Subtracting the mean launch of the whole
-        # pass from each removed launch, and capping the rest at the one segment before it,
-        # lost 7 % of the delta on Llama-3.2-1B b1 prefill: its rows' launches are shorter
-        # than the mean, and some of their segments shorter than one launch's share.)
-        removed = max(0, r["launches"] - len(occ))
-        total = None
-        if occ and r.get("host_delta_us") is not None and removed:
-            total = r["host_delta_us"]
-        for corr, scale in kept:
-            present = [c for c in corr if c in dur]
-            reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale,
-                                    host_saving_total_us=total))
-    if not reps:
-        return 1.0
-    base = _replayed_once(graph)
-    return base / what_if(graph, reps)
-
-
-def _replacements(graph, rows: list[dict]) -> list:
-    """Each row's occurrences as replacements at the row's target time, no host saving (the
-    graph projections remove the host anyway)."""
-    from profiling.replay import Replacement, kernel_table
-
-    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
-    reps = []
-    for _, corrs, scales in _disjoint(rows):
-        for corr, scale in zip(corrs, scales):
-            present = [c for c in corr if c in dur]
-            if present:
-                reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale))
-    return reps
-
-
-def _disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]], list[float]]]:
-    """Each row with the occurrences (kernel correlations) it replaces, none twice, and each
-    one's time scale (`_scales`; an occurrence without one is not replaced). Where two rows
-    replace the same kernels (GPT-2's c_fc GEMM is in `linear`, which the matmul family
-    patches, and in mlp_gemm_gelu, which matmul_gelu patches with its activation), the fused
-    alternative (`extends`) takes the occurrence, as its patch does in the model, and the
-    other row keeps the rest of its occurrences."""
-    taken: set[int] = set()
-    out = []
-    for r in sorted(rows, key=lambda r: r.get("extends") is None):
-        keep = [(c, f) for c, f in zip(r["kernel_correlations"], _scales(r))
-                if f is not None and not taken.intersection(c)]
-        for c, _ in keep:
-            taken.update(c)
-        out.append((r, [c for c, _ in keep], [f for _, f in keep]))
-    return out
-
-
-def _scales(row: dict) -> list[float | None]:
-    """Per occurrence, its target over its time: the row's, or where the row carries measured
-    speedups per case (`case_speedups`: [(case, speedup)], with `occurrence_cases`) the
-    speedup of the first case whose keys the occurrence's match; None where none does: the
-    family's patch leaves that module alone, so it is not replaced (GPT-2 decode's matmul
-    patched only the LM head while its 1.27x was applied to every Conv1D, projecting 0.451 ms
-    for a measured 0.538)."""
-    n = len(row["kernel_correlations"])
-    by_case, cases = row.get("case_speedups"), row.get("occurrence_cases")
-    if by_case is None or cases is None or len(cases) != n:
-        return [_target_ratio(row)] * n
-
-    def scale(keys: dict | None) -> float | None:
-        if keys:
-            for case, sp in by_case:
-                if all(case.get(k) == v for k, v in keys.items()):
-                    return 1.0 / sp
-        return None
-
-    return [scale(c) for c in cases]
-
-
-def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
-                     static=None) -> dict:
-    """The pass replayed as one CUDA graph (`profiling.replay.graphed`): `pass_us` and the
-    gain over the replayed eager pass, for the unpatched model or (`rows`) with those rows'
-    kernels at their target times first ("kernels + graph"). None with a note where the
-    device's graph costs were never measured.
-
-    `static`: for decode, the replay graph of the step over a static KV cache, which is what
-    the graph captures (`profiling.capture.make_static_runner`); the pass is then that step
-    graphed. The static cache reads and masks all its slots, so the dynamic step's device work
-    undercounts the graph's (Llama-3.2-1B b1 KV 1024 on the H200: projected 2.92 ms from the
-    dynamic trace, measured 3.31). A row is replaced where the static step has its pattern
-    (`static_graph` attributes that step), at the row's own target over time: there HF's
-    attention runs repeat_kv's copies and cuDNN's SDPA over every slot, 274 us of Llama's
-    step against 72 us in the dynamic step, and crediting decode_attention with the dynamic
-    step's saving projected 1.648 ms for a measured 1.374. A row the static step lacks saves
-    what it saves in the dynamic step graphed. The gain stays over the user's eager call, the
-    dynamic step."""
-    from profiling.replay import graphed_with
-
-    node, launch = ceil.get("graph_node_us"), ceil.get("graph_launch_us")
-    if graph is None:
-        return {"pass_us": None, "gain": None, "note": "no GPU trace: no replay projection"}
-    if node is None or launch is None:
-        return {"pass_us": None, "gain": None, "note": NOT_CALIBRATED}
-    base = _replayed_once(graph)
-    rows = rows or []
-    plain = _graphed_once(graph, node, launch)
-    if static is None:
-        reps = _replacements(graph, rows)
-        us = graphed_with(graph, reps, node, launch) if reps else plain
-        return {"pass_us": us, "gain": base / us, "base_us": base, "note": None,
-                "basis": "the profiled step"}
-    there = static.graph.get("pattern_rows") or {}
-    moved = [_as_row_of(r, there[r["pattern"]]) for r in rows if r["pattern"] in there]
-    rest = [r for r in rows if r["pattern"] not in there]
-    reps = _replacements(static, moved)
-    us = graphed_with(static, reps, node, launch) if reps else _graphed_once(static, node, launch)
-    if rest:
-        us -= plain - graphed_with(graph, _replacements(graph, rest), node, launch)
-    return {"pass_us": us, "gain": base / us, "base_us": base, "note": None,
-            "basis": "the step over a static KV cache",
-            "in_static_step": sorted(r["pattern"] for r in moved)}
-
-
-def _as_row_of(row: dict, there: dict) -> dict:
-    """The static step's row of `row`'s pattern, sped up by `row`'s target over its time, or
-    by `row`'s speedups per case, matched to the static step's own occurrences."""
-    return {**there, "target_us": there["time_us"] * _target_ratio(row),
-            "case_speedups": row.get("case_speedups")}
-
-
-def _target_ratio(row: dict) -> float:
-    """A row's target over its profiled time: the time scale of each of its occurrences."""
-    return row["target_us"] / row["time_us"] if row["time_us"] else 1.0
-
-
-def _replayed_once(graph) -> float:
-    """The eager replay's length, kept on the graph (a setdefault would replay every time)."""
-    from profiling.replay import replay
-
-    if "_base_len" not in graph.graph:
-        graph.graph["_base_len"] = replay(graph)
-    return graph.graph["_base_len"]
-
-
-def _graphed_once(graph, node: float, launch: float) -> float:
-    """The plain graphed replay, kept on the graph: `graph_gains` asks for it once per row."""
-    from profiling.replay import graphed
-
-    key = ("_graphed", node, launch)
-    if key not in graph.graph:
-        graph.graph[key] = graphed(graph, node, launch)
-    return graph.graph[key]
+            r["replay_gain"] = replay_gain(graph, [r])
 
 
 def static_graph(w: dict, run_dir: Path | None, ceil: dict | None = None):
@@ -476,49 +304,6 @@ def graph_row(w: dict, graph, ceil: dict, candidates: list[dict], static=None) -
     }
 
 
-def workload_graph(w: dict, trace_path: Path | None):
-    """The replay graph of the profiled step, host time calibrated to the unprofiled wall."""
-    if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
-        return None
-    from profiling.replay import build_graph, calibrate_host, scale_host
-    from profiling.trace import load_trace
-
-    traced = build_graph(load_trace(trace_path), w.get("step_index", -1))
-    graph, factor = calibrate_host(traced, w["wall"]["median_ms"] * 1e3)
-    # calibrate_host gives the slowest host consistent with the wall time; a device-bound pass
-    # hides how fast its host really is, which the profile's host-bound probe measured. A
-    # launch-bound pass hides nothing: its wall is its host chain, and the probe (another,
-    # tiny pass, timed minutes before its capture) may only misread it. Qwen2.5-0.5B b1
-    # prefill on the H200: the probe's factor 0.275 against the wall's 0.464 replayed
-    # the unpatched 16.1 ms pass in 9.6 ms and projected 1.496x for a measured 1.371x; from
-    # the wall, 1.375x. Over the 34 committed workloads (benchmarks/probes/probe_rule_ab.py) the
-    # mean error is 4.3 % either way; the batch-1 errors, both ways before, then sat about 3 %
-    # under the measurement (18 of 20 rows), which the set's host saving now accounts for
-    # (host_delta.spread_set_share).
-    probe = w.get("host_factor")
-    launch_bound = (w.get("gpu_busy_share") or 1.0) < LAUNCH_BOUND_BUSY
-    if probe is not None and probe < factor and not launch_bound:
-        graph, factor = scale_host(traced, probe), probe
-    # the host's own unprofiled time for the pass, when the profile timed it: the call returns
-    # after its last launch, so it bounds the host chain directly, where a device-bound wall
-    # only bounds it from above (Qwen2.5-0.5B b8 on the H200: 17.8 ms of a 26.6 ms wall)
-    enqueue = enqueue_factor(traced, (w.get("wall") or {}).get("enqueue_ms"))
-    if enqueue is not None and enqueue < factor:
-        graph, factor = scale_host(traced, enqueue), enqueue
-    graph.graph["host_scale"] = factor
-    return graph
-
-
-def enqueue_factor(traced, enqueue_ms: float | None) -> float | None:
-    """Host scale that makes the traced host chain take the unprofiled `enqueue_ms`."""
-    from profiling.replay import HOST_KINDS
-
-    if not enqueue_ms:
-        return None
-    host_us = sum(a["dur"] for _, a in traced.nodes(data=True) if a["kind"] in HOST_KINDS)
-    return min(1.0, enqueue_ms * 1e3 / host_us) if host_us > 0 else None
-
-
 def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float],
                         case_speedups: dict[str, list] | None = None) -> dict:
     """The frozen "graphs" projection of one profiled workload: the unpatched model graphed,
@@ -556,7 +341,7 @@ def project_with(run_dir: Path, key: str, speedups: dict[str, float],
     for r in rows:
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]
         r["host_delta_us"] = (host_delta_us or {}).get(r["pattern"])
-    return _replay_gain(graph, rows)
+    return replay_gain(graph, rows)
 
 
 def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
@@ -588,7 +373,7 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
         top = candidates[:n]
         point = {"n": n, "pattern": top[-1]["pattern"], "family": top[-1]["family"],
                  "amdahl": amdahl([(r["share"], r["attainable_speedup"]) for r in top])}
-        point["replay"] = _replay_gain(graph, top) if graph is not None else None
+        point["replay"] = replay_gain(graph, top) if graph is not None else None
         curve.append(point)
     busy = w.get("gpu_busy_share")
     launch_bound = busy is not None and busy < LAUNCH_BOUND_BUSY
@@ -606,25 +391,6 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
         "ceiling_amdahl": curve[-1]["amdahl"] if curve else 1.0,
         "ceiling_replay": curve[-1]["replay"] if curve else None,
     }
-
-
-def graph_gains(w: dict, rows: list[dict], graph, ceil: dict, static, host: dict | None) -> bool:
-    """On a launch-bound pass with a graph projection, each family row's `graph_gain`: the
-    graphed pass over the graphed pass with that row's kernels at their target, the gain the
-    row brings once the graphs stage has removed the host (which it does on such a pass). Eager
-    replay gains there are host savings of a few percent, which ranked Llama-3.2-1B decode's
-    decode_attention, kv_cache and add_rmsnorm below the top 5 though they are part of the
-    1.37 ms graphed step. True when the rows were given one (the ranking then orders by it)."""
-    busy = w.get("gpu_busy_share")
-    if (host is None or host.get("graphed_pass_us") is None or busy is None
-            or busy >= LAUNCH_BOUND_BUSY):
-        return False
-    plain = host["graphed_pass_us"]
-    for r in rows:
-        if r["family"]:
-            with_row = graph_projection(graph, ceil, [r], static=static)["pass_us"]
-            r["graph_gain"] = plain / with_row if with_row else None
-    return True
 
 
 def exclusive(rows: list[dict]) -> list[dict]:

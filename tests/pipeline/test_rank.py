@@ -15,6 +15,7 @@ from core.artifacts import SCHEMA_VERSION, read_json
 from core.workload import Workload
 from pipeline.policy import choose_families
 from pipeline.stages import rank as rank_stage
+from pipeline.stages import rank_replay
 from pipeline.stages.rank import amdahl, pattern_rows, rank_workload, run_rank
 from profiling.attribution import attribute
 from profiling.patterns import BASE_PATTERNS, match
@@ -453,7 +454,7 @@ def test_cumulative_curve(which, request):
 def test_decode_is_launch_bound_and_kernels_gain_little(decode):
     w, ranked = decode
     assert ranked["launch_bound"] is True
-    assert w["gpu_busy_share"] < rank_stage.LAUNCH_BOUND_BUSY
+    assert w["gpu_busy_share"] < rank_replay.LAUNCH_BOUND_BUSY
     regime = ranked["regime"]
     assert regime.startswith("launch-bound")
     if "largest host costs" in regime:
@@ -474,15 +475,15 @@ def test_replay_host_delta_already_pays_for_the_removed_launches(decode):
     included: with no kernel speedup, a zero delta projects no gain (the removed launch nodes
     come back as host time), and a negative one a slowdown, in a launch-bound pass."""
     w, _ = decode
-    graph = rank_stage.workload_graph(w, DECODE)
+    graph = rank_replay.workload_graph(w, DECODE)
     rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
     assert rows
     for r in rows:
         r["target_us"] = r["time_us"]
-    base = rank_stage._replay_gain(graph, [dict(r, host_delta_us=None) for r in rows])
-    even = rank_stage._replay_gain(graph, [dict(r, host_delta_us=0.0) for r in rows])
-    worse = rank_stage._replay_gain(graph, [dict(r, host_delta_us=-20.0) for r in rows])
-    better = rank_stage._replay_gain(graph, [dict(r, host_delta_us=20.0) for r in rows])
+    base = rank_replay.replay_gain(graph, [dict(r, host_delta_us=None) for r in rows])
+    even = rank_replay.replay_gain(graph, [dict(r, host_delta_us=0.0) for r in rows])
+    worse = rank_replay.replay_gain(graph, [dict(r, host_delta_us=-20.0) for r in rows])
+    better = rank_replay.replay_gain(graph, [dict(r, host_delta_us=20.0) for r in rows])
     assert base > 1.0  # merging launches, as the rank stage assumes before a kernel exists
     assert even == pytest.approx(1.0, abs=0.01)
     assert worse < 1.0 < better
@@ -542,13 +543,13 @@ def test_enqueue_time_sets_the_host_scale_when_it_is_the_tighter_bound(decode):
     w, _ = decode
     host_us = sum(a["dur"] for _, a in build_graph(load_trace(DECODE)).nodes(data=True)
                   if a["kind"] in HOST_KINDS)
-    plain = rank_stage.workload_graph(w, DECODE)
+    plain = rank_replay.workload_graph(w, DECODE)
     fast = dict(w, wall={**w["wall"], "enqueue_ms": host_us * 0.1 / 1e3})
-    graph = rank_stage.workload_graph(fast, DECODE)
+    graph = rank_replay.workload_graph(fast, DECODE)
     assert graph.graph["host_scale"] == pytest.approx(0.1)
     assert plain.graph["host_scale"] > 0.1
     slow = dict(w, wall={**w["wall"], "enqueue_ms": host_us * 10 / 1e3})
-    assert rank_stage.workload_graph(slow, DECODE).graph["host_scale"] == \
+    assert rank_replay.workload_graph(slow, DECODE).graph["host_scale"] == \
         plain.graph["host_scale"]
     from profiling.replay import replay
 
@@ -564,13 +565,13 @@ def test_host_probe_tightens_a_device_bound_pass_only(decode, prefill):
 
     for (w, _), trace, used in ((decode, DECODE, False), (prefill, PREFILL, True)):
         w = {k: v for k, v in w.items() if k != "host_factor"}
-        plain = rank_stage.workload_graph(w, trace)
-        probed = rank_stage.workload_graph(
+        plain = rank_replay.workload_graph(w, trace)
+        probed = rank_replay.workload_graph(
             dict(w, host_factor=plain.graph["host_scale"] / 3), trace)
         assert (probed.graph["host_scale"] < plain.graph["host_scale"]) is used
         if not used:
             assert replay(probed) == pytest.approx(w["wall"]["median_ms"] * 1e3, rel=0.01)
-    assert decode[0]["gpu_busy_share"] < rank_stage.LAUNCH_BOUND_BUSY \
+    assert decode[0]["gpu_busy_share"] < rank_replay.LAUNCH_BOUND_BUSY \
         <= prefill[0]["gpu_busy_share"]
 
 
@@ -581,7 +582,7 @@ def test_replay_keeps_each_rows_host_saving_on_its_own_launches(decode):
     from profiling.replay import replay
 
     w, _ = decode
-    graph = rank_stage.workload_graph(w, DECODE)
+    graph = rank_replay.workload_graph(w, DECODE)
     base = replay(graph)
     rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
     assert len(rows) >= 2
@@ -589,7 +590,7 @@ def test_replay_keeps_each_rows_host_saving_on_its_own_launches(decode):
     a["host_delta_us"], b["host_delta_us"] = 1e6, 0.0
 
     def saved(rs):
-        return base - base / rank_stage._replay_gain(graph, rs)
+        return base - base / rank_replay.replay_gain(graph, rs)
 
     assert saved([a]) > 0
     assert saved([a, b]) == pytest.approx(saved([a]) + saved([b]), abs=1.0)
@@ -599,11 +600,11 @@ def test_replay_projects_a_slower_kernel_as_a_slowdown(prefill):
     """A measured kernel slower than the code it replaces projects a slowdown (it used to be
     clamped to no change), about as much as Amdahl says on a device-bound pass."""
     w, _ = prefill
-    graph = rank_stage.workload_graph(w, PREFILL)
+    graph = rank_replay.workload_graph(w, PREFILL)
     row = max((r for r in rank_stage.pattern_rows(w, H200) if r["family"]),
               key=lambda r: r["time_us"])
     slower = dict(row, target_us=row["time_us"] * 3, host_delta_us=None)
-    gain = rank_stage._replay_gain(graph, [slower])
+    gain = rank_replay.replay_gain(graph, [slower])
     assert gain < 1.0
     assert gain == pytest.approx(amdahl([(row["share"], 1 / 3)]), rel=0.1)
 
@@ -619,15 +620,15 @@ def test_replay_takes_exactly_the_measured_host_delta_off_a_launch_bound_pass(de
     from profiling.replay import replay
 
     w, _ = decode
-    graph = rank_stage.workload_graph(w, DECODE)
+    graph = rank_replay.workload_graph(w, DECODE)
     base = replay(graph)
     rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
     assert rows
     for r in rows:
         r = dict(r, target_us=r["time_us"])
         calls = sum(1 for c in r["kernel_correlations"] if len(set(c)) > 1)
-        zero = base - base / rank_stage._replay_gain(graph, [dict(r, host_delta_us=0.0)])
-        saved = base - base / rank_stage._replay_gain(graph, [dict(r, host_delta_us=3.0)])
+        zero = base - base / rank_replay.replay_gain(graph, [dict(r, host_delta_us=0.0)])
+        saved = base - base / rank_replay.replay_gain(graph, [dict(r, host_delta_us=3.0)])
         assert saved - zero == pytest.approx(3.0 * calls, rel=0.02), r["pattern"]
 
 
@@ -653,7 +654,7 @@ def test_launch_bound_decode_gets_the_graph_row_removing_host_keeping_gpu(decode
     assert row["pattern"] == rank_stage.GRAPH_PATTERN
     assert row["share"] == pytest.approx(w["rest_share"])
     wall_us = w["wall"]["median_ms"] * 1e3
-    busy_us = device_busy_us(rank_stage.workload_graph(w, DECODE))
+    busy_us = device_busy_us(rank_replay.workload_graph(w, DECODE))
     assert busy_us <= row["graphed_pass_us"] < wall_us
     assert row["replay_gain"] == pytest.approx(wall_us / row["graphed_pass_us"], rel=0.02)
     assert row["amdahl_gain"] == pytest.approx(row["replay_gain"], rel=0.02)
@@ -674,7 +675,7 @@ def test_uncalibrated_graph_costs_give_no_projection(decode):
     row = _graph_row(rank_workload(w, H200, DECODE))
     assert row is not None  # launch-bound: listed, with why it has no projection
     assert row["replay_gain"] is None and row["graphed_pass_us"] is None
-    assert row["note"] == rank_stage.NOT_CALIBRATED
+    assert row["note"] == rank_replay.NOT_CALIBRATED
 
 
 def test_device_bound_prefill_gets_the_graph_row_only_where_replay_says_it_helps(prefill):
@@ -689,7 +690,7 @@ def test_device_bound_prefill_gets_the_graph_row_only_where_replay_says_it_helps
     if row is not None:
         assert row["replay_gain"] > rank_stage.GRAPH_MIN_GAIN
         # a graph removes at most the time the GPU is not busy
-        busy_us = device_busy_us(rank_stage.workload_graph(w, PREFILL))
+        busy_us = device_busy_us(rank_replay.workload_graph(w, PREFILL))
         assert row["graphed_pass_us"] >= busy_us
         assert row["replay_gain"] <= w["wall"]["median_ms"] * 1e3 / busy_us + 1e-9
 
@@ -774,12 +775,12 @@ def test_decode_graph_projection_replays_the_static_cache_step(decode, tmp_path)
     assert row["graph_basis"] == "the step over a static KV cache"
     assert plain["graph_basis"] == "the profiled step"
     # kernels + graph: the static step graphed, less what the kernels save in the dynamic one
-    dyn = rank_stage.workload_graph(w, DECODE)
+    dyn = rank_replay.workload_graph(w, DECODE)
     cands = [r for r in rank_stage.pattern_rows(w, GRAPHED) if r["family"]
              and r["pattern"] in row["with_kernels"]]
     rank_stage.project(w, cands, dyn)
     saving = graphed(dyn, node, launch) - graphed_with(
-        dyn, rank_stage._replacements(dyn, cands), node, launch)
+        dyn, rank_replay.replacements(dyn, cands), node, launch)
     assert saving > 0
     assert row["graph_with_kernels_pass_us"] == pytest.approx(
         graphed(static, node, launch) - saving, rel=1e-6)
@@ -819,17 +820,17 @@ def test_a_row_the_static_step_has_is_replaced_there(decode, prefill, tmp_path):
     there = static.graph["pattern_rows"]
     assert "rmsnorm" in there and "decode_attention" not in there
     moved = [{**there["rmsnorm"], "target_us": there["rmsnorm"]["time_us"] / 2.0}]
-    dyn = rank_stage.workload_graph(w, DECODE)
+    dyn = rank_replay.workload_graph(w, DECODE)
     attn = [{**r, "target_us": r["time_us"] / 3.0} for r in rank_stage.pattern_rows(w, GRAPHED)
             if r["pattern"] == "decode_attention"]
     saved = graphed(dyn, node, launch) - graphed_with(
-        dyn, rank_stage._replacements(dyn, attn), node, launch)
-    want = graphed_with(static, rank_stage._replacements(static, moved), node, launch) - saved
+        dyn, rank_replay.replacements(dyn, attn), node, launch)
+    want = graphed_with(static, rank_replay.replacements(static, moved), node, launch) - saved
     assert saved > 0
     assert proj["kept_pass_us"] == pytest.approx(want, rel=1e-9)
     assert proj["kept_pass_us"] < proj["unpatched_pass_us"] - saved
     # without the attribution (an older profile) rmsnorm's saving came from the dynamic step
-    old = rank_stage.graph_projection(dyn, GRAPHED, [
+    old = rank_replay.graph_projection(dyn, GRAPHED, [
         {**r, "target_us": r["time_us"] / speed[r["pattern"]]}
         for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] in speed],
         static=rank_stage.static_graph({**ws, "static": None}, tmp_path, GRAPHED))
@@ -849,15 +850,15 @@ def test_two_rows_replacing_the_same_kernels_are_projected_once_each(decode):
     half = norm["kernel_correlations"][::2]
     fused = {**norm, "pattern": "fused_norm", "extends": "rmsnorm", "kernel_correlations": half,
              "target_us": norm["target_us"] / 4}
-    pairs = rank_stage._disjoint([norm, fused])
+    pairs = rank_replay.disjoint([norm, fused])
     assert pairs[0][:2] == (fused, half)
     assert pairs[1][0] is norm and pairs[1][1] == norm["kernel_correlations"][1::2]
-    graph = rank_stage.workload_graph(w, DECODE)
+    graph = rank_replay.workload_graph(w, DECODE)
     node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
-    both = graphed_with(graph, rank_stage._replacements(graph, [norm, fused]), node, launch)
-    alone = graphed_with(graph, rank_stage._replacements(graph, [fused]), node, launch)
+    both = graphed_with(graph, rank_replay.replacements(graph, [norm, fused]), node, launch)
+    alone = graphed_with(graph, rank_replay.replacements(graph, [fused]), node, launch)
     assert both < alone  # rmsnorm's other occurrences still count
-    assert rank_stage._replay_gain(graph, [norm, fused]) > rank_stage._replay_gain(graph, [fused])
+    assert rank_replay.replay_gain(graph, [norm, fused]) > rank_replay.replay_gain(graph, [fused])
 
 
 def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decode, tmp_path):
@@ -881,14 +882,14 @@ def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decod
                                            "workloads": [{**w, "trace": str(DECODE)}]})
     per_case = rank_stage.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5},
                                               {"gemv": [[{"k": k, "n": n, "rows": 1}, 3.0]]})
-    graph = rank_stage.workload_graph(w, DECODE)
+    graph = rank_replay.workload_graph(w, DECODE)
     only = [c for c, keys in zip(row["kernel_correlations"], cases)
             if (keys["k"], keys["n"]) == (k, n)]
     assert 0 < len(only) < len(cases)
     mine = {**row, "kernel_correlations": only, "occurrence_cases": None,
             "target_us": 1.0, "time_us": 3.0}
     node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
-    want = graphed_with(graph, rank_stage._replacements(graph, [mine]), node, launch)
+    want = graphed_with(graph, rank_replay.replacements(graph, [mine]), node, launch)
     assert per_case["kept_pass_us"] == pytest.approx(want, rel=1e-9)
     assert per_case["kept_pass_us"] < graphed(graph, node, launch)
     # without the cases every occurrence runs at the median speedup
