@@ -29,6 +29,15 @@ from core.family import Case, kernel_by_signature
 from models.patching import code_shape, needs_graph, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
+# The one [gate; up] GEMM (`GateUp`) runs only on calls of at most this many tokens. On the H200
+# (bf16, benchmarks/probes/gate_up_gemm.py, results in benchmarks/results/b8-1202d/) it beats
+# the two GEMMs up to 1024 tokens on every measured shape (0.74-0.98x of their time: a launch
+# fewer, a wider GEMM), and from 2048-4096 tokens cuBLAS runs the wider product in another
+# kernel that loses on Llama-3.2-1B (1.075x at 8192 tokens; 3.6 % more GEMM time in the
+# patched b8 s1024 pass) and Gemma-2B (1.024x; 10.1 % in the pass, where the clock also fell),
+# while Qwen2.5-0.5B's narrower product still won (0.93x). Above the cut the MLP runs HF's own
+# two GEMMs, so the patch never slows the GEMMs it does not replace.
+GATE_UP_MAX_TOKENS = 1024
 _SILU_CLASSES = ("SiLUActivation",)
 _GELU_TANH_CLASSES = ("GELUTanh", "PytorchGELUTanh")
 
@@ -93,18 +102,21 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     lead = (workload.batch, workload.tokens // workload.batch)
     for mlp in find_gated_mlps(model):
         case = make_case(workload.tokens, mlp.cols, workload.dtype, mlp.act, mlp.layout,
-                         lead=lead, operands=_operands(mlp))
+                         lead=lead, operands=_operands(mlp, workload.tokens))
         if case not in cases:
             cases.append(case)
     return cases
 
 
-def _operands(mlp: GatedMLP) -> str | None:
-    """What the separate-layout adapter hands the kernel: the column halves of the fused
-    [gate; up] product where the projections fuse (`GateUp`), else two tensors."""
+def _operands(mlp: GatedMLP, tokens: int) -> str | None:
+    """What the separate-layout adapter hands the kernel on a call of `tokens` tokens: the
+    column halves of the fused [gate; up] product where the projections fuse (`GateUp`, up to
+    GATE_UP_MAX_TOKENS), else two tensors."""
     if mlp.layout != "separate":
         return None
-    return "halves" if GateUp.fusable(mlp.module.gate_proj, mlp.module.up_proj) else "separate"
+    fuse = tokens <= GATE_UP_MAX_TOKENS and GateUp.fusable(mlp.module.gate_proj,
+                                                           mlp.module.up_proj)
+    return "halves" if fuse else "separate"
 
 
 def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
@@ -166,7 +178,8 @@ def _separate_forward(mlp: GatedMLP, forward_by_case: Callable, fused: GateUp | 
     cols = mlp.cols
 
     def forward(x):
-        if fused is not None and fused.intact() and not needs_graph(x, m.gate_proj.weight):
+        if (fused is not None and x.numel() <= GATE_UP_MAX_TOKENS * x.shape[-1]
+                and fused.intact() and not needs_graph(x, m.gate_proj.weight)):
             kernel, kw = resolve(x.shape, x.dtype, "halves")
             if kernel is not None:
                 gate_up = torch.nn.functional.linear(x, fused.weight)

@@ -225,6 +225,41 @@ def test_separate_projections_run_as_one_gemm_without_a_weight_copy(tmp_path):
     assert torch.equal(mlp.gate_proj.weight, gate_w) and torch.equal(mlp.up_proj.weight, up_w)
 
 
+def test_gate_up_fuses_only_up_to_its_token_cut(tmp_path, monkeypatch):
+    """Above GATE_UP_MAX_TOKENS tokens a call runs HF's two projections and hands the kernel
+    two tensors (the wider fused GEMM ran slower there on the H200); at or below it, one GEMM
+    and its halves. The cases the rank stage asks for follow the same cut, and both calls
+    give the unpatched MLP's output."""
+    import sys
+
+    # the package re-exports the patch function under the module's name
+    monkeypatch.setattr(sys.modules["codegen.gated_act.patch"], "GATE_UP_MAX_TOKENS", 4)
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    mlp = find_gated_mlps(model)[0].module
+    seen = []
+    for proj in (mlp.gate_proj, mlp.up_proj):
+        proj.forward = (lambda f: lambda *a: (seen.append(1), f(*a))[1])(proj.forward)
+    gen = torch.Generator().manual_seed(0)
+    small = torch.randn(1, 4, mlp.gate_proj.in_features, generator=gen).to(DEVICE)
+    large = torch.randn(2, 5, mlp.gate_proj.in_features, generator=gen).to(DEVICE)
+    with torch.no_grad():
+        want_small, want_large = mlp(small), mlp(large)
+        seen.clear()
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        got_small = mlp(small)
+        assert seen == [] and chooser.cases[-1]["operands"] == "halves"
+        got_large = mlp(large)
+        assert len(seen) == 2 and chooser.cases[-1]["operands"] == "separate"
+        undo()
+    assert chooser.calls == 2
+    torch.testing.assert_close(got_small, want_small, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_large, want_large, atol=1e-5, rtol=1e-5)
+    operands = {w.tokens: FAMILY.cases_from_model(model, w)[0]["operands"]
+                for w in (Workload(1, 4, dtype="float32"), Workload(2, 5, dtype="float32"))}
+    assert operands == {4: "halves", 10: "separate"}
+
+
 def test_decode_cases_have_one_row_per_sequence():
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
     (case,) = FAMILY.cases_from_model(model, Workload(3, 64, mode="decode", dtype="bfloat16"))

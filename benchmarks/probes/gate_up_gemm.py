@@ -1,0 +1,61 @@
+"""One [gate; up] GEMM or two (GPU): from how many tokens does gated_act's GateUp fusion cost
+GEMM time? Issue 29: at b8 s1024 (8192 tokens) the patched pass's fused gate/up GEMM ran in
+another cuBLAS kernel and took 3.6 % (Llama-3.2-1B) and 10.1 % (Gemma-2B) longer than the two
+GEMMs it replaced (the re-profiles of optimize --top 5).
+
+    python benchmarks/probes/gate_up_gemm.py [OUT.json]
+
+Per MLP shape (hidden, intermediate) and token count: two F.linear calls against one on the
+concatenated weight, timed alternately with CUDA events (L2 flushed before each, medians of 30).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from statistics import median
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"llama-3.2-1b": (2048, 8192), "qwen2.5-0.5b": (896, 4864), "gemma-2b": (2048, 16384)}
+TOKENS = (1, 16, 128, 512, 1024, 2048, 4096, 8192)
+
+
+def timed(fn, flush, reps: int = 30) -> float:
+    out = []
+    for i in range(reps + 3):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        if i >= 3:
+            out.append(a.elapsed_time(b) * 1e3)
+    return median(out)
+
+
+def main() -> None:
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    rows = []
+    for model, (hidden, inter) in SHAPES.items():
+        wg = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+        wu = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+        wgu = torch.cat([wg, wu])
+        for n in TOKENS:
+            x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16)
+            two = timed(lambda: (F.linear(x, wg), F.linear(x, wu)), flush)
+            one = timed(lambda: F.linear(x, wgu), flush)
+            rows.append({"model": model, "hidden": hidden, "inter": inter, "tokens": n,
+                         "two_us": round(two, 2), "fused_us": round(one, 2),
+                         "fused_over_two": round(one / two, 3)})
+            print(f"{model:13s} tokens {n:5d}: two {two:8.1f} us, fused {one:8.1f} us, "
+                  f"fused/two {one / two:.3f}")
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
