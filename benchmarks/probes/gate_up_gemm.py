@@ -45,8 +45,8 @@ def main() -> None:
         wgu = torch.cat([wg, wu])
         for n in TOKENS:
             x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16)
-            two = timed(lambda: (F.linear(x, wg), F.linear(x, wu)), flush)
-            one = timed(lambda: F.linear(x, wgu), flush)
+            two = timed(lambda x=x, wg=wg, wu=wu: (F.linear(x, wg), F.linear(x, wu)), flush)
+            one = timed(lambda x=x, wgu=wgu: F.linear(x, wgu), flush)
             rows.append({"model": model, "hidden": hidden, "inter": inter, "tokens": n,
                          "two_us": round(two, 2), "fused_us": round(one, 2),
                          "fused_over_two": round(one / two, 3)})
