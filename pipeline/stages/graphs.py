@@ -41,7 +41,11 @@ TRIALS = 3
 # to rounding (relative norm error); a graph reading a stale input or position is off by O(1).
 # Not bit for bit: cuBLAS may pick another algorithm (split-K at batch 1) for the eager step
 # than under capture. Llama-3.2-1B decode on the H200: 2.0e-3 on the first of three trials,
-# 0 on the other two, with the fp32 rule holding on all three (2026-12-02).
+# 0 on the other two, with the fp32 rule holding on all three (2026-12-02). A replay may also
+# differ from eager by up to the unpatched model's own error against the fp32 reference (the
+# rounding noise of its dtype at this shape): Phi-3-mini b8 s1024 bf16, 0.034 from eager with
+# the unpatched model 0.053 from fp32 and the graph 0.049 (`trial_verdict`). A replay that
+# reads a stale input or position is wrong by the logits' own scale, far above either.
 GRAPH_TOL = 1e-2
 DECODE_STEPS = TRIALS + 1  # static-cache room beyond the prompt: one position per trial
 
@@ -149,6 +153,19 @@ def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases:
         return rec
 
 
+def trial_verdict(e_graph: float, e_new: float, e_base: float) -> dict:
+    """One trial's limits and verdict from its relative logits errors: the replay against the
+    eager patched model (`e_graph`), the replay and the unpatched model against the fp32
+    reference (`e_new`, `e_base`). The replay passes within GRAPH_TOL of eager or within the
+    unpatched model's own rounding error (`graph_limit`), and by the whole-model rule."""
+    from pipeline.integrate import ERROR_FLOOR, ERROR_RATIO
+
+    graph_limit = max(GRAPH_TOL, e_base)
+    limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
+    return {"graph_limit": graph_limit, "limit": limit,
+            "passed": e_graph <= graph_limit and e_new <= limit}
+
+
 def choose(ratio: dict) -> tuple[str, str]:
     """(chosen set, why) from the paired ratio integrable-graph / kept-graph: the integrable
     set only where the 95 % CI says its graph is faster (the same rule as every decision)."""
@@ -227,7 +244,7 @@ class _Sides:
 
     def verify(self, ref, graph=None, variant=None) -> dict:
         """The graph of `variant` (default: the kept set's) against that variant eagerly."""
-        from pipeline.integrate import ERROR_FLOOR, ERROR_RATIO, logits_error
+        from pipeline.integrate import logits_error
 
         graph = self.graph_kept if graph is None else graph
         variant = self.graph_variant if variant is None else variant
@@ -262,10 +279,8 @@ class _Sides:
                 where = {"seed": 100 + t}
             e_graph = logits_error(out, want)
             e_new, e_base = logits_error(out, ref_out), logits_error(base, ref_out)
-            limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
             trials.append({**where, "graph_vs_eager": e_graph, "error_graphed": e_new,
-                           "error_unpatched": e_base, "limit": limit,
-                           "passed": e_graph <= GRAPH_TOL and e_new <= limit})
+                           "error_unpatched": e_base, **trial_verdict(e_graph, e_new, e_base)})
         return {"trials": trials, "tolerance": GRAPH_TOL,
                 "passed": all(t["passed"] for t in trials)}
 

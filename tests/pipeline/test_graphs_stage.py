@@ -111,13 +111,27 @@ def test_capture_failure_falls_back_to_eager_with_one_line_reason(tiny, fakes):
     assert timer.calls == []  # nothing timed for a graph that does not exist
 
 
+def test_replay_may_differ_from_eager_by_the_dtypes_own_rounding_not_more():
+    """Phi-3-mini b8 s1024 bf16 on the H200: the replay 0.034 from eager, the unpatched model
+    0.053 from fp32, the replay 0.049 from fp32; that is a rounding of its own and passes. A
+    stale replay (the logits' own scale off) fails, and an fp32 model keeps GRAPH_TOL."""
+    phi3 = gs.trial_verdict(0.0340, 0.0494, 0.0527)
+    assert phi3["passed"] and phi3["graph_limit"] == 0.0527
+    assert not gs.trial_verdict(0.9, 0.9, 0.0527)["passed"]
+    assert not gs.trial_verdict(0.06, 0.05, 0.0527)["passed"]  # beyond the dtype's own error
+    assert not gs.trial_verdict(0.034, 0.09, 0.0527)["passed"]  # the fp32 rule still holds
+    fp32 = gs.trial_verdict(2e-3, 1e-7, 1e-7)
+    assert fp32["passed"] and fp32["graph_limit"] == gs.GRAPH_TOL
+    assert not gs.trial_verdict(2e-2, 1e-7, 1e-7)["passed"]
+
+
 def test_stale_input_graph_fails_verification(tiny, fakes):
     fakes(prefill=fake_graphs.StalePrefill)
     timer = timer_of(ratio("faster"), ratio("faster"))
     rec = run(tiny, PREFILL, timer)
     assert rec["verification"]["passed"] is False and rec["shipped"] is False
     trials = rec["verification"]["trials"]
-    assert all(t["graph_vs_eager"] > gs.GRAPH_TOL for t in trials)
+    assert all(t["graph_vs_eager"] > t["graph_limit"] >= gs.GRAPH_TOL for t in trials)
     assert all(t["error_graphed"] > t["limit"] for t in trials)  # the fp32 rule catches it too
     assert timer.calls == []
 
