@@ -6,38 +6,28 @@ GEMMs it replaced (the re-profiles of optimize --top 5).
     python benchmarks/probes/gate_up_gemm.py [OUT.json]
 
 Per MLP shape (hidden, intermediate) and token count: two F.linear calls against one on the
-concatenated weight, timed alternately with CUDA events (L2 flushed before each, medians of 30).
+concatenated weight, timed with `verify.timing.bench` (CUDA events, L2 flushed, medians).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from statistics import median
 
 import torch
 import torch.nn.functional as F
+
+from verify.timing import bench
 
 SHAPES = {"llama-3.2-1b": (2048, 8192), "qwen2.5-0.5b": (896, 4864), "gemma-2b": (2048, 16384)}
 TOKENS = (1, 16, 128, 512, 1024, 2048, 4096, 8192)
 
 
-def timed(fn, flush, reps: int = 30) -> float:
-    out = []
-    for i in range(reps + 3):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        if i >= 3:
-            out.append(a.elapsed_time(b) * 1e3)
-    return median(out)
+def timed(fn) -> float:
+    return bench(fn, device="cuda").median_ms * 1e3
 
 
 def main() -> None:
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     rows = []
     for model, (hidden, inter) in SHAPES.items():
         wg = torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -45,8 +35,8 @@ def main() -> None:
         wgu = torch.cat([wg, wu])
         for n in TOKENS:
             x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16)
-            two = timed(lambda x=x, wg=wg, wu=wu: (F.linear(x, wg), F.linear(x, wu)), flush)
-            one = timed(lambda x=x, wgu=wgu: F.linear(x, wgu), flush)
+            two = timed(lambda x=x, wg=wg, wu=wu: (F.linear(x, wg), F.linear(x, wu)))
+            one = timed(lambda x=x, wgu=wgu: F.linear(x, wgu))
             rows.append({"model": model, "hidden": hidden, "inter": inter, "tokens": n,
                          "two_us": round(two, 2), "fused_us": round(one, 2),
                          "fused_over_two": round(one / two, 3)})

@@ -8,20 +8,21 @@ One unpatched and one patched prefill pass (RUN_DIR's kept set for WORKLOAD, `ap
 with a forward pre-hook on every nn.Linear and HF Conv1D that records its input's layout: shape,
 strides, storage offset, the data pointer's alignment and dtype. For every GEMM whose input
 layout differs between the passes, both layouts are rebuilt on fresh storage and the GEMM is
-timed on each (CUDA events, L2 flushed, medians): a slower patched layout is a cause the
-patch can remove; equal times put the slowdown elsewhere (cuBLAS's choice, clocks, L2).
+timed on each (`verify.timing.bench`: CUDA events, L2 flushed, medians): a slower patched
+layout is a cause the patch can remove; equal times put the slowdown elsewhere (cuBLAS's
+choice, clocks, L2).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from statistics import median
 
 import torch
 
 from core.artifacts import read_json
 from profiling.loader import build, resolve
+from verify.timing import bench
 
 
 def layout(x: torch.Tensor) -> dict:
@@ -59,20 +60,9 @@ def rebuilt(lay: dict) -> torch.Tensor:
     return base.as_strided(lay["shape"], lay["stride"], pad + extra)
 
 
-def gemm_us(mod, x: torch.Tensor, reps: int = 25) -> float:
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    times = []
+def gemm_us(mod, x: torch.Tensor) -> float:
     with torch.no_grad():
-        for i in range(reps + 3):
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            mod(x)
-            b.record()
-            b.synchronize()
-            if i >= 3:
-                times.append(a.elapsed_time(b) * 1e3)
-    return median(times)
+        return bench(lambda: mod(x), device="cuda").median_ms * 1e3
 
 
 def main() -> None:
