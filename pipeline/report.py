@@ -345,6 +345,8 @@ def _integration(iw: dict | None, projected: dict | None,
                    "note": "nothing kept: the model runs its original code on this workload"}
     rollbacks = [{"family": f, "stage": "kernel timing", "reason": why}
                  for f, why in (iw.get("skipped") or {}).items()]
+    rollbacks += [{"family": f, "stage": "in the model", "reason": why}
+                  for f, why in (iw.get("unreached") or {}).items()]
     rollbacks += [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
                   for f, res in (check.get("rejected") or {}).items()]
     for f, d in per.items():

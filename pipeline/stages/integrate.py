@@ -65,12 +65,17 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
                 if instead not in m["kept"]:
                     say(f"{f}: {instead} does not ship on {w.key}; trying {f} in its place")
                     ig.fall_back(model, w, accepted, m, f, instead, allowed, pairs, timer)
+            for f, why in m.get("unreached", {}).items():
+                say(f"{f} on {w.key}: {why}")
             measured[w.key] = (cases, allowed, m)
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
         # attached, and later launches of this process may cost more (profiling.capture).
         # (Llama-3.2-1B b1 prefill measured 1.501x timed after it, 1.270x and 1.358x timed
         # before it, on other hosts: not a controlled comparison, so time first.)
-        effect = ig.patch_took_effect(model, accepted, kept, ws[0]) if kept else None
+        # the families some workload's set calls (`integrate.reach`); the others were not timed
+        reached = [k for k in kept if any(k not in m.get("unreached", {})
+                                          for _, _, m in measured.values())]
+        effect = ig.patch_took_effect(model, accepted, reached, ws[0]) if reached else None
         shipped = {f: instead for f, instead in usable.items()
                    if any(f in m["kept"] for _, _, m in measured.values())}
         for f, instead in shipped.items():  # proven in the set it ships in, without its rival

@@ -25,7 +25,9 @@ def as_tuple(x) -> tuple:
 
 
 def load_rendered(family, config, case, tmp_path):
-    path = tmp_path / f"cand_{abs(hash((repr(config), repr(sorted(case.items())))))}.py"
+    # the family in the name: rmsnorm and add_rmsnorm render the same config for the same case
+    digest = abs(hash((repr(config), repr(sorted(case.items())))))
+    path = tmp_path / f"cand_{family.name}_{digest}.py"
     path.write_text(family.render(config, case))
     return load_forward(path)
 

@@ -461,6 +461,30 @@ def test_slower_family_is_rolled_back(run_data, fake_timing):
     assert not any("forward" in mod.__dict__ for mod in model.modules())
 
 
+def test_a_family_the_sets_pass_never_calls_is_not_timed_nor_kept(run_data, fake_timing):
+    """rope's kernel is never called in the pass (no call of this workload matches a case it
+    may run: here its allowed cases are none, as when another family hands it a layout no
+    verified case describes): it is not timed, not kept, and the reason is recorded; the
+    others are measured as usual. A fallback tried in its place is checked the same way."""
+    from pipeline import integrate as ig
+
+    make, calls = fake_timing
+    accepted, workload, cases = measure_inputs(run_data)
+    m = ig.measure(build_tiny_llama(), workload, accepted, ["rmsnorm", "rope", "gated_act"],
+                   {**cases, "rope": set()}, PAIRS, make(lambda fams, base: "faster"))
+    assert m["unreached"] == {"rope": ig.UNREACHED}
+    assert "rope" not in m["per_family"] and sorted(m["kept"]) == ["gated_act", "rmsnorm"]
+    assert not any("rope" in c[0] for c in calls)
+    from pipeline.report import _integration
+
+    report = _integration({**m, "check": {}}, None)
+    assert {"family": "rope", "stage": "in the model", "reason": ig.UNREACHED} in \
+        report["rollbacks"]
+    ig.fall_back(build_tiny_llama(), workload, accepted, m, "rope", "gated_act",
+                 {**cases, "rope": set()}, PAIRS, make(lambda fams, base: "faster"))
+    assert "rope" not in m["per_family"] and "rope" in m["unreached"]
+
+
 def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):
     """Every family is faster alone and the set beats the baseline, but the set is slower with
     rope than without it (a host-bound set, where rope's launch costs more host time than its
