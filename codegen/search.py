@@ -96,6 +96,7 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     import torch
 
     from codegen.registry import get_family
+    from core.family import baseline_case_of
     from core.source import load_forward
     from verify.loading import case_params
     from verify.timing import bench, bench_graphed
@@ -106,8 +107,13 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     params = case_params(family, case)
     ref = family.reference(*inputs, **params)
     refs = ref if isinstance(ref, tuple) else (ref,)
+    # what the unpatched model runs: the same values in HF's layout where the two differ
+    base_case = baseline_case_of(family, case)
+    base_inputs = inputs if base_case == case else family.make_inputs(
+        base_case, device, torch.Generator(device="cpu").manual_seed(0))
+
     def baseline():
-        family.reference(*inputs, **params)
+        family.reference(*base_inputs, **params)
 
     # host_us feeds only the GPU projection; under the CPU interpreter its 51 extra calls of a
     # kernel cost up to a minute per candidate for a number nothing reads

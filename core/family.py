@@ -150,6 +150,12 @@ class Family:
     # speedup of the accepted case it matches, and leaves one that no accepted case matches as
     # it is (the patch leaves that module alone). None: every occurrence at the family's median.
     occurrence_case: Callable[[list[dict]], dict | None] | None = None
+    # baseline_case(case) -> the case whose inputs the unpatched model's own code runs on,
+    # where the adapter hands the kernel another layout than HF's code sees: gated_act's
+    # "halves" (gate and up as column halves of one fused GEMM's output) against the two
+    # contiguous tensors HF's MLP multiplies. The baseline (the reference) is timed on it, the
+    # candidate on `case`, so a speedup is over what the model ran. None: the same case.
+    baseline_case: Callable[[Case], Case] | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -158,6 +164,11 @@ def result_region(family: Family, case: Case, out: Any) -> Any:
     """The part of `out` (make_out's structure) that must hold the reference's result
     (`Family.out_region`; all of it where the family declares none)."""
     return out if family.out_region is None else family.out_region(case, out)
+
+
+def baseline_case_of(family: Family, case: Case) -> Case:
+    """The case the baseline is timed on (`Family.baseline_case`)."""
+    return family.baseline_case(case) if family.baseline_case is not None else case
 
 
 def lazy(module: str, attr: str) -> Callable[..., Any]:

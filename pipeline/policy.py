@@ -75,7 +75,8 @@ def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dic
     """Of two families that replace the same ops (`Family.rivals`: the matmul with the
     gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
     less device time per call, summed over its cases, gives way: both patch the same MLP, and
-    each one's saving is measured against the same HF code by the same harness.
+    each one's saving is measured against the same HF code, on the layout that code runs on
+    (`Family.baseline_case`), by the same harness.
     Interpreter timings (CPU) decide nothing: there the one earlier in `families` (the
     ranking's order) is kept, and the reason says so and what a GPU would decide on.
     Decided once per run, before any in-model measurement: where each family wins on another

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from core.family import result_region
+from core.family import baseline_case_of, result_region
 from verify.integrity import (
     POISON_NAN,
     GuardedOut,
@@ -407,8 +407,14 @@ class Suite:
                             "detail": problems[0] if problems else
                             f"last result of each of {TIMING_BUFFERS} rotating buffers within "
                             "tolerance"})
-            base = bench(lambda r=rotation, p=params: self.family.reference(*r.inputs(), **p),
-                         device=self.device, before=rotation.advance, **rates, **budget)
+            # the baseline on what the unpatched model runs (`Family.baseline_case`)
+            base_case = baseline_case_of(self.family, case)
+            base_rot = rotation if base_case == case else _Rotation(
+                self.family, base_case, self.device,
+                [seed_for(self.request["seed"], label, "baseline", k, self.nonce)
+                 for k in range(TIMING_BUFFERS + 1)])
+            base = bench(lambda r=base_rot, p=params: self.family.reference(*r.inputs(), **p),
+                         device=self.device, before=base_rot.advance, **rates, **budget)
             row = {"case": label, "candidate": cand.to_dict(), "baseline": base.to_dict(),
                    "rotating_buffers": TIMING_BUFFERS}
             if not cpu:

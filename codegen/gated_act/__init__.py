@@ -44,6 +44,16 @@ PATTERNS = (
 )
 
 
+def baseline_case(case: dict) -> dict:
+    """The unpatched MLP multiplies two contiguous tensors where the adapter hands the kernel
+    the column halves of one fused GEMM's output (`GateUp`): HF's activation on those strided
+    halves ran slower than on what the model runs, and overstated gated_act's saving against
+    matmul_epilogue's (Llama-3.2-1B b8: 257 us per call claimed against 130)."""
+    if case.get("operands") != "halves":
+        return case
+    return {**{k: v for k, v in case.items() if k != "row_stride"}, "operands": "separate"}
+
+
 FAMILY = Family(
     name="gated_act",
     patterns=PATTERNS,
@@ -62,5 +72,6 @@ FAMILY = Family(
     cuda=CudaVariant(search_space=lazy("codegen.gated_act.cuda", "search_space"),
                      render=lazy("codegen.gated_act.cuda", "render")),
     rivals=("matmul_epilogue",),
+    baseline_case=baseline_case,
     benchmark="codegen.gated_act.bench",
 )

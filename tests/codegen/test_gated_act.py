@@ -304,3 +304,69 @@ def test_no_memory_for_the_fused_weight_keeps_both_projections(tmp_path, monkeyp
         undo()
     assert chooser.calls == 1
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_halves_are_timed_against_what_the_unpatched_mlp_runs(monkeypatch):
+    """A halves case (gate and up as column halves of the fused GEMM's output) times the
+    kernel on the halves and HF's activation on two contiguous tensors, what the unpatched
+    MLP multiplies; other cases time both sides on the same inputs."""
+    import dataclasses
+    import queue
+
+    import codegen.registry
+    from codegen.search import _screen_and_time
+
+    halves = make_case(6, 32, "float32", "silu", "separate", operands="halves")
+    assert FAMILY.baseline_case(halves) == {**halves, "operands": "separate"}
+    plain = make_case(6, 32, "float32", "silu", "separate", operands="separate")
+    assert FAMILY.baseline_case(plain) is plain
+
+    seen = []
+
+    def recording(*inputs, **params):
+        seen.append([t.is_contiguous() for t in inputs])
+        return FAMILY.reference(*inputs, **params)
+
+    fam = dataclasses.replace(FAMILY, reference=recording)
+    monkeypatch.setattr(codegen.registry, "get_family", lambda name: fam)
+    for case, timed_on in ((halves, [True, True]), (plain, [True, True])):
+        seen.clear()
+        _screen_and_time("gated_act", case, [], "cpu", queue.Queue())
+        assert seen[0] == ([False, False] if case is halves else [True, True])  # the screen's
+        assert seen[1:] and all(s == timed_on for s in seen[1:])  # the timed baseline's
+
+
+def test_the_verifiers_timing_runs_the_baseline_on_the_baseline_case(monkeypatch, tmp_path):
+    """The verifier's timing (verify.checks) gives the candidate the halves and the baseline
+    HF's two contiguous tensors, as the search's screen does."""
+    import dataclasses
+
+    from family_checks import load_rendered
+
+    import verify.checks as checks
+
+    halves = make_case(6, 32, "float32", "silu", "separate", operands="halves")
+    seen = []
+
+    def recording(*inputs, **params):
+        seen.append([t.is_contiguous() for t in inputs])
+        return FAMILY.reference(*inputs, **params)
+
+    fam = dataclasses.replace(FAMILY, reference=recording)
+    monkeypatch.setattr(checks, "load_family", lambda spec: fam)
+    suite = checks.Suite({"device": "cpu", "family": "x:FAMILY", "seed": 0}, lambda *a: None)
+    candidate = load_rendered(FAMILY, FAMILY.search_space(halves)[-1], halves, tmp_path)
+    inputs_seen = []
+
+    def forward(*inputs, **kw):
+        inputs_seen.append([t.is_contiguous() for t in inputs])
+        return candidate(*inputs, **kw)
+
+    suite.forward = forward
+    timing, records = suite._timing([{"origin": "given", "case": halves, "label": "c0"}])
+    assert timing["cases"] and all(r["passed"] for r in records)
+    assert inputs_seen and all(s == [False, False] for s in inputs_seen)
+    # the reference never runs on the halves: the baseline's bench (at least 10 calls) on its
+    # own contiguous inputs, the judging of the timed results on upcast copies
+    assert not any(s == [False, False] for s in seen)
+    assert sum(s == [True, True] for s in seen) >= 10
