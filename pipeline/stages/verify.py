@@ -48,7 +48,10 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
             summary["rejected"].remove(rej)
         fam = get_family(s["family"])
         tried = []
-        order = s["order"] or []
+        # the search's order over the candidates the log still holds (a log whose candidates
+        # were pruned, by hand or by a replayed proposer round, keeps its order)
+        listed = {c["path"] for c in s.get("candidates") or []}
+        order = [p for p in s["order"] or [] if p in listed]
         names = [_candidate_name(s["case_key"], cand) for cand in order]
         results = verify_each(fam, order, [s["case"]], device=device, record_dir=run_dir,
                               names=names, workers=workers)
