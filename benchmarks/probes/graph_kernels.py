@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from decode_kernels import kernels  # this folder's: run as a script, it is on sys.path
 
 from models.graphs import GraphedPrefill
 from profiling.loader import build, resolve
@@ -33,28 +32,6 @@ def sm_clock() -> str | None:
                               timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def kernels(fn, passes: int = 3) -> dict:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(passes):
-            fn()
-        torch.cuda.synchronize()
-    by_name: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    starts, ends = [], []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-            by_name[e.name] += e.device_time / passes
-            count[e.name] += 1
-            starts.append(e.time_range.start)
-            ends.append(e.time_range.end)
-    return {"gpu_us": sum(by_name.values()), "span_us": (max(ends) - min(starts)) / passes
-            if starts else None, "us": dict(by_name),
-            "count": {k: v / passes for k, v in count.items()}}
 
 
 def main() -> None:
@@ -75,25 +52,25 @@ def main() -> None:
 
     graph = GraphedPrefill(model, ids)
     result = {"model": model_id, "batch": batch, "seq": seq, "clock_before": sm_clock(),
-              "eager": kernels(eager), "graph": kernels(lambda: graph(ids))}
+              "eager": kernels(eager, 3), "graph": kernels(lambda: graph(ids), 3)}
     result["clock_after"] = sm_clock()
     graph.close()
     e, g = result["eager"], result["graph"]
-    print(f"eager: {e['gpu_us'] / 1e3:.2f} ms GPU, span {(e['span_us'] or 0) / 1e3:.2f} ms; "
-          f"graph: {g['gpu_us'] / 1e3:.2f} ms GPU, span {(g['span_us'] or 0) / 1e3:.2f} ms; "
-          f"clock {result['clock_before']} -> {result['clock_after']}")
-    names = sorted(set(e["us"]) | set(g["us"]),
-                   key=lambda n: -(g["us"].get(n, 0.0) - e["us"].get(n, 0.0)))
-    rows = [{"name": n[:160], "eager_us": round(e["us"].get(n, 0.0), 1),
-             "graph_us": round(g["us"].get(n, 0.0), 1), "eager_count": e["count"].get(n, 0),
-             "graph_count": g["count"].get(n, 0)} for n in names]
+    print(f"eager: {e['gpu_us_per_step'] / 1e3:.2f} ms GPU, span "
+          f"{(e['span_us_per_step'] or 0) / 1e3:.2f} ms; graph: {g['gpu_us_per_step'] / 1e3:.2f} "
+          f"ms GPU, span {(g['span_us_per_step'] or 0) / 1e3:.2f} ms; clock "
+          f"{result['clock_before']} -> {result['clock_after']}")
+    us = {side: {r["name"]: r for r in result[side].pop("by_name")} for side in ("eager", "graph")}
+    names = sorted(set(us["eager"]) | set(us["graph"]), key=lambda n: -(
+        us["graph"].get(n, {}).get("us_per_step", 0.0)
+        - us["eager"].get(n, {}).get("us_per_step", 0.0)))
+    rows = [{"name": n, **{f"{side}_{k}": us[side].get(n, {}).get(k, 0)
+                           for side in ("eager", "graph") for k in ("us_per_step", "per_step")}}
+            for n in names]
     for r in rows[:20]:
-        print(f"  {r['eager_us']:9.1f} -> {r['graph_us']:9.1f} us  x{r['graph_count']:.0f}  "
-              f"{r['name'][:100]}")
+        print(f"  {r['eager_us_per_step']:9.1f} -> {r['graph_us_per_step']:9.1f} us  "
+              f"x{r['graph_per_step']:.0f}  {r['name'][:100]}")
     result["by_name"] = rows
-    for side in ("eager", "graph"):
-        result[side].pop("us")
-        result[side].pop("count")
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
