@@ -46,8 +46,6 @@ from functools import partial
 
 import torch
 
-from codegen.registry import get_family
-
 # Which reading the projection uses: "us_per_call" (hooked windows around the patched modules)
 # or "pass_us_per_call" (each whole pass's time to return, no hooks). Both are recorded.
 HOST_BASIS = "us_per_call"
@@ -129,15 +127,12 @@ def _nearest(measure, profile_ms: float | None) -> dict | None:
 
 
 def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict | None:
-    from pipeline.patching import counting_chooser, make_chooser, twin
+    from pipeline.patching import patched, twin
     from profiling.capture import make_runner
 
-    allowed = None if workload_cases is None else workload_cases.get(name, set())
     calls = {name: 0}
     variant = twin(model)
-    with ExitStack() as stack:
-        stack.callback(get_family(name).patch(
-            variant, counting_chooser(make_chooser(accepted, name, allowed), calls, name)))
+    with patched(variant, accepted, [name], workload_cases, calls=calls):
         pairs_of = patched_modules(model, variant)
         if not pairs_of:
             return None

@@ -17,14 +17,14 @@
 from __future__ import annotations
 
 import copy
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from codegen.registry import get_family
 from core.source import kernel_names
-from pipeline.patching import counting_chooser, make_chooser, patched, twin
+from pipeline.patching import patched, twin
 
 ERROR_RATIO = 1.5
 ERROR_FLOOR = 1e-6  # fp32 models agree with their fp32 reference to rounding: allow that much
@@ -155,10 +155,7 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
         return rec.counts
 
     before = count_ops()
-    with ExitStack() as stack:
-        for name in families:
-            stack.callback(get_family(name).patch(
-                model, counting_chooser(make_chooser(accepted, name), calls, name)))
+    with patched(model, accepted, families, calls=calls):
         after = count_ops()
         per_pass = dict(calls)  # the GPU re-profile below runs the pass once more
         kernels = _gpu_kernel_names(runner) if workload.device.startswith("cuda") else []
@@ -291,13 +288,9 @@ def reach(model, workload, accepted: dict, families: list[str],
     from profiling.capture import make_runner
 
     calls = {f: 0 for f in families}
-    with ExitStack() as stack:
-        for name in families:
-            chooser = make_chooser(accepted, name, workload_cases.get(name, set()))
-            stack.callback(get_family(name).patch(model, counting_chooser(chooser, calls, name)))
+    with patched(model, accepted, families, workload_cases, calls=calls), torch.no_grad():
         runner = make_runner(model, workload)
-        with torch.no_grad():
-            runner.call()
+        runner.call()
         runner.reset()
     return calls
 

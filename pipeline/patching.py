@@ -44,13 +44,18 @@ def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = N
 
 
 @contextmanager
-def patched(model, accepted: dict, families: list[str], workload_cases: dict | None = None):
-    """Apply the accepted kernels of `families`; undone on exit, whatever happens."""
+def patched(model, accepted: dict, families: list[str], workload_cases: dict | None = None,
+            calls: dict[str, int] | None = None):
+    """Apply the accepted kernels of `families`; undone on exit, whatever happens. `calls`:
+    each family's kernel calls are counted into calls[name] (`counting_chooser`)."""
     with ExitStack() as stack:
         for name in families:
             allowed = None if workload_cases is None else workload_cases.get(name, set())
-            undo = get_family(name).patch(model, make_chooser(accepted, name, allowed))
-            stack.callback(undo)
+            chooser = make_chooser(accepted, name, allowed)
+            if calls is not None:
+                calls.setdefault(name, 0)
+                chooser = counting_chooser(chooser, calls, name)
+            stack.callback(get_family(name).patch(model, chooser))
         yield model
 
 

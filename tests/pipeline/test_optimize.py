@@ -334,9 +334,11 @@ def test_failed_candidate_never_reaches_integration(optimized, run_data, tmp_pat
         {"schema_version": 1, **summary}
 
     # the chooser built from that summary has nothing for the rejected case
-    assert ig.make_chooser(summary["accepted"], "rmsnorm")(bad["case"]) is None
+    from pipeline.patching import make_chooser
+
+    assert make_chooser(summary["accepted"], "rmsnorm")(bad["case"]) is None
     assert case_key(bad["case"]) == bad["case_key"]
-    assert callable(ig.make_chooser(summary["accepted"], "gated_act")(good["case"]))
+    assert callable(make_chooser(summary["accepted"], "gated_act")(good["case"]))
 
     # ... so the model keeps its original RMSNorm code: bit-identical logits
     model = build_tiny_llama()
@@ -383,8 +385,8 @@ def fake_timing(monkeypatch):
     real_patched = ig.patched
 
     @contextmanager
-    def recording(model, accepted, families, workload_cases=None):
-        with real_patched(model, accepted, families, workload_cases) as m:
+    def recording(model, accepted, families, workload_cases=None, **kw):
+        with real_patched(model, accepted, families, workload_cases, **kw) as m:
             patched_into[id(model)] = frozenset(families)
             try:
                 yield m
