@@ -4,6 +4,8 @@ buffer, a position pinned at capture) that the same equality check must reject."
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -225,6 +227,44 @@ def test_capture_on_the_cpu_is_refused_with_a_reason():
     with pytest.raises(CaptureError):
         decoder.step(tokens(model, (1, 1), 1))
     assert decoder.position == 4  # a failed capture leaves the position where it was
+
+
+def _sdpa_masks(model, ids, monkeypatch, *, capturing: bool, context) -> tuple[list, torch.Tensor]:
+    """(attn_mask is None, is_causal) per SDPA call of one prefill, and its logits."""
+    seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask") is None, bool(kwargs.get("is_causal"))))
+        return sdpa(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        patch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        with torch.no_grad(), context():
+            logits = model(ids, use_cache=False).logits
+    return seen, logits
+
+
+@pytest.mark.parametrize("tiny", TINY)
+def test_a_captured_prefill_gets_the_causal_flag_eager_gets(tiny, monkeypatch):
+    """Under stream capture transformers builds an explicit mask (5.17: the packed-sequence
+    mask and a refused is_causal shortcut), a slower SDPA path than eager's; GraphedPrefill's
+    context gives the capture eager's call: no mask, is_causal, the same logits. A padded or
+    offset query keeps transformers' own answer."""
+    model = model_of(tiny)
+    ids = tokens(model, (2, 8), 0)
+    eager, want = _sdpa_masks(model, ids, monkeypatch, capturing=False,
+                              context=contextlib.nullcontext)
+    captured, got = _sdpa_masks(model, ids, monkeypatch, capturing=True,
+                                context=graphs.causal_prefill_mask)
+    assert eager and set(eager) == {(True, True)}
+    assert captured == eager
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    skip = graphs._causal_skip(lambda *a: "delegated")
+    assert skip(None, 8, 8, 0, 0, None) is True
+    assert skip(torch.ones(2, 8, dtype=torch.bool), 8, 8, 0, 0, None) == "delegated"
+    assert skip(None, 1, 9, torch.tensor(8), 0, None) == "delegated"
+    assert skip(None, 8, 8, 0, 0, 4) == "delegated"
 
 
 # ---- GPU: the capture itself ----------------------------------------------------------------
