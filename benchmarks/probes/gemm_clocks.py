@@ -4,7 +4,8 @@ with the same kernel names and the same input layouts (probes/gemm_inputs.py).
 
     python benchmarks/probes/gemm_clocks.py RUN_DIR WORKLOAD [OUT.json]
 
-Alternating phases of unpatched and patched passes (RUN_DIR's kept set, `apply_kernels`), while
+Alternating phases of unpatched and patched passes (RUN_DIR's kept set, `apply_kernels`), and
+the patched pass replayed as a CUDA graph where graphs shipped for WORKLOAD, while
 nvidia-smi samples the SM clock, the board power and the throttle reasons every 20 ms. Per
 phase: median pass time, and the median clock and power of the samples inside it. A patched
 pass with the memory-bound kernels between its GEMMs fused away runs its GEMMs back to back;
@@ -66,13 +67,16 @@ def main() -> None:
     model = build(resolve(profile["model"]["id"]), torch.bfloat16, "cuda")
     ids = torch.randint(0, model.config.vocab_size, (spec["batch"], spec["seq"]), device="cuda")
     handle = None
+    graphed = bool((read_json(f"{run_dir}/integration.json", "integration")["workloads"][key]
+                    .get("graphs") or {}).get("shipped"))
+    variants = ("unpatched", "patched") + (("patched-graph",) if graphed else ())
 
-    def run(n: int) -> list[float]:
+    def run(n: int, call=None) -> list[float]:
         ms = []
         with torch.no_grad():
             for _ in range(n):
                 t0 = time.perf_counter()
-                model(ids, use_cache=False)
+                call(ids) if call is not None else model(ids, use_cache=False)
                 torch.cuda.synchronize()
                 ms.append((time.perf_counter() - t0) * 1e3)
         return ms
@@ -84,12 +88,14 @@ def main() -> None:
     phases = []
     try:
         for rnd in range(3):
-            for variant in ("unpatched", "patched"):
-                if variant == "patched":
-                    handle = apply_kernels(model, run_dir, key)
-                run(1)
+            for variant in variants:
+                if variant != "unpatched":
+                    handle = apply_kernels(model, run_dir, key,
+                                           graphs=variant == "patched-graph")
+                call = handle if variant == "patched-graph" else None
+                run(1, call)
                 t0 = time.time()
-                ms = run(8)
+                ms = run(8, call)
                 phases.append({"round": rnd, "variant": variant, "t0": t0, "t1": time.time(),
                                "pass_ms": ms})
                 if handle is not None:
@@ -108,7 +114,7 @@ def main() -> None:
         for i, name in ((3, "power_cap"), (4, "hw_slowdown"), (5, "thermal")):
             p[name] = sum(1 for v in inside if len(v) > i and "Active" in v[i]
                           and "Not" not in v[i])
-        print(f"round {p['round']} {p['variant']:9s} {median(p['pass_ms']):8.2f} ms  "
+        print(f"round {p['round']} {p['variant']:13s} {median(p['pass_ms']):8.2f} ms  "
               f"SM {p['sm_mhz']} MHz  {p['power_w']} W  {p['temp_c']} C  power-cap samples "
               f"{p['power_cap']}/{p['samples']}")
     if out:
