@@ -48,6 +48,20 @@ def samples(path: str) -> list[tuple[float, list[str]]]:
     return out
 
 
+def summarise(phase: dict, rows: list, skip_s: float = 0.0) -> None:
+    """Into `phase` (with "t0", "t1"): its sample count, the median SM clock, power and
+    temperature of the nvidia-smi `rows` inside it (the first `skip_s` left out, a ramp), and
+    how many of those samples had each throttle reason active."""
+    inside = [v for t, v in rows if phase["t0"] + skip_s <= t <= phase["t1"]]
+    phase["samples"] = len(inside)
+    for i, name in enumerate(("sm_mhz", "power_w", "temp_c")):
+        vals = [x for x in (number(v[i]) for v in inside if len(v) > i) if x is not None]
+        phase[name] = median(vals) if vals else None
+    for i, name in ((3, "power_cap"), (4, "hw_slowdown"), (5, "thermal")):
+        phase[name] = sum(1 for v in inside if len(v) > i and "Active" in v[i]
+                          and "Not" not in v[i])
+
+
 def number(s: str) -> float | None:
     try:
         return float(s.split()[0])
@@ -62,13 +76,13 @@ def main() -> None:
     out = sys.argv[3] if len(sys.argv) > 3 else None
     from pipeline.api import apply_kernels
 
-    spec = read_json(f"{run_dir}/integration.json", "integration")["workloads"][key]["workload"]
+    measured = read_json(f"{run_dir}/integration.json", "integration")["workloads"][key]
+    spec = measured["workload"]
     profile = read_json(f"{run_dir}/profile.json", "profile")
     model = build(resolve(profile["model"]["id"]), torch.bfloat16, "cuda")
     ids = torch.randint(0, model.config.vocab_size, (spec["batch"], spec["seq"]), device="cuda")
     handle = None
-    graphed = bool((read_json(f"{run_dir}/integration.json", "integration")["workloads"][key]
-                    .get("graphs") or {}).get("shipped"))
+    graphed = bool((measured.get("graphs") or {}).get("shipped"))
     variants = ("unpatched", "patched") + (("patched-graph",) if graphed else ())
 
     def run(n: int, call=None) -> list[float]:
@@ -106,14 +120,7 @@ def main() -> None:
         smi.wait()
     rows = samples(log)
     for p in phases:
-        inside = [v for t, v in rows if p["t0"] <= t <= p["t1"]]
-        p["samples"] = len(inside)
-        for i, name in enumerate(("sm_mhz", "power_w", "temp_c")):
-            vals = [x for x in (number(v[i]) for v in inside if len(v) > i) if x is not None]
-            p[name] = median(vals) if vals else None
-        for i, name in ((3, "power_cap"), (4, "hw_slowdown"), (5, "thermal")):
-            p[name] = sum(1 for v in inside if len(v) > i and "Active" in v[i]
-                          and "Not" not in v[i])
+        summarise(p, rows)
         print(f"round {p['round']} {p['variant']:13s} {median(p['pass_ms']):8.2f} ms  "
               f"SM {p['sm_mhz']} MHz  {p['power_w']} W  {p['temp_c']} C  power-cap samples "
               f"{p['power_cap']}/{p['samples']}")

@@ -22,12 +22,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import median
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_clocks import number, sampler, samples  # noqa: E402
+from gemm_clocks import sampler, samples, summarise  # noqa: E402
 
 SECONDS = 2.5
 
@@ -103,13 +102,7 @@ def main() -> None:
             g, c = (int(v[1:]) for v in p["phase"].split("_")[1:])
             t_g, t_c = g * pure["gemm_llm"], c * pure["copy_256mib"]
             p["gemm_share"] = t_g / (t_g + t_c)
-        inside = [v for t, v in rows if p["t0"] + 0.3 <= t <= p["t1"]]  # past the ramp
-        p["samples"] = len(inside)
-        for i, name in enumerate(("sm_mhz", "power_w", "temp_c")):
-            vals = [x for x in (number(v[i]) for v in inside if len(v) > i) if x is not None]
-            p[name] = median(vals) if vals else None
-        p["power_cap"] = sum(1 for v in inside if len(v) > 3 and "Active" in v[3]
-                             and "Not" not in v[3])
+        summarise(p, rows, skip_s=0.3)
         rate = (f"share {p['gemm_share']:.2f}" if "gemm_share" in p else
                 f"{p['tflops']:.0f} TFLOP/s" if p["tflops"] else
                 f"{p['gbps']:.0f} GB/s" if p["gbps"] else "-")
