@@ -75,9 +75,16 @@ def _weights_layout(mlp: GatedMLP) -> str | None:
 
 def packed(w_gate: torch.Tensor, w_up: torch.Tensor) -> str | None:
     """"packed" where w_up's rows follow w_gate's in one buffer, as the call hands them: Phi-3's
-    gate_up_proj, and separate projections while gated_act's patch fuses them (GateUp)."""
+    gate_up_proj, and separate projections while gated_act's patch fuses them (GateUp).
+
+    One buffer means one storage, as the verifier builds the packed case and as
+    `codegen.layouts` compares them: two weights allocated apart can still sit back to back
+    (CUDA's caching allocator placed up_proj's right after gate_proj's in 4 of Llama-3.2-1B's
+    16 MLPs and 8 of Qwen2.5-0.5B's 24 on the H200), and read as "packed" by address alone they
+    asked for a case nobody verified and ran HF's MLP there."""
     adjacent = w_up.data_ptr() == w_gate.data_ptr() + w_gate.numel() * w_gate.element_size()
-    return "packed" if adjacent and w_gate.is_contiguous() and w_up.is_contiguous() else None
+    one = adjacent and w_gate.untyped_storage().data_ptr() == w_up.untyped_storage().data_ptr()
+    return "packed" if one and w_gate.is_contiguous() and w_up.is_contiguous() else None
 
 
 def _weights(mlp: GatedMLP) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:

@@ -400,6 +400,35 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, act, tmp_path):
     assert instance_forwards(model) == []
 
 
+def test_weights_allocated_apart_but_back_to_back_are_not_packed(tmp_path):
+    """Two weights of separate storages that happen to sit back to back (the CUDA caching
+    allocator did it to 4 of Llama-3.2-1B's 16 MLPs) ask for the case the model's cases list,
+    the one verified: read as "packed" they asked for an unverified case and ran HF's MLP."""
+    import numpy as np
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    for mlp in (layer.mlp for layer in model.model.layers):
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+        both = np.concatenate([gate.detach().numpy(), up.detach().numpy()])
+        # from_numpy gives each half a storage of its own, at adjacent addresses
+        mlp.gate_proj.weight = torch.nn.Parameter(torch.from_numpy(both[:len(gate)]))
+        mlp.up_proj.weight = torch.nn.Parameter(torch.from_numpy(both[len(gate):]))
+        w_g, w_u = mlp.gate_proj.weight, mlp.up_proj.weight
+        assert w_u.data_ptr() == w_g.data_ptr() + w_g.numel() * w_g.element_size()
+        assert w_u.untyped_storage().data_ptr() != w_g.untyped_storage().data_ptr()
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(FAMILY, tmp_path)
+        undo = FAMILY.patch(model, chooser)
+        patched = model(ids).logits
+        undo()
+    assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8)) == \
+        [make_case(16, 64, 176, "float32", "silu", lead=(2, 8))]
+    assert chooser.calls == 2  # every MLP ran the kernel
+    torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("undo_first", ["matmul_epilogue", "gated_act"])
 def test_stacks_over_gated_acts_patch(undo_first, tmp_path):
     """gated_act patched first, this family on top: declined, the MLP runs gated_act's kernel
