@@ -278,17 +278,23 @@ UNREACHED = ("not integrated: its kernel ran 0 times in a pass with the set patc
              "matched a verified case; another family may hand it another layout)")
 
 
+DECLINED = ("the pass asked for {n} case(s) no accepted kernel covers, where the original code "
+            "ran (the kernel's share of the pass is smaller than its ranking row's)")
+
+
 def reach(model, workload, accepted: dict, families: list[str],
-          workload_cases: dict) -> dict[str, int]:
+          workload_cases: dict, declined: dict | None = None) -> dict[str, int]:
     """Kernel calls per family in one pass of `workload` with all of `families` patched, as the
     timings patch them. A family at 0 would be timed, kept and projected for nothing: on
     Phi-3-mini b8 s1024 the rope kernel left the keys a column block of qkv_proj's output,
     which no verified kv_cache case described, and kv_cache shipped with 0 calls, projected to
-    save 8.5 ms of a 115 ms pass."""
+    save 8.5 ms of a 115 ms pass. `declined` (filled in place): per family, the case keys the
+    pass asked for that no accepted kernel covers, where the original code ran instead."""
     from profiling.capture import make_runner
 
     calls = {f: 0 for f in families}
-    with patched(model, accepted, families, workload_cases, calls=calls), torch.no_grad():
+    with patched(model, accepted, families, workload_cases, calls=calls,
+                 declined=declined), torch.no_grad():
         runner = make_runner(model, workload)
         runner.call()
         runner.reset()
@@ -301,7 +307,9 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
     set against the set without it (`prune_set`); interleaved pairs. A family whose kernel
     the set's pass never calls (`reach`) is not timed (`unreached`)."""
     t = _Timings(model, workload, accepted, workload_cases, pairs, paired_ratio)
-    calls = reach(model, workload, accepted, families, workload_cases) if families else {}
+    declined: dict[str, list[str]] = {}
+    calls = reach(model, workload, accepted, families, workload_cases,
+                  declined) if families else {}
     unreached = {f: UNREACHED for f in families if calls[f] == 0}
     families = [f for f in families if f not in unreached]
     per_family, kept = {}, []
@@ -323,7 +331,7 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
                 combined, kept = t.combine(pruned)
                 combined["before_pruning"] = before
     return {"per_family": per_family, "combined": combined, "kept": kept,
-            "unreached": unreached}
+            "unreached": unreached, "declined": declined}
 
 
 def fall_back(model, workload, accepted: dict, measured: dict, family: str, instead_of: str,

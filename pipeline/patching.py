@@ -45,16 +45,17 @@ def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = N
 
 @contextmanager
 def patched(model, accepted: dict, families: list[str], workload_cases: dict | None = None,
-            calls: dict[str, int] | None = None):
+            calls: dict[str, int] | None = None, declined: dict | None = None):
     """Apply the accepted kernels of `families`; undone on exit, whatever happens. `calls`:
-    each family's kernel calls are counted into calls[name] (`counting_chooser`)."""
+    each family's kernel calls are counted into calls[name], and with `declined` the cases
+    it had no kernel for listed (`counting_chooser`)."""
     with ExitStack() as stack:
         for name in families:
             allowed = None if workload_cases is None else workload_cases.get(name, set())
             chooser = make_chooser(accepted, name, allowed)
             if calls is not None:
                 calls.setdefault(name, 0)
-                chooser = counting_chooser(chooser, calls, name)
+                chooser = counting_chooser(chooser, calls, name, declined)
             stack.callback(get_family(name).patch(model, chooser))
         yield model
 
@@ -76,12 +77,20 @@ def patch_memory(model, families: list[str]) -> dict[str, int]:
     return out
 
 
-def counting_chooser(inner, calls: dict, name: str):
+def counting_chooser(inner, calls: dict, name: str, declined: dict | None = None):
     """`inner`'s kernels, each call counted in calls[name] (adapters ask once per signature
-    and call every time, so the wrapper, not the chooser, counts)."""
+    and call every time, so the wrapper, not the chooser, counts). `declined`: the case keys
+    `inner` had no kernel for, listed in declined[name]: a signature the model's pass hands
+    the adapter that no accepted case covers runs the original code there, silently (4 of
+    Llama-3.2-1B's 16 MLPs, whose weights the allocator had put back to back, asked
+    matmul_epilogue for a "packed" case nobody had verified)."""
+
+    asked: list[dict] = []  # declined cases, until a more general case serves the call
 
     def chooser(case):
         fn = inner(case)
+        if declined is not None:
+            note_declined(declined, name, asked, case, fn is None)
         if fn is None:
             return None
 
@@ -91,6 +100,23 @@ def counting_chooser(inner, calls: dict, name: str):
             return fn(*args, **kwargs)
         return counted
     return chooser
+
+
+def note_declined(declined: dict, name: str, asked: list[dict], case: dict, miss: bool) -> None:
+    """declined[name]: the keys of the cases in `asked` that no kernel served. An adapter may
+    ask again with a more general case (rope's whole_table_fallback drops `equal_halves`);
+    one that gets a kernel clears the specialised cases it generalises."""
+    from codegen.search import case_key
+
+    if miss:
+        if case not in asked:
+            asked.append(case)
+    else:
+        asked[:] = [a for a in asked if not all(k in a and a[k] == v for k, v in case.items())]
+    if asked:
+        declined[name] = [case_key(a) for a in asked]
+    else:
+        declined.pop(name, None)
 
 
 def twin(model):

@@ -304,7 +304,7 @@ def _integration(iw: dict | None, projected: dict | None,
         return {"measured": None, "shipped": None, "projection_error": None,
                 "compared_projection": None, "per_family": [],
                 "rollbacks": [], "kept": None, "check": None, "fallback_checks": {},
-                "patch_effect": None}
+                "patch_effect": None, "declined": {}}
     per, comb, check = iw.get("per_family") or {}, iw.get("combined"), iw.get("check") or {}
     in_comb = [f for f, d in per.items() if not _rolled_back(d)]
     want = (projected or {}).get("families")
@@ -386,7 +386,10 @@ def _integration(iw: dict | None, projected: dict | None,
             "fallback_checks": {f: _check_summary(c.get("set"))
                                 for f, c in (iw.get("fallback_checks") or {}).items()
                                 if f in kept},
-            "patch_effect": iw.get("patch_effect")}
+            "patch_effect": iw.get("patch_effect"),
+            # signatures the pass asked for that no accepted kernel covers (integrate.reach)
+            "declined": {f: keys for f, keys in (iw.get("declined") or {}).items()
+                         if f in kept}}
 
 
 def _check_summary(res: dict | None) -> dict:

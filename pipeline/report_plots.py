@@ -279,6 +279,11 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                       f" (kernel calls per pass: {eff.get('kernel_calls')}; aten ops before->"
                       f"after: {ops or '-'}; GPU kernels seen: "
                       f"{', '.join(eff.get('new_kernels') or []) or 'none (CPU)'})."))
+        for fam, keys in (w.get("declined") or {}).items():
+            b.append(("note", f"{fam} did not reach every call: the pass asked for "
+                              f"{len(keys)} case(s) no accepted kernel covers, and the original "
+                              f"code ran there ({', '.join(keys)}); its measured gain is "
+                              f"smaller than its ranking row's."))
         b += _gap_blocks(w.get("gap"))
         b.append(("p", "Rollbacks: none." if not w["rollbacks"] else "Rollbacks:"))
         if w["rollbacks"]:

@@ -67,6 +67,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
                     ig.fall_back(model, w, accepted, m, f, instead, allowed, pairs, timer)
             for f, why in m.get("unreached", {}).items():
                 say(f"{f} on {w.key}: {why}")
+            for f, keys in m.get("declined", {}).items():
+                say(f"{f} on {w.key}: {ig.DECLINED.format(n=len(keys))}: {', '.join(keys)}")
             measured[w.key] = (cases, allowed, m)
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
         # attached, and later launches of this process may cost more (profiling.capture).

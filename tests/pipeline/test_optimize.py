@@ -475,6 +475,8 @@ def test_a_family_the_sets_pass_never_calls_is_not_timed_nor_kept(run_data, fake
     m = ig.measure(build_tiny_llama(), workload, accepted, ["rmsnorm", "rope", "gated_act"],
                    {**cases, "rope": set()}, PAIRS, make(lambda fams, base: "faster"))
     assert m["unreached"] == {"rope": ig.UNREACHED}
+    # the case the pass asked rope for is listed: no accepted kernel covered it
+    assert list(m["declined"]) == ["rope"] and cases["rope"] <= set(m["declined"]["rope"])
     assert "rope" not in m["per_family"] and sorted(m["kept"]) == ["gated_act", "rmsnorm"]
     assert not any("rope" in c[0] for c in calls)
     from pipeline.report import _integration
@@ -485,6 +487,25 @@ def test_a_family_the_sets_pass_never_calls_is_not_timed_nor_kept(run_data, fake
     ig.fall_back(build_tiny_llama(), workload, accepted, m, "rope", "gated_act",
                  {**cases, "rope": set()}, PAIRS, make(lambda fams, base: "faster"))
     assert "rope" not in m["per_family"] and "rope" in m["unreached"]
+
+
+def test_a_declined_case_a_more_general_case_serves_is_not_a_miss():
+    """rope asks for its half-table case, then (declined) the same case without the key: a
+    kernel for the general case serves the call, so nothing is listed; a case nothing serves
+    stays listed, by its key."""
+    from codegen.search import case_key
+    from pipeline.patching import counting_chooser
+
+    special, general = {"rows": 8, "equal_halves": True}, {"rows": 8}
+    other = {"rows": 3, "equal_halves": True}
+    calls, declined = {"rope": 0}, {}
+    chooser = counting_chooser(lambda c: (lambda: 1) if c == general else None, calls, "rope",
+                               declined)
+    assert chooser(special) is None and declined == {"rope": [case_key(special)]}
+    chooser(general)()
+    assert declined == {} and calls == {"rope": 1}
+    assert chooser(other) is None and chooser({"rows": 3, "x": 1}) is None
+    assert declined == {"rope": [case_key(other), case_key({"rows": 3, "x": 1})]}
 
 
 def test_a_family_that_slows_the_set_is_rolled_back(run_data, fake_timing):

@@ -276,6 +276,26 @@ def test_a_skipped_family_is_listed_with_its_reason(tmp_path):
     assert why in section(out["markdown"].read_text(), PRE)
 
 
+def test_a_kept_family_that_missed_some_calls_is_said_in_the_report(tmp_path):
+    """integrate.reach lists, per family, the cases the pass asked for that no accepted kernel
+    covers: for a kept family the report says its kernel did not reach every call."""
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    missed = "bfloat16-hidden64-rows8192-packed"
+    for w in integ["workloads"].values():
+        w["declined"] = {"rmsnorm": [missed], "gated_act": ["not-kept"]}
+    write_json(tmp_path / "integration.json", integ)
+    out = write_report(tmp_path)
+    data = read_json(out["json"])
+    # a family the workload does not ship is not reported (the decode workload ships none)
+    assert {w["key"]: w["declined"] for w in data["workloads"]} == {
+        PRE: {"rmsnorm": [missed]}, DEC: {}}
+    md = section(out["markdown"].read_text(), PRE)
+    assert "rmsnorm did not reach every call" in md and missed in md
+    assert "not-kept" not in md
+
+
 def test_cpu_run_labels_timings_not_meaningful(tmp_path):
     write_profile_and_ranking(tmp_path, device="cpu")
     write_optimize_artifacts(tmp_path, gpu=False)
