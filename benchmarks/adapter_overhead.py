@@ -7,6 +7,7 @@ code the adapter keeps (linears, attention) plus the adapter's own Python, again
 unpatched model. Denormals are flushed so the unwritten output buffers cannot slow the math.
 
     python benchmarks/adapter_overhead.py [--out FILE.json] [--rounds N] [--families a,b]
+        [--model tiny-gpt2]
 
 Prints per family: the forward's median time unpatched and patched, and the median paired
 difference per patched call (negative: the adapter plus a free kernel costs less than the HF
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 FAMILIES = "rmsnorm,add_rmsnorm,rope,gated_act,kv_cache,matmul_epilogue"
+GPT2_FAMILIES = "layernorm,add_layernorm,gelu,kv_cache,matmul"
 
 
 def _block_us(model, ids, n: int) -> float:
@@ -96,7 +98,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--families", default=FAMILIES)
+    ap.add_argument("--families", default=None,
+                    help=f"comma-separated (default: {FAMILIES}; with tiny-gpt2: "
+                         f"{GPT2_FAMILIES})")
+    ap.add_argument("--model", default="tiny-llama", help="a built-in tiny model")
     ap.add_argument("--rendered", action="store_true",
                     help="time the rendered forwards of rmsnorm, add_rmsnorm, rope and "
                          "matmul_epilogue instead")
@@ -109,10 +114,11 @@ def main() -> None:
                       f"{rendered_us(name, case, index, Path(tmp)):6.2f} us/call")
         return
     torch.set_flush_denormal(True)
-    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    model = build(resolve(args.model), torch.float32, "cpu")
     ids = torch.randint(3, 500, (1, 8), generator=torch.Generator().manual_seed(0))
     rows = {}
-    for name in args.families.split(","):
+    default = GPT2_FAMILIES if "gpt2" in args.model else FAMILIES
+    for name in (args.families or default).split(","):
         calls = [0]
 
         def chooser(case, calls=calls):
@@ -136,7 +142,7 @@ def main() -> None:
               f"{per_pass:3d} calls  {rows[name]['delta_per_call_us']:+6.2f} us/call")
     result = {"machine": platform.processor() or platform.machine(),
               "python": platform.python_version(), "torch": torch.__version__,
-              "model": "tiny-llama fp32, batch 1 x seq 8, 1 CPU thread",
+              "model": f"{args.model} fp32, batch 1 x seq 8, 1 CPU thread",
               "method": f"{args.rounds} interleaved rounds of 50 forwards unpatched, then 50 "
                       "patched; median per-round difference", "families": rows}
     if args.out:
