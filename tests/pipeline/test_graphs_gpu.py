@@ -17,10 +17,12 @@ def test_graph_costs_are_measured():
     from profiling.roofline import graph_costs
 
     c = graph_costs("cuda")
-    assert 0 < c["graph_node_us"] < 50 and 0 < c["graph_launch_us"] < 500
-    # the node cost is the gap a node adds beyond its kernel's own (profiled) run
-    assert 0 < c["graph_tiny_kernel_us"] < c["graph_node_slope_us"]
-    assert c["graph_node_us"] == c["graph_node_slope_us"] - c["graph_tiny_kernel_us"]
+    assert 0 <= c["graph_node_us"] < 50 and 0 < c["graph_launch_us"] < 500
+    # the node cost is the gap a node adds beyond its kernel's own (profiled) run, none where
+    # the tiny kernel's profiled duration covers the whole slope (the H200 of 2026-12-03:
+    # a graph overlaps each node's launch with the run before it)
+    assert 0 < c["graph_tiny_kernel_us"] and 0 < c["graph_node_slope_us"] < 50
+    assert c["graph_node_us"] == max(0.0, c["graph_node_slope_us"] - c["graph_tiny_kernel_us"])
 
 
 @pytest.fixture(scope="module")
