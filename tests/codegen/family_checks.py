@@ -96,6 +96,20 @@ class CountingChooser:
         return out
 
 
+def logits_patched(family, model, ids, tmp_path) -> tuple:
+    """(logits unpatched, logits with `family` patched by a CountingChooser, that chooser);
+    the model is unpatched again on return."""
+    with torch.no_grad():
+        before = model(ids).logits
+        chooser = CountingChooser(family, tmp_path)
+        undo = family.patch(model, chooser)
+        try:
+            patched = model(ids).logits
+        finally:
+            undo()
+    return before, patched, chooser
+
+
 def _family_patterns() -> list:
     """The patterns of the families these tests cover, imported directly: under pytest,
     tests/codegen (no __init__.py, on sys.path) shadows the codegen package as a namespace

@@ -18,6 +18,7 @@ from family_checks import (
     declines_then_trains,
     instance_forwards,
     load_rendered,
+    logits_patched,
     profiled_ops,
     run_candidate,
     space_ends,
@@ -417,12 +418,7 @@ def test_weights_allocated_apart_but_back_to_back_are_not_packed(tmp_path):
         assert w_u.data_ptr() == w_g.data_ptr() + w_g.numel() * w_g.element_size()
         assert w_u.untyped_storage().data_ptr() != w_g.untyped_storage().data_ptr()
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        before = model(ids).logits
-        chooser = CountingChooser(FAMILY, tmp_path)
-        undo = FAMILY.patch(model, chooser)
-        patched = model(ids).logits
-        undo()
+    before, patched, chooser = logits_patched(FAMILY, model, ids, tmp_path)
     assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8)) == \
         [make_case(16, 64, 176, "float32", "silu", lead=(2, 8))]
     assert chooser.calls == 2  # every MLP ran the kernel
