@@ -64,8 +64,9 @@ def _kernel_can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
 def _wrap(module: torch.nn.Module, eps: float, chooser: Callable) -> Callable:
     """The kernel is resolved once per input signature (`kernel_by_signature`), as rmsnorm's
     adapter does: GPT-2 at b8 s1024 is host-bound once patched (5.1 ms of host in a 6.0 ms
-    pass on the H200), where a case dict and a chooser lookup on each of 25 calls a pass cost
-    more than the kernel saved, and layernorm was rolled back as slower in the set."""
+    pass on the H200), so the pass waits on every microsecond of an adapter's Python, and
+    building a case dict and looking it up on each of its 25 calls a pass cost 9 us a call
+    more than this on the CPU (benchmarks/adapter_overhead.py)."""
     original = module.forward
 
     def case_of(shape: torch.Size, dtype: torch.dtype, hidden: int) -> Case:
