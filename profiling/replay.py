@@ -465,7 +465,7 @@ def graphed(graph: nx.DiGraph, node_us: float, launch_us: float) -> float:
     dev = nx.DiGraph()
     for n, a in graph.nodes(data=True):
         if a["kind"] == "device":
-            dev.add_node(n, dur=a["dur"] + node_us)
+            dev.add_node(n, dur=max(0.0, a["dur"] + node_us))  # the node cost can be < 0
     for a, b, e in graph.edges(data=True):
         if a in dev and b in dev and e["kind"] in GRAPH_EDGES:
             dev.add_edge(a, b)

@@ -43,8 +43,9 @@ def ceilings(device: str, refresh: bool = False) -> dict:
     path = cache_dir() / f"ceilings-{name.replace(' ', '_').replace('/', '_')}.json"
     if path.exists() and not refresh:
         cached = json.loads(path.read_text())
-        # a cache from before the node cost excluded the tiny kernel's own run is re-measured
-        if not ("graph_node_us" in cached and "graph_tiny_kernel_us" not in cached):
+        # a cache from before the node cost was measured over a chain of real kernels is
+        # re-measured (CPU caches have no graph costs at all)
+        if "graph_node_us" not in cached or "graph_chain_kernels" in cached:
             return cached
     result = measure_ceilings(device)
     write_json(path, result)
@@ -82,13 +83,16 @@ def measure_ceilings(device: str) -> dict:
         **graph,
         "method": f"median of timed runs after warm-up: copy of {n_copy} bytes (read+write "
                   f"counted), {n_mm}^3 matmul on random data, 100 back-to-back 1-element adds"
-                  + (f"; CUDA graphs of 1 and {GRAPH_NODES} 1-element adds replayed, wall "
+                  + (f"; CUDA graphs of 1 and {GRAPH_NODES} 1-element adds and of {CHAIN_REPS} "
+                     f"layers of short kernels ({CHAIN_TOKENS}x{CHAIN_HIDDEN}) replayed, wall "
                      "time to the synchronise" if graph else ""),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
 GRAPH_NODES = 201
+# the chain: what a batch-1 prefill layer launches between its GEMMs, at GPT-2/Llama-like width
+CHAIN_TOKENS, CHAIN_HIDDEN, CHAIN_REPS = 128, 1024, 50
 
 
 def graph_costs(device: str, nodes: int = GRAPH_NODES) -> dict:
@@ -97,48 +101,97 @@ def graph_costs(device: str, nodes: int = GRAPH_NODES) -> dict:
     launch to synchronise, less one node's slope). Wall time, not device events: the launch is
     host work.
 
-    The slope between a graph of `nodes` tiny kernels and one of a single kernel holds each
-    tiny kernel's own run as well as the gap before it, and the replay adds the node cost to
-    kernel durations the profiler measured, which hold the run already. So the node cost is the
-    slope less the tiny kernel's profiled duration (`graph_tiny_kernel_us`, one profiled replay
-    after the walls are timed). With the whole slope (1.28 us on the H200) Llama-3.2-1B's
-    graphed static-cache decode step, 831 kernels and 2340 us of kernel time, would replay in
-    3.43 ms; it ran in 2.69 (benchmarks/results, 2026-12-02)."""
+    The replay adds the node cost to the kernel durations an eager pass's profile holds, so it
+    is measured that way: a chain of the short kernels a batch-1 layer runs (layer norm, a
+    GEMM, gelu, a residual add; `chain_node_us`), replayed as one graph, less the launch and
+    the durations the same chain's kernels have when profiled eagerly, per kernel. Priced
+    from `nodes` 1-element adds instead (the slope less the tiny kernel's own run, kept as
+    `graph_node_tiny_us`), a node cost 0.07-0.23 us on the H200, while the unpatched graphs of
+    four workloads implied -2.6 to +0.9 us and GPT-2's batch-1 prefill, whose kernels are
+    short, +0.55 us (benchmarks/results, 2026-12-03): the 1-element add is the one kernel
+    whose profiled run is nearly all launch."""
     import torch
 
     tiny = torch.zeros(1, device=device)
     walls = []
     for n in (1, nodes):
-        g = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up off the capture, as torch's docs ask
-            tiny.add_(1)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(g):
-            for _ in range(n):
-                tiny.add_(1)
+        g = _captured(lambda n=n: [tiny.add_(1) for _ in range(n)])
         walls.append(_wall(g.replay, reps=50))
         if n == nodes:
             tiny_us = _kernel_us(g.replay)
         del g
     node_s = (walls[1] - walls[0]) / (nodes - 1)
-    return {"graph_node_us": max(0.0, node_s * 1e6 - tiny_us),
+    launch_us = max(0.0, (walls[0] - node_s) * 1e6)
+    chain = chain_node_us(device, launch_us)
+    return {"graph_node_us": chain["node_us"],
+            "graph_node_tiny_us": max(0.0, node_s * 1e6 - tiny_us),
             "graph_node_slope_us": node_s * 1e6, "graph_tiny_kernel_us": tiny_us,
-            "graph_launch_us": max(0.0, (walls[0] - node_s) * 1e6)}
+            "graph_launch_us": launch_us,
+            "graph_chain_kernels": chain["kernels"], "graph_chain_wall_us": chain["wall_us"],
+            "graph_chain_eager_kernel_us": chain["eager_kernel_us"]}
+
+
+def chain_node_us(device: str, launch_us: float) -> dict:
+    """Per-kernel cost of a graph of `CHAIN_REPS` layers of short kernels, over the sum of the
+    same kernels' durations in an eager profile (`graph_costs` says why). Can be negative: a
+    kernel may run faster back to back in a graph than after an idle gap."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x0 = torch.randn(CHAIN_TOKENS, CHAIN_HIDDEN, device=device, dtype=torch.bfloat16,
+                     generator=gen)
+    w = torch.randn(CHAIN_HIDDEN, CHAIN_HIDDEN, device=device, dtype=torch.bfloat16,
+                    generator=gen) / CHAIN_HIDDEN**0.5
+
+    def chain():
+        x = x0
+        for _ in range(CHAIN_REPS):
+            x = x + F.gelu(F.layer_norm(x, (CHAIN_HIDDEN,)) @ w, approximate="tanh")
+        return x
+
+    for _ in range(3):
+        chain()
+    durs = _kernel_durations(chain)
+    g = _captured(chain)
+    wall_us = _wall(g.replay, reps=50) * 1e6
+    del g
+    eager_us = sum(durs)
+    return {"node_us": (wall_us - launch_us - eager_us) / len(durs), "kernels": len(durs),
+            "wall_us": wall_us, "eager_kernel_us": eager_us}
+
+
+def _captured(fn):
+    """`fn` captured as a CUDA graph, warmed up on a side stream first, as torch's docs ask."""
+    import torch
+
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        fn()
+    return g
 
 
 def _kernel_us(fn) -> float:
     """Mean profiled duration of the kernels one call of `fn` runs on the GPU."""
+    durs = _kernel_durations(fn)
+    return sum(durs) / len(durs) if durs else 0.0
+
+
+def _kernel_durations(fn) -> list[float]:
+    """Profiled durations (us) of the kernels one call of `fn` runs on the GPU."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    durs = [e.device_time for e in prof.events()
+    return [e.device_time for e in prof.events()
             if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0]
-    return sum(durs) / len(durs) if durs else 0.0
 
 
 def _wall(fn, reps: int = 50) -> float:

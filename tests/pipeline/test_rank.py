@@ -897,7 +897,7 @@ def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decod
     assert median["kept_pass_us"] != pytest.approx(per_case["kept_pass_us"], rel=1e-3)
 
 
-def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_again(
+def test_a_cached_graph_node_cost_from_before_the_chain_is_measured_again(
         tmp_path, monkeypatch):
     import json
 
@@ -912,7 +912,11 @@ def test_a_cached_graph_node_cost_from_before_the_tiny_kernel_fix_is_measured_ag
     path.write_text(json.dumps({"graph_node_us": 1.28, "graph_launch_us": 23.0}))
     assert roofline.ceilings("cpu") == {"new": 1} and calls == ["cpu"]
     path.write_text(json.dumps({"graph_node_us": 0.4, "graph_tiny_kernel_us": 0.9}))
-    assert roofline.ceilings("cpu")["graph_node_us"] == 0.4 and calls == ["cpu"]
+    assert roofline.ceilings("cpu") == {"new": 1} and calls == ["cpu", "cpu"]
+    path.write_text(json.dumps({"graph_node_us": 0.6, "graph_chain_kernels": 200}))
+    assert roofline.ceilings("cpu")["graph_node_us"] == 0.6 and calls == ["cpu", "cpu"]
+    path.write_text(json.dumps({"bandwidth_GBps": 50.0}))  # a CPU's: no graph costs to redo
+    assert roofline.ceilings("cpu") == {"bandwidth_GBps": 50.0} and len(calls) == 2
 
 
 def test_decode_attention_is_proposed_on_the_decode_fixture_from_its_roofline(decode, prefill):

@@ -187,6 +187,10 @@ def test_synthetic_graphed_pass_is_the_stream_chain_plus_graph_costs():
     # 1000 us host gap, the launches and the sync are gone
     assert graphed(g, 2.0, 10.0) == pytest.approx(10.0 + 250.0 + 3 * 2.0)
     assert graphed(g, 0.0, 0.0) == pytest.approx(device_busy_us(g))
+    # a negative node cost (kernels faster back to back than after the eager gaps) shortens
+    # each kernel, but none below zero
+    assert graphed(g, -10.0, 0.0) == pytest.approx(250.0 - 3 * 10.0)
+    assert graphed(g, -80.0, 0.0) == pytest.approx(0.0 + 20.0 + 20.0)
     # kernels + graph: K2 and K3 fused into one 150 us kernel, then graphed
     assert graphed_with(g, [({2, 3}, 150.0)], 2.0, 10.0) == pytest.approx(
         10.0 + 50.0 + 150.0 + 2 * 2.0)
