@@ -19,6 +19,8 @@ from core.artifacts import write_json
 from core.env import environment
 from core.errors import UserError
 from core.workload import Workload
+from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
+from profiling import density
 from profiling.attribution import attribute
 from profiling.capture import capture, make_runner, make_static_runner, module_names, wall_time
 from profiling.loader import ModelSpec, build
@@ -83,6 +85,15 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
         result["hta"] = _hta(run_dir / trace_rel)
         say("profiler overhead probe")
         result["host_factor"] = host_factor(model, workload, timed["probe_wall_ms"])
+        if (result.get("gpu_busy_share") or 0.0) >= LAUNCH_BOUND_BUSY:
+            # a launch-bound pass idles the GPU between kernels: no cap to reach
+            say("density curve: the pass's GEMMs against a shrinking rest (the power cap)")
+            try:
+                result["density"] = density.measure(
+                    result["ops"], ceilings(workload.device)["bandwidth_GBps"])
+            except (RuntimeError, ValueError) as e:  # a calibration: the profile stands without
+                result["density_error"] = str(e).splitlines()[0][:200]
+                say(f"density curve not measured: {result['density_error']}")
     return result
 
 

@@ -411,7 +411,15 @@ def _regime(w: dict, rows: list[dict], launch_bound: bool) -> str:
         return ("CPU profile: shares are host time of aten ops; GPU projections need a GPU "
                 "profile")
     if not launch_bound:
-        return f"device-bound: the GPU is busy {w['gpu_busy_share']:.0%} of the wall time"
+        msg = f"device-bound: the GPU is busy {w['gpu_busy_share']:.0%} of the wall time"
+        curve = sorted(w.get("density") or [], key=lambda p: p["compute_share"])
+        if len(curve) > 1:  # profiling.density: what the projections price compute kernels at
+            lo, hi = curve[0], curve[-1]
+            ratio = hi["compute_ratio"] / lo["compute_ratio"]
+            msg += (f"; its GEMMs and attention run {ratio:.2f}x "
+                    f"as long at {hi['compute_share']:.0%} of a pass as at "
+                    f"{lo['compute_share']:.0%} (power cap), and the projections say so")
+        return msg
     host_rows = sorted(rows, key=lambda r: -r["host_us"])[:3]
     spread = sum(r["host_us"] for r in host_rows) / max(1e-9, sum(r["host_us"] for r in rows))
     msg = (f"launch-bound: the GPU is busy only {w['gpu_busy_share']:.0%} of the wall time, so "

@@ -57,7 +57,32 @@ def replay_gain(graph, rows: list[dict]) -> float:
     if not reps:
         return 1.0
     base = replayed_once(graph)
-    return base / what_if(graph, reps)
+    return base / clocked(graph, reps, what_if(graph, reps))
+
+
+def clocked(graph, reps: list, pass_us: float) -> float:
+    """`pass_us`, a projected pass with `reps` applied, with its compute-bound kernels (the
+    profile's GEMMs and attention) slowed as the workload's density curve says for a pass that
+    dense in them against the profiled one (`profiling.density`); unchanged without a curve
+    (a launch-bound or CPU profile, or one from before the curve was measured). A replacement
+    of compute kernels counts as compute, its fused memory work included."""
+    from profiling.density import slowdown
+
+    curve, compute = graph.graph.get("density"), graph.graph.get("compute")
+    if not curve or not compute:
+        return pass_us
+    dur = {a["correlation"]: a["dur"] for _, a in graph.nodes(data=True)
+           if a["kind"] == "device"}
+    before = sum(d for c, d in dur.items() if c in compute)
+    after = before
+    for r in reps:
+        hit = [c for c in r.device if c in compute]
+        if hit:
+            after += r.new_duration_us - sum(dur.get(c, 0.0) for c in hit)
+    base = replayed_once(graph)
+    if not before or not base or not pass_us:
+        return pass_us
+    return pass_us + after * (slowdown(curve, before / base, after / pass_us) - 1.0)
 
 
 def replacements(graph, rows: list[dict]) -> list:
@@ -145,7 +170,7 @@ def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
     plain = graphed_once(graph, node, launch)
     if static is None:
         reps = replacements(graph, rows)
-        us = graphed_with(graph, reps, node, launch) if reps else plain
+        us = clocked(graph, reps, graphed_with(graph, reps, node, launch) if reps else plain)
         return {"pass_us": us, "gain": base / us, "base_us": base, "note": None,
                 "basis": "the profiled step"}
     there = static.graph.get("pattern_rows") or {}
@@ -221,6 +246,11 @@ def workload_graph(w: dict, trace_path: Path | None):
     if enqueue is not None and enqueue < factor:
         graph, factor = scale_host(traced, enqueue), enqueue
     graph.graph["host_scale"] = factor
+    # what `clocked` reads: the density curve the profile measured, and which kernels it scales
+    from profiling.density import compute_correlations
+
+    graph.graph["density"] = w.get("density")
+    graph.graph["compute"] = compute_correlations(w.get("ops") or [])
     return graph
 
 

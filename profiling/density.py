@@ -1,0 +1,166 @@
+"""How a pass's compute-bound kernels slow down as the pass gets denser in them (the power cap).
+
+A fused pass runs the same GEMMs as the unpatched one with less memory-bound work between them.
+Under the H200's 700 W cap that draws the board to its limit at a lower SM clock, and every
+compute-bound kernel slows by as much: on Phi-3-mini b8 the same-name cuBLAS GEMMs ran 10.5-11 %
+longer patched (clock 1830 -> 1545 MHz), on Llama-3.2-1B 5 % eagerly and 9-10 % as a graph, on
+Qwen2.5-0.5B, whose narrow GEMMs draw less, not at all (benchmarks/results, 2026-12-02 to 03).
+A projection that keeps untouched work at its profiled time misses by that much.
+
+`measure` prices it on the device for one workload: a synthetic pass of the profile's own GEMMs
+and attention calls, in order and at their shapes, with device copies standing in for every
+other op's profiled time scaled by k, captured as one CUDA graph and replayed in steady state
+(the cap acts over hundreds of ms) for several k. Each point is the compute kernels' share of
+the synthetic pass's device time and their time relative to k = 1. `slowdown` reads the curve:
+the compute time at one share over that at another. The rank stage applies it to the compute
+kernels of every projected pass (`rank_replay`).
+"""
+
+from __future__ import annotations
+
+import time
+
+GEMM_OPS = ("aten::linear", "aten::mm", "aten::addmm")
+SDPA_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product")
+SCALES = (1.0, 0.5, 0.25, 0.12)
+STEADY_S = 1.5
+
+
+def compute_step(op: dict) -> tuple | None:
+    """("gemm", m, k, n) or ("sdpa", b, h, s, d, kv_heads) for a compute-bound op; None else."""
+    name, shapes = op["name"], op.get("shapes") or []
+    if name in GEMM_OPS and len(shapes) >= 2:
+        x, w = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
+        if x and w and len(w) == 2 and all(isinstance(d, int) for d in x + w):
+            m = 1
+            for d in x[:-1]:
+                m *= d
+            return ("gemm", m, x[-1], w[0] if name == "aten::linear" else w[1])
+    if name.startswith(SDPA_OPS) and len(shapes) >= 2 and len(shapes[0]) == 4 \
+            and len(shapes[1]) == 4:
+        b, h, s, d = shapes[0]
+        return ("sdpa", b, h, s, d, shapes[1][1])
+    return None
+
+
+def plan(ops: list[dict]) -> list[tuple]:
+    """The pass as compute steps and ("fill", us) steps, runs of other ops merged into one."""
+    steps, fill = [], 0.0
+    for op in ops:
+        step = compute_step(op) if op.get("device_us") else None
+        if step is None:
+            fill += op.get("device_us") or 0.0
+            continue
+        if fill:
+            steps.append(("fill", fill))
+            fill = 0.0
+        steps.append(step)
+    if fill:
+        steps.append(("fill", fill))
+    return steps
+
+
+def compute_correlations(ops: list[dict]) -> set:
+    """Kernel correlations of the profile's compute-bound ops (what `slowdown` scales)."""
+    return {k["correlation"] for op in ops if compute_step(op) for k in op.get("kernels", [])
+            if k.get("correlation") is not None}
+
+
+def slowdown(curve: list[dict] | None, share_from: float, share_to: float) -> float:
+    """Compute time at `share_to` over that at `share_from`, the curve read piecewise linearly
+    and held flat beyond its ends; 1.0 without a curve."""
+    if not curve:
+        return 1.0
+    pts = sorted((p["compute_share"], p["compute_ratio"]) for p in curve)
+
+    def at(s: float) -> float:
+        if s <= pts[0][0]:
+            return pts[0][1]
+        for (s0, r0), (s1, r1) in zip(pts, pts[1:]):
+            if s <= s1:
+                return r0 + (r1 - r0) * (s - s0) / (s1 - s0) if s1 > s0 else r1
+        return pts[-1][1]
+
+    return at(share_to) / at(share_from)
+
+
+def measure(ops: list[dict], gbps: float, scales=SCALES, seconds: float = STEADY_S) -> list[dict]:
+    """The density curve of one workload on the current CUDA device (module docstring)."""
+    import torch
+
+    steps = plan(ops)
+    points, base = [], None
+    for scale in scales:
+        fn = _synthetic(steps, scale, gbps)
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(g):
+            fn()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            g.replay()
+            torch.cuda.synchronize()  # no queue of replays running on past the loop
+        comp, copies = _profiled(g.replay)
+        del g, fn
+        base = base or comp
+        points.append({"scale": scale, "compute_share": comp / (comp + copies),
+                       "compute_ratio": comp / base, "compute_us": comp, "copy_us": copies})
+    return points
+
+
+def _synthetic(steps: list[tuple], scale: float, gbps: float):
+    """A callable running `steps`, every fill a copy sized to take `scale` x its time."""
+    import torch
+    import torch.nn.functional as F
+
+    cache: dict = {}
+
+    def tensor(shape):
+        if shape not in cache:
+            cache[shape] = torch.randn(shape, device="cuda", dtype=torch.bfloat16) / 32
+        return cache[shape]
+
+    def nbytes(us: float) -> int:  # a copy reads and writes: half the traffic each way
+        return int(us * scale * gbps * 1e3 / 2)
+
+    biggest = max((nbytes(s[1]) for s in steps if s[0] == "fill"), default=0)
+    src = torch.zeros(max(1, biggest), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    calls = []
+    for s in steps:
+        if s[0] == "gemm":
+            x, w = tensor((s[1], s[2])), tensor((s[3], s[2]))
+            calls.append(lambda x=x, w=w: F.linear(x, w))
+        elif s[0] == "sdpa":
+            _, b, h, sq, d, kvh = s
+            q, kv = tensor((b, h, sq, d)), tensor((b, kvh, sq, d))
+            if h != kvh:  # the profile's grouped heads, as HF's repeat_kv hands them over
+                kv = kv.repeat_interleave(h // kvh, dim=1) if h % kvh == 0 else tensor(
+                    (b, h, sq, d))
+            calls.append(lambda q=q, kv=kv: F.scaled_dot_product_attention(
+                q, kv, kv, is_causal=True))
+        elif n := nbytes(s[1]):
+            calls.append(lambda n=n: dst[:n].copy_(src[:n]))
+    return lambda: [c() for c in calls]
+
+
+def _profiled(fn) -> tuple[float, float]:
+    """(compute, copy) kernel time of one call of `fn`, in us."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    comp = copies = 0.0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            if "copy" in e.name.lower() or "memcpy" in e.name.lower():
+                copies += e.device_time
+            else:
+                comp += e.device_time
+    return comp, copies

@@ -1,0 +1,102 @@
+"""The density curve (profiling.density) and the projection's use of it (rank_replay.clocked):
+the synthetic pass is the profile's GEMMs and attention with the rest as fills, the curve is
+read piecewise linearly, and a pass projected denser in compute kernels gets them slower."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.workload import Workload
+from profiling.density import compute_correlations, plan, slowdown
+from tests.pipeline.test_rank import H200, PREFILL, _fixture_workload
+
+RISING = [{"compute_share": 0.4, "compute_ratio": 1.0},
+          {"compute_share": 0.6, "compute_ratio": 1.02},
+          {"compute_share": 0.9, "compute_ratio": 1.12}]
+
+
+@pytest.fixture(scope="module")
+def prefill_w():
+    return _fixture_workload(PREFILL, Workload(8, 1024, "bfloat16", "cuda"))
+
+
+def test_the_synthetic_pass_is_the_profiles_gemms_and_attention_with_the_rest_as_fills(
+        prefill_w):
+    ops = [o for o in prefill_w["ops"] if o.get("device_us")]
+    steps = plan(prefill_w["ops"])
+    gemms = [s for s in steps if s[0] == "gemm"]
+    assert len(gemms) == sum(o["name"] == "aten::linear" for o in ops)
+    # two layers: one attention call each, at the query's [b, h, s, d]
+    sdpa = [s for s in steps if s[0] == "sdpa"]
+    assert len(sdpa) == 2 and sdpa[0][1] == 8 and sdpa[0][3] == 1024
+    # every prefill GEMM has the pass's 8192 tokens as rows
+    assert {g[1] for g in gemms} == {8192}
+    compute_us = sum(o["device_us"] for o in ops if o["name"] == "aten::linear"
+                     or o["name"].startswith("aten::scaled_dot_product"))
+    fills = [s[1] for s in steps if s[0] == "fill"]
+    assert sum(fills) == pytest.approx(sum(o["device_us"] for o in ops) - compute_us)
+    # no two fills in a row: runs of other ops merge
+    assert all(not (a[0] == b[0] == "fill") for a, b in zip(steps, steps[1:]))
+    corr = compute_correlations(prefill_w["ops"])
+    assert len(corr) >= len(gemms) + 2
+
+
+def test_slowdown_reads_the_curve_piecewise_and_flat_beyond_its_ends():
+    assert slowdown(None, 0.5, 0.9) == 1.0
+    assert slowdown(RISING, 0.4, 0.6) == pytest.approx(1.02)
+    assert slowdown(RISING, 0.6, 0.75) == pytest.approx(1.07 / 1.02)
+    assert slowdown(RISING, 0.2, 0.99) == pytest.approx(1.12)  # held at both ends
+    assert slowdown(RISING, 0.9, 0.6) == pytest.approx(1.02 / 1.12)  # less dense: faster
+
+
+def test_a_denser_projected_pass_gets_its_compute_kernels_slower(prefill_w):
+    from pipeline.stages.rank import rank_workload
+    from pipeline.stages.rank_replay import clocked, replayed_once, workload_graph
+    from profiling.replay import Replacement, what_if
+
+    plain = rank_workload(prefill_w, H200, PREFILL)
+    flat = [{**p, "compute_ratio": 1.0} for p in RISING]
+    same = rank_workload({**prefill_w, "density": flat}, H200, PREFILL)
+    slower = rank_workload({**prefill_w, "density": RISING}, H200, PREFILL)
+    rows = {r["pattern"]: r for r in plain["rows"]}
+    assert "power cap" in slower["regime"] and "1.12x" in slower["regime"]
+    assert "power cap" not in plain["regime"]
+    for ranked in (same, slower):
+        assert [r["pattern"] for r in ranked["rows"]] == [r["pattern"] for r in plain["rows"]]
+    for name in ("rmsnorm", "rope"):
+        r0 = rows[name]["replay_gain"]
+        assert {r["pattern"]: r for r in same["rows"]}[name]["replay_gain"] == pytest.approx(r0)
+        assert {r["pattern"]: r for r in slower["rows"]}[name]["replay_gain"] < r0
+    # by hand: the compute kernels' time after the replacements, times the curve's ratio
+    # less one; memory-bound kernels at a tenth of their time make the pass denser
+    graph = workload_graph({**prefill_w, "density": RISING}, PREFILL)
+    compute = graph.graph["compute"]
+    dev = [a for _, a in graph.nodes(data=True) if a["kind"] == "device"]
+    reps = [Replacement(frozenset([a["correlation"]]), a["dur"] * 0.1) for a in dev
+            if a["correlation"] not in compute and a["dur"] > 50]
+    assert reps
+    us = what_if(graph, reps)
+    c = sum(a["dur"] for a in dev if a["correlation"] in compute)
+    base = replayed_once(graph)
+    want = us + c * (slowdown(RISING, c / base, c / us) - 1)
+    assert clocked(graph, reps, us) == pytest.approx(want) and want > us
+    # a replacement of compute kernels counts as compute at its new time
+    gemm = next(a for a in dev if a["correlation"] in compute)
+    fused = [Replacement(frozenset([gemm["correlation"]]), gemm["dur"] * 2)]
+    us = what_if(graph, fused)
+    c2 = c + gemm["dur"]
+    assert clocked(graph, fused, us) == pytest.approx(
+        us + c2 * (slowdown(RISING, c / base, c2 / us) - 1))
+
+
+@pytest.mark.gpu
+def test_density_is_measured_on_the_gpu():
+    from profiling.density import measure
+
+    ops = [{"name": "aten::linear", "shapes": [[4096, 2048], [2048, 2048]], "device_us": 60.0,
+            "kernels": []},
+           {"name": "aten::mul", "shapes": [[4096, 2048]], "device_us": 80.0, "kernels": []}] * 8
+    pts = measure(ops, 4000.0, scales=(1.0, 0.2), seconds=0.3)
+    assert pts[0]["compute_ratio"] == 1.0 and pts[0]["copy_us"] > 0
+    assert pts[1]["compute_share"] > pts[0]["compute_share"]
+    assert pts[1]["copy_us"] < pts[0]["copy_us"]
