@@ -4,16 +4,17 @@ A fused pass runs the same GEMMs as the unpatched one with less memory-bound wor
 Under the H200's 700 W cap that draws the board to its limit at a lower SM clock, and every
 compute-bound kernel slows by as much: on Phi-3-mini b8 the same-name cuBLAS GEMMs ran 10.5-11 %
 longer patched (clock 1830 -> 1545 MHz), on Llama-3.2-1B 5 % eagerly and 9-10 % as a graph, on
-Qwen2.5-0.5B, whose narrow GEMMs draw less, not at all (benchmarks/results, 2026-12-02 to 03).
+Qwen2.5-0.5B, whose narrow GEMMs draw less, -2 % eagerly and +3 % as a graph (benchmarks/results,
+2026-12-02 to 03).
 A projection that keeps untouched work at its profiled time misses by that much.
 
 `measure` prices it on the device for one workload: a synthetic pass of the profile's own GEMMs
 and attention calls, in order and at their shapes, with device copies standing in for every
 other op's profiled time scaled by k, captured as one CUDA graph and replayed in steady state
-(the cap acts over hundreds of ms) for several k. Each point is the compute kernels' share of
-the synthetic pass's device time and their time relative to k = 1. `slowdown` reads the curve:
-the compute time at one share over that at another. The rank stage applies it to the compute
-kernels of every projected pass (`rank_replay`).
+(the cap acts over hundreds of ms) for several k. Each point is the compute kernels' time
+relative to k = 1 (and their share of the synthetic pass). `slowdown` reads the curve at a
+pass's k, its other work per unit of compute over the profiled pass's; the rank stage applies
+it to the compute kernels of every projected pass (`rank_replay.clocked`).
 """
 
 from __future__ import annotations
@@ -66,22 +67,25 @@ def compute_correlations(ops: list[dict]) -> set:
             if k.get("correlation") is not None}
 
 
-def slowdown(curve: list[dict] | None, share_from: float, share_to: float) -> float:
-    """Compute time at `share_to` over that at `share_from`, the curve read piecewise linearly
-    and held flat beyond its ends; 1.0 without a curve."""
+def slowdown(curve: list[dict] | None, scale: float) -> float:
+    """Compute time of a pass whose other work takes `scale` x the profiled pass's, over the
+    profiled pass's (scale 1): the curve read piecewise linearly in its copies' scale, held
+    flat beyond its ends; 1.0 without a curve. Read by scale rather than by compute share: the
+    synthetic pass's copies draw the board harder than a model's norms and casts, so its share
+    at scale 1 sits under the profiled pass's (Gemma-2B b8 on the H200: 0.59 against 0.69)."""
     if not curve:
         return 1.0
-    pts = sorted((p["compute_share"], p["compute_ratio"]) for p in curve)
+    pts = sorted((p["scale"], p["compute_ratio"]) for p in curve)
 
-    def at(s: float) -> float:
-        if s <= pts[0][0]:
+    def at(k: float) -> float:
+        if k <= pts[0][0]:
             return pts[0][1]
-        for (s0, r0), (s1, r1) in zip(pts, pts[1:]):
-            if s <= s1:
-                return r0 + (r1 - r0) * (s - s0) / (s1 - s0) if s1 > s0 else r1
+        for (k0, r0), (k1, r1) in zip(pts, pts[1:]):
+            if k <= k1:
+                return r0 + (r1 - r0) * (k - k0) / (k1 - k0) if k1 > k0 else r1
         return pts[-1][1]
 
-    return at(share_to) / at(share_from)
+    return at(scale) / at(1.0)
 
 
 def measure(ops: list[dict], gbps: float, scales=SCALES, seconds: float = STEADY_S) -> list[dict]:

@@ -10,9 +10,9 @@ from core.workload import Workload
 from profiling.density import compute_correlations, plan, slowdown
 from tests.pipeline.test_rank import H200, PREFILL, _fixture_workload
 
-RISING = [{"compute_share": 0.4, "compute_ratio": 1.0},
-          {"compute_share": 0.6, "compute_ratio": 1.02},
-          {"compute_share": 0.9, "compute_ratio": 1.12}]
+RISING = [{"scale": 1.0, "compute_share": 0.4, "compute_ratio": 1.0},
+          {"scale": 0.5, "compute_share": 0.6, "compute_ratio": 1.02},
+          {"scale": 0.1, "compute_share": 0.9, "compute_ratio": 1.12}]
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +41,16 @@ def test_the_synthetic_pass_is_the_profiles_gemms_and_attention_with_the_rest_as
     assert len(corr) >= len(gemms) + 2
 
 
-def test_slowdown_reads_the_curve_piecewise_and_flat_beyond_its_ends():
-    assert slowdown(None, 0.5, 0.9) == 1.0
-    assert slowdown(RISING, 0.4, 0.6) == pytest.approx(1.02)
-    assert slowdown(RISING, 0.6, 0.75) == pytest.approx(1.07 / 1.02)
-    assert slowdown(RISING, 0.2, 0.99) == pytest.approx(1.12)  # held at both ends
-    assert slowdown(RISING, 0.9, 0.6) == pytest.approx(1.02 / 1.12)  # less dense: faster
+def test_slowdown_reads_the_curve_piecewise_in_scale_and_flat_beyond_its_ends():
+    assert slowdown(None, 0.3) == 1.0
+    assert slowdown(RISING, 1.0) == 1.0
+    assert slowdown(RISING, 0.5) == pytest.approx(1.02)
+    assert slowdown(RISING, 0.3) == pytest.approx(1.07)
+    assert slowdown(RISING, 0.01) == pytest.approx(1.12)  # held at both ends
+    assert slowdown(RISING, 1.5) == 1.0
+    # against a baseline already on the curve: the ratio to the curve's scale 1
+    shifted = [{**p, "compute_ratio": p["compute_ratio"] * 2} for p in RISING]
+    assert slowdown(shifted, 0.5) == pytest.approx(1.02)
 
 
 def test_a_denser_projected_pass_gets_its_compute_kernels_slower(prefill_w):
@@ -78,15 +82,20 @@ def test_a_denser_projected_pass_gets_its_compute_kernels_slower(prefill_w):
     us = what_if(graph, reps)
     c = sum(a["dur"] for a in dev if a["correlation"] in compute)
     base = replayed_once(graph)
-    want = us + c * (slowdown(RISING, c / base, c / us) - 1)
-    assert clocked(graph, reps, us) == pytest.approx(want) and want > us
+
+    def paired(c_after, us):  # both passes at the clock of their mix (clocked's docstring)
+        k = ((base - c) + (us - c_after)) / (c + c_after) * c / (base - c)
+        f = slowdown(RISING, k)
+        return base + c * (f - 1), us + c_after * (f - 1)
+
+    b1, p1 = clocked(graph, reps, us)
+    assert (b1, p1) == pytest.approx(paired(c, us)) and p1 > us and b1 > base
+    assert base / us > b1 / p1 > 1  # the gain shrinks: the patched pass's compute is a larger part
     # a replacement of compute kernels counts as compute at its new time
     gemm = next(a for a in dev if a["correlation"] in compute)
     fused = [Replacement(frozenset([gemm["correlation"]]), gemm["dur"] * 2)]
     us = what_if(graph, fused)
-    c2 = c + gemm["dur"]
-    assert clocked(graph, fused, us) == pytest.approx(
-        us + c2 * (slowdown(RISING, c / base, c2 / us) - 1))
+    assert clocked(graph, fused, us) == pytest.approx(paired(c + gemm["dur"], us))
 
 
 @pytest.mark.gpu
