@@ -92,18 +92,13 @@ def measure(ops: list[dict], gbps: float, scales=SCALES, seconds: float = STEADY
     """The density curve of one workload on the current CUDA device (module docstring)."""
     import torch
 
+    from profiling.roofline import captured
+
     steps = plan(ops)
     points, base = [], None
     for scale in scales:
         fn = _synthetic(steps, scale, gbps)
-        g = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(g):
-            fn()
+        g = captured(fn)
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             g.replay()

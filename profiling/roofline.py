@@ -115,7 +115,7 @@ def graph_costs(device: str, nodes: int = GRAPH_NODES) -> dict:
     tiny = torch.zeros(1, device=device)
     walls = []
     for n in (1, nodes):
-        g = _captured(lambda n=n: [tiny.add_(1) for _ in range(n)])
+        g = captured(lambda n=n: [tiny.add_(1) for _ in range(n)])
         walls.append(_wall(g.replay, reps=50))
         if n == nodes:
             tiny_us = _kernel_us(g.replay)
@@ -153,7 +153,7 @@ def chain_node_us(device: str, launch_us: float) -> dict:
     for _ in range(3):
         chain()
     durs = _kernel_durations(chain)
-    g = _captured(chain)
+    g = captured(chain)
     wall_us = _wall(g.replay, reps=50) * 1e6
     del g
     eager_us = sum(durs)
@@ -161,7 +161,7 @@ def chain_node_us(device: str, launch_us: float) -> dict:
             "wall_us": wall_us, "eager_kernel_us": eager_us}
 
 
-def _captured(fn):
+def captured(fn):
     """`fn` captured as a CUDA graph, warmed up on a side stream first, as torch's docs ask."""
     import torch
 
