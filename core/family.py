@@ -125,7 +125,7 @@ class Family:
     # in a run, the one whose accepted kernels save more device time per call summed over its
     # cases (pipeline.policy.superseded); the other is tried where the winner does not ship
     rivals: tuple[str, ...] = ()
-    # the module of the family's contenders in benchmarks/kernels.py's per-kernel table (its
+    # the module of the family's contenders in benchmarks/kernel_table.py's per-kernel table (its
     # case at a model's shape, HF's own code, Liger's kernel); None: not in that table
     benchmark: str | None = None
     # declines(row) -> why the family does not act on one of its ranked rows (the rank stage's

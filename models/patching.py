@@ -109,10 +109,25 @@ def with_global(forward: Callable, module_globals: dict, name: str,
     return forward_with_global
 
 
+def plain_function(fn):
+    """The function behind a Hub-kernels wrapper, else `fn`. With the `kernels` package
+    installed (a dependency of transformers from 5.25), `@use_kernel_forward_from_hub` turns a
+    module-level function such as `apply_rotary_pos_emb` into an `nn.Module` instance whose
+    forward calls the original, `func` in its closure; adapters compare that function's code
+    and signature with HF's."""
+    forward = getattr(type(fn), "forward", None)
+    code = getattr(forward, "__code__", None)
+    if code is not None and "func" in code.co_freevars and forward.__closure__:
+        inner = forward.__closure__[code.co_freevars.index("func")].cell_contents
+        if inspect.isfunction(inner):
+            return inner
+    return fn
+
+
 def code_shape(fn) -> str:
     """A function's body as a syntax tree, without its docstring, name or decorators: adapters
     compare it with the Hugging Face code the kernel reproduces, statement for statement."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(plain_function(fn)))))
     body = tree.body[0].body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]

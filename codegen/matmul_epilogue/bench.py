@@ -1,4 +1,4 @@
-"""Contenders for benchmarks/kernels.py's per-kernel table: this family's case at a model's
+"""Contenders for benchmarks/kernel_table.py's per-kernel table: this family's case at a model's
 prefill shape, the unmodified Hugging Face code taking the family's inputs, and Liger-Kernel's
 kernel for the op (0.8.5, called as its HF patches call it).
 

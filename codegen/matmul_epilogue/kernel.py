@@ -213,7 +213,7 @@ def smem_bytes(config: dict, case: Case) -> int:
 # The TMA kernel's tiles, persistent (one program per SM): the probe's two best at both models'
 # prefill shapes; at 128 rows or fewer the pointer kernel was faster (30 against 54 us).
 # Each also with its output tile stored in two halves (SUBTILE): half the shared memory staging
-# it. On the H200 (benchmarks/kernels.py, every config side by side) that was 806 and
+# it. On the H200 (benchmarks/kernel_table.py, every config side by side) that was 806 and
 # 803 us against 833 and 817 at Llama-3.2-1B b8, and even (236-237 us) at Qwen2.5-0.5B's.
 # Measured and left out, on the same shapes (Triton 3.6):
 # - the tile loop flattened into the K loop (`tl.range(..., flatten=True)`, as Triton's

@@ -29,7 +29,7 @@ for both halves, as Liger-Kernel's does. The gain is small and near the timing's
 H200 (`benchmarks/probes/rope_probe.py`, bf16 b8 s1024, in place, two calls, best over 1-4
 warps) a probe kernel went from 13.66/13.66 to 13.47/13.22 us on Qwen2.5-0.5B and from
 25.38/25.38 to 25.09/25.47 us on Llama-3.2-1B; same-byte copies took 12.8 and 24.6 us. With it
-in the search, `benchmarks/kernels.py` measured ours at 13.50 us against Liger's 13.70 (Qwen)
+in the search, `benchmarks/kernel_table.py` measured ours at 13.50 us against Liger's 13.70 (Qwen)
 and 25.63 against 25.02 (Llama). It is not a search axis, since reading less costs nothing.
 """
 

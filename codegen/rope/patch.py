@@ -37,13 +37,13 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.rope.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, with_global, wrap_instance_forwards
+from models.patching import code_shape, plain_function, with_global, wrap_instance_forwards
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
 
 def _signature(fn) -> str:
-    return str(inspect.signature(inspect.unwrap(fn)))
+    return str(inspect.signature(inspect.unwrap(plain_function(fn))))
 
 
 @cache

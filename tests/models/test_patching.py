@@ -43,3 +43,30 @@ def test_an_earlier_instance_forward_comes_back():
     undo_wrap()
     assert module.forward is earlier
 
+
+
+def test_the_function_behind_a_hub_kernels_wrapper_is_compared_and_recognised():
+    """transformers 5.25 with `kernels` installed wraps `apply_rotary_pos_emb` in an nn.Module
+    instance (`@use_kernel_forward_from_hub`); the rope adapter still recognises Llama's code
+    through it, and a plain function passes through unchanged."""
+    from torch import nn
+    from transformers.models.llama import modeling_llama
+
+    from codegen.rope.patch import rotary_form
+    from models.patching import code_shape, plain_function
+
+    original = plain_function(modeling_llama.apply_rotary_pos_emb)
+
+    def wrapped(func):  # the shape of kernels' _create_func_module: forward calls `func`
+        class Func(nn.Module):
+            def forward(self, *args, **kwargs):
+                return func(*args, **kwargs)
+        return Func()
+
+    hub = wrapped(original)
+    assert plain_function(hub) is original and plain_function(original) is original
+    assert code_shape(hub) == code_shape(original)
+    g = {"apply_rotary_pos_emb": hub, "rotate_half": modeling_llama.rotate_half}
+    assert rotary_form(g) == "full"
+    # a module whose forward has no `func` of its own is not unwrapped
+    assert plain_function(nn.Identity()) is not original

@@ -1,6 +1,6 @@
 """Per-kernel table: each memory-bound family under HF eager, torch.compile, Liger and ours.
 
-    python benchmarks/kernels.py --out DIR [--models llama-3.2-1b,qwen2.5-0.5b]
+    python benchmarks/kernel_table.py --out DIR [--models llama-3.2-1b,qwen2.5-0.5b]
         [--families rmsnorm,rope,...] [--contenders copy,eager,ours,liger,compile]
         [--run-dir RUN] [--max-configs N]
 
@@ -52,7 +52,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_ke
             head_dim=16)
 TINY_BATCH, TINY_SEQ, TINY_COPY = 2, 2, 2 << 20
 DRY_BENCH = dict(warmup_ms=1.0, rep_ms=5.0, min_reps=2)
-CPU_REFUSAL = ("benchmarks/kernels.py: no CUDA GPU here; per-kernel timings on the CPU mean "
+CPU_REFUSAL = ("benchmarks/kernel_table.py: no CUDA GPU here; per-kernel timings on the CPU mean "
                "nothing (--dry-run tests the flow on the CPU)")
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py on the CPU: the --dry-run driver starts one worker process per
+"""benchmarks/kernel_table.py on the CPU: the --dry-run driver starts one worker process per
 contender (eager, ours, copy; compile and Liger only mean something on a GPU), merges their JSON
 and writes the markdown table; a crashing worker becomes one line; a real run refuses here."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "kernels.py"
+SCRIPT = ROOT / "benchmarks" / "kernel_table.py"
 MODELS = ("llama-3.2-1b", "qwen2.5-0.5b")
 # the registry's order (alphabetical): the table discovers its families there
 FAMILIES = ("add_rmsnorm", "gated_act", "kv_cache", "rmsnorm", "rope")
