@@ -168,6 +168,8 @@ def _make_op(n, e, op_nest, py_nest, module_names, t0) -> Op:
     path, cls, call, functions, module_calls = "", "", -1, [], []
     for f in frames:
         m = _MODULE_RE.match(f["name"])
+        if m and _transparent(path, m.group(1), m.group(2), module_names):
+            continue
         if m:
             path = _join(path, m.group(1), m.group(2), module_names)
             cls, call, functions = m.group(1), f["args"].get("Python id", -1), []
@@ -190,6 +192,13 @@ def _join(path: str, cls: str, n: str, module_names: dict[str, str] | None) -> s
     return f"{path}/{cls}_{n}" if path else f"{cls}_{n}"
 
 
+def _transparent(path: str, cls: str, n: str, module_names: dict[str, str] | None) -> bool:
+    """A module the model does not hold, called inside one it does: its ops stay the outer
+    module's. With the `kernels` package (transformers >= 5.25) `apply_rotary_pos_emb` is a
+    global nn.Module ("Func") the attention calls; its ops are the attention's."""
+    return bool(module_names) and bool(path) and f"{cls}_{n}" not in module_names
+
+
 def _module_table(py_nest: _Nest, module_names, ops: list[Op]) -> dict[str, dict]:
     """Per module path: calls, host time of its calls, device time launched inside it."""
     table: dict[str, dict] = {}
@@ -198,11 +207,15 @@ def _module_table(py_nest: _Nest, module_names, ops: list[Op]) -> dict[str, dict
         m = _MODULE_RE.match(f["name"])
         if not m:
             continue
-        path = ""
+        path, own = "", True
         for j in py_nest.chain(i):
             mm = _MODULE_RE.match(py_nest.evs[j]["name"])
             if mm:
-                path = _join(path, mm.group(1), mm.group(2), module_names)
+                own = not _transparent(path, mm.group(1), mm.group(2), module_names)
+                if own:
+                    path = _join(path, mm.group(1), mm.group(2), module_names)
+        if not own:  # the frame itself is a transparent module: no row of its own
+            continue
         path_of_call[f["args"].get("Python id", -1)] = path
         row = table.setdefault(path, {"class": m.group(1), "calls": 0, "host_us": 0.0,
                                       "device_us": 0.0, "ops": 0})

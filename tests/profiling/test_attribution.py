@@ -53,3 +53,16 @@ def test_prefill_op_counts():
     assert names["aten::silu"] == 2
     modules = {op.module_class for op in att.ops}
     assert {"LlamaRMSNorm", "LlamaMLP", "LlamaAttention", "Linear"} <= modules
+
+
+def test_a_module_the_model_does_not_hold_is_transparent_inside_one_it_does():
+    """kernels' global "Func" module (transformers >= 5.25) called inside the attention keeps
+    the attention's path; without names, or at the top, labels stay as the profiler gives."""
+    from profiling.attribution import _join, _transparent
+
+    names = {"LlamaAttention_0": "model.layers.0.self_attn"}
+    assert _transparent("model.layers.0.self_attn", "Func", "0", names)
+    assert not _transparent("model.layers.0.self_attn", "LlamaAttention", "0", names)
+    assert not _transparent("", "Func", "0", names)  # nothing outer to belong to
+    assert not _transparent("a", "Func", "0", None)
+    assert _join("a", "Func", "0", None) == "a/Func_0"
