@@ -113,7 +113,7 @@ class _HostRead(Exception):
     pass
 
 
-def _capture(fn, device: torch.device, warmup: int):
+def capture_graph(fn, device: torch.device, warmup: int):
     """Warm `fn` up on a side stream, capture it; (graph, its output, pool bytes)."""
     if device.type != "cuda":
         raise CaptureError(f"CUDA graphs need a CUDA device; the input is on {device}")
@@ -226,7 +226,7 @@ class GraphedPrefill:
         self._device = example_ids.device
         self._model = model
         self._ids = example_ids.clone()
-        self._graph, self._logits, pool = _capture(self._forward, self._device, warmup)
+        self._graph, self._logits, pool = capture_graph(self._forward, self._device, warmup)
         self.pool_bytes: int = pool + self._ids.nbytes
 
     def _forward(self) -> torch.Tensor:
@@ -383,7 +383,7 @@ class StaticDecoder:
             return self._step_forward()
 
         try:
-            graph, logits, pool = _capture(from_start, self._device, self._warmup)
+            graph, logits, pool = capture_graph(from_start, self._device, self._warmup)
         finally:
             self._set_position(start)
         self._graph, self._logits = graph, logits

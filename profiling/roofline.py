@@ -115,7 +115,7 @@ def graph_costs(device: str, nodes: int = GRAPH_NODES) -> dict:
     tiny = torch.zeros(1, device=device)
     walls = []
     for n in (1, nodes):
-        g = captured(lambda n=n: [tiny.add_(1) for _ in range(n)])
+        g = graph_of(lambda n=n: [tiny.add_(1) for _ in range(n)], device)
         walls.append(_wall(g.replay, reps=50))
         if n == nodes:
             tiny_us = _kernel_us(g.replay)
@@ -153,7 +153,7 @@ def chain_node_us(device: str, launch_us: float) -> dict:
     for _ in range(3):
         chain()
     durs = _kernel_durations(chain)
-    g = captured(chain)
+    g = graph_of(chain, device)
     wall_us = _wall(g.replay, reps=50) * 1e6
     del g
     eager_us = sum(durs)
@@ -161,19 +161,13 @@ def chain_node_us(device: str, launch_us: float) -> dict:
             "wall_us": wall_us, "eager_kernel_us": eager_us}
 
 
-def captured(fn):
-    """`fn` captured as a CUDA graph, warmed up on a side stream first, as torch's docs ask."""
+def graph_of(fn, device: str):
+    """`fn` captured as one CUDA graph (models.graphs.capture_graph: warmed up off the capture)."""
     import torch
 
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    from models.graphs import capture_graph
+
+    return capture_graph(fn, torch.device(device), warmup=1)[0]
 
 
 def _kernel_us(fn) -> float:
@@ -184,13 +178,18 @@ def _kernel_us(fn) -> float:
 
 def _kernel_durations(fn) -> list[float]:
     """Profiled durations (us) of the kernels one call of `fn` runs on the GPU."""
+    return [us for _, us in kernel_events(fn)]
+
+
+def kernel_events(fn) -> list[tuple[str, float]]:
+    """(name, profiled us) of each kernel one call of `fn` runs on the GPU."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [e.device_time for e in prof.events()
+    return [(e.name, e.device_time) for e in prof.events()
             if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0]
 
 

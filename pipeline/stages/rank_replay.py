@@ -66,14 +66,13 @@ def clocked(graph, reps: list, pass_us: float) -> tuple[float, float]:
     slowed as the workload's density curve says (`profiling.density`); both unchanged without
     a curve (a launch-bound or CPU profile, or one from before the curve was measured).
 
-    A paired timing alternates the two passes faster than the board's power limiter acts, so
-    both run at the clock their mix sets: the curve is read at the mix's other work per unit
-    of compute, against the profiled pass's. Run alone, a patched Gemma-2B b8 pass denser in
-    GEMMs would price its compute 8-11 % slower, which the graphs stage measured in absolute
-    time (eager kept 68.7 ms, graphed 66.1, against 69.7 and 67.2 priced alone and 61.9 and
-    59.5 unpriced), but its eager pass ran 6.5 % slower beside them too (85.7 ms against the
-    profile's 80.4), so the ratio moved less. A replacement of compute kernels counts as
-    compute, its fused memory work included."""
+    A paired timing alternates the two passes pass by pass, so both are priced at the clock
+    their mix would set: the curve is read at the mix's other work per unit of compute,
+    against the profiled pass's. Priced as if each ran alone, Gemma-2B b8's patched passes
+    matched the graphs stage in absolute time (eager kept 68.7 ms, graphed 66.1, against 69.7
+    and 67.2 priced, 61.9 and 59.5 unpriced), but its eager pass also ran slower there (85.7 ms
+    against the profile's replayed 80.4), and the ratio priced that way missed by 8 %. A
+    replacement of compute kernels counts as compute, its fused memory work included."""
     from profiling.density import slowdown
 
     base = replayed_once(graph)

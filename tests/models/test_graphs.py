@@ -341,7 +341,7 @@ class PinnedPosition(StaticDecoder):
             self._set_position(start)
             return self._step_forward()
 
-        self._graph, self._logits, pool = graphs._capture(pinned, self._device, 2)
+        self._graph, self._logits, pool = graphs.capture_graph(pinned, self._device, 2)
         self._set_position(start)
         self.pool_bytes = pool
 
