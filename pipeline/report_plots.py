@@ -401,6 +401,11 @@ def pass_time_rows(g: dict) -> list[tuple]:
         rows.append((f"graphed pass, {what}: projected (frozen) / measured",
                      f"{ms(us / 1e3)} / {ms(measured)} ({err:.1%} apart; projected from "
                      f"{proj.get('basis') or 'the profiled step'})"))
+        if what == "kernels + graph" and med.get("eager_ms"):
+            rows.append(("kernels + graph over the eager timed here: projected / measured",
+                         f"{speed(med['eager_ms'] / (us / 1e3))} / "
+                         f"{speed(med['eager_ms'] / measured)} (the frozen pass time over "
+                         "this eager median)"))
     return rows
 
 

@@ -382,3 +382,9 @@ def test_report_reads_the_graph_projection_as_pass_times():
     assert "1.793 ms / 1.881 ms (4.7% apart" in kept and "static KV cache" in kept
     assert "(5.7% apart" in rows["graphed pass, unpatched: projected (frozen) / measured"]
     assert rp.pass_time_rows({"medians": {}, "projected": {}}) == []
+    # with the eager median beside them, the frozen pass time reads as a speedup whose error
+    # is the pass time's: 13.5 / 1.793 against 13.5 / 1.881
+    g["medians"]["eager_ms"] = 13.5
+    both = dict(rp.pass_time_rows(g))["kernels + graph over the eager timed here: projected "
+                                      "/ measured"]
+    assert both.startswith("7.529x / 7.177x")
