@@ -51,6 +51,21 @@ def unpack_run(results: Path, run: Path) -> tuple[dict, dict, dict]:
             json.loads((run / "integration.json").read_text()), {w["key"]: w for w in ranking})
 
 
+def frozen_cases(results: Path, proj: dict) -> dict | None:
+    """The per-case kernel speedups the eager replay uses: frozen in projection.json, or for
+    runs frozen before they were, read from the run's verification summary (the same
+    kernel-level numbers); None where neither is there."""
+    from pipeline.projection import case_speedups
+
+    if "case_speedups" in proj:
+        return proj["case_speedups"]
+    for name in ("verification-summary.json", "verification/summary.json"):
+        if (results / name).exists():
+            return case_speedups(json.loads((results / name).read_text()),
+                                 proj["kernel_speedups"])
+    return None
+
+
 def reproject(results: Path, basis: str | None = None) -> dict:
     """Per workload: the kept set's projection, frozen and now; with `basis` (a reading of
     pipeline.host_delta, e.g. "pass_us_per_call"), the in-model host deltas of that reading
@@ -60,6 +75,7 @@ def reproject(results: Path, basis: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
         proj, integ, ranking = unpack_run(results, run)
+        cases = frozen_cases(results, proj)
         out = {}
         for key, w in integ["workloads"].items():
             kept = list(w.get("kept") or [])
@@ -69,7 +85,7 @@ def reproject(results: Path, basis: str | None = None) -> dict:
                 host = {**host, **rescaled_host(ranking[key], proj["workloads"][key].get(
                     "host_in_model") or {}, basis)}
             now = project_set(run, ranking[key], proj["kernel_speedups"], host, True,
-                              only=kept)
+                              only=kept, cases=cases)
             measured = 1 / w["combined"]["estimate"] if w.get("combined") else 1.0
             out[key] = {"kept": kept, "measured": measured,
                         "frozen": {k: frozen[k] for k in ("amdahl", "replay")},
@@ -80,7 +96,7 @@ def reproject(results: Path, basis: str | None = None) -> dict:
                                       for k in ("amdahl", "replay")},
                         "alone": {f: {"measured": 1 / m["estimate"], "replay": project_set(
                             run, ranking[key], proj["kernel_speedups"], host, True,
-                            only=[f])["replay"]} for f, m in (w.get("per_family") or {}).items()
+                            only=[f], cases=cases)["replay"]} for f, m in (w.get("per_family") or {}).items()
                             if m.get("estimate")}}
     return out
 

@@ -329,9 +329,11 @@ def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float],
 
 
 def project_with(run_dir: Path, key: str, speedups: dict[str, float],
-                 host_delta_us: dict[str, float | None] | None = None) -> float | None:
+                 host_delta_us: dict[str, float | None] | None = None,
+                 case_speedups: dict[str, list | None] | None = None) -> float | None:
     """Replay gain of one profiled workload with the given patterns sped up (measured), each
-    fused call saving (or adding) its measured host time when given."""
+    fused call saving (or adding) its measured host time when given; `case_speedups` as in
+    `project_graphs_with`."""
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
     graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
@@ -341,6 +343,7 @@ def project_with(run_dir: Path, key: str, speedups: dict[str, float],
     for r in rows:
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]
         r["host_delta_us"] = (host_delta_us or {}).get(r["pattern"])
+        r["case_speedups"] = (case_speedups or {}).get(r["pattern"])
     return replay_gain(graph, rows)
 
 

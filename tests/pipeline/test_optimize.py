@@ -1277,35 +1277,41 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     summary = {"accepted": {"gated_act/a": acc("gated_act", 0.2, 0.1),
                             "matmul_epilogue/a": acc("matmul_epilogue", 0.9, 0.6),
                             "rmsnorm/a": acc("rmsnorm", 0.5, 0.1)}}
+    # the eager replay gets each family's cases at their eager speedups, the graph one the
+    # in-graph speedup where timed so
+    summary["accepted"]["rmsnorm/a"].update(case={"rows": 8}, graph_speedup=4.0)
     rows = [{"pattern": "rms", "family": "rmsnorm", "share": 0.2},
             {"pattern": "mlp_gemm", "family": "matmul_epilogue", "share": 0.3},
             {"pattern": "act", "family": "gated_act", "share": 0.1}]
     write_json(tmp_path / "ranking.json", {"workloads": [{"key": "w", "rows": rows}]})
-    replays = []
-    monkeypatch.setattr(rank_stage, "project_with",
-                        lambda run_dir, key, speed, host: replays.append(speed) or 1.1)
+    replays, replay_cases, graph_cases = [], [], []
+    monkeypatch.setattr(rank_stage, "project_with", lambda run_dir, key, speed, host, cases: (
+        replays.append(speed) or replay_cases.append(cases) or 1.1))
     graphed = []
     monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: (
-        graphed.append(speed) or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed),
+        graphed.append(speed) or graph_cases.append(cases) or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed),
                                   "note": None}))
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
     proj = projection.freeze_projection(tmp_path, summary, fams, on_gpu=True)
-    # the graphs projection is frozen with the same set and kernel speedups
-    assert graphed == [{"rms": 5.0, "mlp_gemm": 1.5}]
+    # the graphs projection is frozen with the same set and the in-graph kernel speedups
+    assert graphed == [{"rms": 4.0, "mlp_gemm": 1.5}]
     assert proj["workloads"]["w"]["graphs"]["kept"] == 3.5
     assert set(proj["kernel_speedups"]) == set(fams)
     pw = proj["workloads"]["w"]
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
     assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
+    assert replay_cases == [{"rms": [[{"rows": 8}, 5.0]], "mlp_gemm": None}]
+    assert graph_cases == [{"rms": [[{"rows": 8}, 4.0]], "mlp_gemm": None}]
     write_json(tmp_path / "integration.json", {"workloads": {"w": {
         "kept": ["rmsnorm", "gated_act"], "graphs": {"captured": True}}}})
     projection.project_kept(tmp_path, on_gpu=True)
     integrated = read_json(tmp_path / "integration.json")["workloads"]["w"]
     # the graph ran the set that shipped: its kernels + graph projection from the same numbers
-    assert graphed[-1] == {"rms": 5.0, "act": 2.0}
+    assert graphed[-1] == {"rms": 4.0, "act": 2.0}
     assert integrated["graphs"]["projected_for_kept"]["patterns"] == ["act", "rms"]
     kept = integrated["projection_for_kept"]
     assert kept["patterns"] == ["rms", "act"]
+    assert replay_cases[-1] == {"rms": [[{"rows": 8}, 5.0]], "act": None}
     assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
 
 

@@ -489,6 +489,28 @@ def test_replay_host_delta_already_pays_for_the_removed_launches(decode):
     assert worse < 1.0 < better
 
 
+def test_replay_speeds_up_only_the_occurrences_an_accepted_case_covers(prefill):
+    """A family whose accepted case covers one occurrence of its row (GPT-2's matmul: the LM
+    head, not the 48 Conv1D GEMMs) projects what replaying that occurrence alone projects, its
+    measured host delta paid once, not once per occurrence of the row."""
+    w, _ = prefill
+    graph = rank_replay.workload_graph(w, PREFILL)
+    row = next(r for r in rank_stage.pattern_rows(w, H200) if r["pattern"] == "kv_cache")
+    n = len(row["kernel_correlations"])
+    assert n > 1
+    covered = dict(row, target_us=row["time_us"] / 4.0,
+                   occurrence_cases=[{"n": 1}] + [{"n": 2}] * (n - 1),
+                   case_speedups=[[{"n": 1, "dtype": "bfloat16"}, 4.0]])
+    alone = dict(row, kernel_correlations=row["kernel_correlations"][:1],
+                 target_us=row["time_us"] / 4.0, occurrence_cases=None, case_speedups=None)
+    every = dict(covered, occurrence_cases=None, case_speedups=None)
+    for host in (None, -20.0):
+        got = rank_replay.replay_gain(graph, [dict(covered, host_delta_us=host)])
+        want = rank_replay.replay_gain(graph, [dict(alone, host_delta_us=host)])
+        assert got == pytest.approx(want, rel=1e-9)
+        assert got < rank_replay.replay_gain(graph, [dict(every, host_delta_us=None)])
+
+
 # ------------------------------------------------------------------ 6. ranking.json
 
 def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
