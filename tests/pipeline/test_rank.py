@@ -352,6 +352,12 @@ def test_tiny_pattern_counts_per_layer(tiny):
     assert counts[{"geglu_mlp": "swiglu_mlp", "swiglu_mlp": "geglu_mlp"}[mlp_pat]] == 0
     assert counts["layernorm"] == 0 and counts["gelu_new"] == 0
 
+    # the residual adds of every pre-norm layer, Phi3's dropout-wrapped ones included
+    decoder_layers = _paths(model, lambda n, m: type(m).__name__.endswith("DecoderLayer"))
+    assert len(decoder_layers) == layers
+    assert modules("add_rmsnorm") == decoder_layers
+    assert counts["residual_add"] == 0
+
 
 # ------------------------------------------------------------------ 4/5. H200 fixtures
 
