@@ -181,7 +181,14 @@ def with_effect_of(family: str, effect: dict | None, other: dict) -> dict:
 
 
 def _proven(calls: int, fewer: dict) -> bool:
-    """The family's kernel ran, and at least one of its aten ops ran fewer times."""
+    """The family's kernel ran, and at least one of its aten ops ran fewer times. A family
+    that names no aten op (`Family.aten_ops` empty: matmul, whose cuBLAS candidate runs
+    aten::mm on a padded weight, so no op count drops) is proven by its counted kernel calls
+    alone: the counter sits on the kernel the chooser returned, not on the adapter, so a call
+    that fell back to the module's own code is not counted. Without this, GPT-2 b8's report
+    said "Patch took effect: NO" for a live LM-head patch (benchmarks/results, 1204b)."""
+    if not fewer:
+        return calls > 0
     return calls > 0 and any(after < before for before, after in fewer.values())
 
 

@@ -272,8 +272,10 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                            f"({', '.join(c['families'] or [])}): {_check_words(c)}.")))
         if eff:
             ops = "; ".join(
-                f"{fam}: " + ", ".join(f"{op.removeprefix('aten::')} {a}->{b}"
-                                       for op, (a, b) in counts.items())
+                f"{fam}: " + (", ".join(f"{op.removeprefix('aten::')} {a}->{b}"
+                                        for op, (a, b) in counts.items())
+                              or "no aten op to count (its kernel runs library ops), "
+                                 "proven by its kernel calls")
                 for fam, counts in (eff.get("aten_ops_before_after") or {}).items())
             b.append(("p", "Patch took effect: " + ("yes" if eff.get("passed") else "NO") +
                       f" (kernel calls per pass: {eff.get('kernel_calls')}; aten ops before->"

@@ -412,3 +412,25 @@ def test_verifying_the_lm_head_case_is_proportionate(impl, tmp_path):
     # pipeline runs it: 3 trials, the stress and memo sets, edge cases, timing
     assert result.accepted, result.reasons
     assert result.duration_s < LM_HEAD_VERIFY_S, f"{result.duration_s:.1f} s"
+
+
+@pytest.mark.parametrize("give", [True, False])
+def test_patch_effect_proves_a_live_patch_by_its_kernel_calls(give, tmp_path):
+    """matmul names no aten op it removes (its cuBLAS candidate runs aten::mm on the padded
+    weight), so the integrate stage's proof rests on the counted kernel calls: yes when the
+    padded projections ran the accepted kernel, no when no accepted case covers the pass."""
+    from pipeline.integrate import patch_took_effect
+
+    model = build(resolve("tiny-gpt2"), torch.float32, "cpu")
+    workload = Workload(2, 8)
+    accepted = {}
+    for i, case in enumerate(FAMILY.cases_from_model(model, workload)):
+        config = next(c for c in FAMILY.search_space(case) if c["impl"] == "cublas")
+        path = tmp_path / f"matmul_{i}.py"
+        path.write_text(FAMILY.render(config, case))
+        if give:
+            accepted[f"matmul/{i}"] = {"family": "matmul", "case": case, "source": str(path)}
+    effect = patch_took_effect(model, accepted, ["matmul"], workload)
+    assert effect["aten_ops_before_after"] == {"matmul": {}}
+    assert effect["passed"] is give
+    assert (effect["kernel_calls"]["matmul"] == 2) is give  # tiny-gpt2's two c_fc
