@@ -61,6 +61,11 @@ class Pattern:
     # An `absorbs` entry "../name" names a sibling of the scope (GPT-2's c_fc beside its act).
     extends: str | None = None
     absorbs: tuple[str, ...] = ()
+    # absorbs_only: the occurrence holds the absorbed children's ops alone, not the extended
+    # pattern's, which only locates the scope (an attention's q/k/v projections grouped into
+    # one launch replace the three Linears, not the attention the scope also runs); it is then
+    # an alternative to the children's own rows only
+    absorbs_only: bool = False
     # accepts(ops) -> whether a scope whose op names fit is an occurrence, judged on the ops'
     # recorded shapes (a one-token decode query against a prefill's causal square, both one
     # SDPA call); None: the op names decide alone

@@ -116,13 +116,17 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
     return found, unclaimed
 
 
-def alternatives(occurrences: list[Occurrence], patterns: list[Pattern]) -> list[Occurrence]:
+def alternatives(occurrences: list[Occurrence], patterns: list[Pattern],
+                 ops: list[dict] | None = None) -> list[Occurrence]:
     """Occurrences of the patterns that extend another (`Pattern.extends`): one per occurrence
     of the extended pattern whose scope has every absorbed child module's own occurrence (the
     gate and up Linears of an MLP), with the ops of all of them. They overlap what `match`
-    found, so they are ranked beside it and never replaced together with it. Children are
-    found by module path, so this needs a profile that names modules (the pipeline's own
-    profiles do; a bare trace's `Linear_4` does not say which projection it is)."""
+    found, so they are ranked beside it and never replaced together with it. With `ops` (the
+    profile's op list), a pattern's `accepts` judges the occurrence's ops too (the grouped
+    q/k/v takes a decode step's GEMVs only, not a projection the matmul family pads).
+    Children are found by module path, so this needs a profile that names modules (the
+    pipeline's own profiles do; a bare trace's `Linear_4` does not say which projection it
+    is)."""
     by_module: dict[str, list[Occurrence]] = {}
     for o in occurrences:
         by_module.setdefault(o.module, []).append(o)
@@ -136,10 +140,16 @@ def alternatives(occurrences: list[Occurrence], patterns: list[Pattern]) -> list
                            if id(c) not in taken), None) for child in pat.absorbs]
             if any(c is None for c in parts):
                 continue
+            own = [] if pat.absorbs_only else o.ops
+            idx = sorted(own + [i for c in parts for i in c.ops])
+            if ops is not None and pat.accepts is not None \
+                    and not pat.accepts([ops[i] for i in idx]):
+                continue
             taken.update(id(c) for c in parts)
-            ops = sorted(o.ops + [i for c in parts for i in c.ops])
-            found.append(Occurrence(pat.name, pat.family, o.module, o.module_class, ops,
-                                    extends=o.pattern))
+            # absorbs_only: shown beneath, and an alternative to, the children's own row
+            found.append(Occurrence(pat.name, pat.family, o.module, o.module_class, idx,
+                                    extends=parts[0].pattern if pat.absorbs_only
+                                    else o.pattern))
             break
     return found
 

@@ -16,12 +16,16 @@ What it runs: the model (random weights, bf16) captured as a CUDA graph twice, a
 and with `group(model)`, side by side in rotating rounds: per-round ratio with its bootstrap
 CI, kernels per step, and the largest logits difference against the ungrouped eager step.
 `--run-dir` patches that run's graph set in first (`apply_kernels(graph_set=True)`), so the
-answer is about what ships. The answer decides whether a grouped-projection family is built.
+answer is about what ships. codegen/qkv_proj groups the three in one Triton launch without a
+copy; this asks what cuBLAS over a concatenated copy gives, the candidate that family does not
+search (it costs the copy's memory), so the two can be set side by side.
 
-`group` is the adapter such a family would use: per attention module, one concatenated copy of
+`group` is the probe's own adapter: per attention module, one concatenated copy of
 the three weights (and biases: Qwen2) built once, `extra_bytes` of memory; q_proj runs the one
 GEMM and hands k_proj and v_proj their column slices of its output, keyed by the identity and
 version of the input tensor, so a call with any other input runs the module's own code.
+Column slices are a layout the run's rope and kv_cache kernels were not verified on: with
+`--run-dir` they may run HF's code there, which the kernels-per-step count shows.
 """
 
 from __future__ import annotations

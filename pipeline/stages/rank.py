@@ -72,7 +72,7 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
     occ, unclaimed = match(ops, pats)
     groups: dict[str, dict] = defaultdict(lambda: {"occ": [], "extends": set()})
     owner = {i: o.pattern for o in occ for i in o.ops}
-    for o in occ + alternatives(occ, pats):
+    for o in occ + alternatives(occ, pats, ops):
         g = groups[o.pattern]
         g["family"], g["occ"] = o.family, g["occ"] + [o]
         if o.extends:

@@ -1032,3 +1032,38 @@ def test_device_bound_pass_keeps_the_replay_ranking_with_graph_costs(prefill):
     assert all("graph_gain" not in r for r in again["rows"])
     assert [r["pattern"] for r in again["rows"] if r["family"]] == \
         [r["pattern"] for r in ranked["rows"] if r["family"]]
+
+
+@pytest.mark.parametrize("kv_heads_equal", [True, False])
+def test_a_decode_steps_qkv_projections_rank_as_an_option_of_their_gemv_row(
+        kv_heads_equal, tmp_path):
+    """qkv_proj holds the three projections' gemv occurrences of each attention, not the
+    attention it is found through (`absorbs_only`): an option beneath `gemv`, one occurrence
+    per layer. With tiny-llama's own 32-wide k/v (widths the matmul family pads) there is
+    none: the pattern's `accepts` takes unpadded GEMVs only."""
+    from pipeline.stages.profile import summarise
+    from profiling.capture import capture, make_runner, module_names
+    from profiling.loader import build, resolve
+
+    spec = resolve("tiny-llama")
+    if kv_heads_equal:
+        spec.config.num_key_value_heads = spec.config.num_attention_heads
+    model = build(spec, torch.float32, "cpu")
+    wl = Workload(1, 8, "float32", "cpu", "decode")
+    runner = make_runner(model, wl)
+    names = module_names(model, runner)
+    ms = capture(runner, "cpu", tmp_path / "trace.json.gz")
+    w = summarise(tmp_path / "trace.json.gz", wl, {"median_ms": ms}, names, ms)
+    ranked = rank_workload(w, H200, None)
+    rows = {r["pattern"]: r for r in ranked["rows"]}
+    layers = model.config.num_hidden_layers
+    if not kv_heads_equal:
+        assert "qkv_proj" not in rows
+        return
+    qkv = rows["qkv_proj"]
+    assert qkv["family"] == "qkv_proj" and qkv["occurrences"] == layers
+    assert qkv["alternative_to"] == ["gemv"] and qkv["option_of"] == "gemv"
+    assert qkv["op_calls"] == 3 * layers * (rows["gemv"]["op_calls"] // rows["gemv"][
+        "occurrences"])  # every op of the three Linears' own occurrences, nothing else
+    assert "decode_attention" not in qkv["overlaps"]
+    _assert_rows_add_up(ranked["rows"], w["rest_share"])

@@ -1,0 +1,210 @@
+"""Triton kernel for an attention's q, k and v projections at a decode step, in one launch.
+
+One grid covers the three weights' output rows end to end: program p takes BLOCK_N rows of
+Wq, or of Wk, or of Wv (p's range decides), streams them over k BLOCK_K columns at a time,
+multiplies each row of x (at most MAX_ROWS; re-read from L2 by every program) and writes its
+slice of q, k or v, each a contiguous (rows, n) tensor as HF's Linear returns it. So one
+launch reads the 12.6 MB of Llama-3.2-1B's three weights where cuBLAS runs three kernels that
+reach 0.4-1.5 TB/s (k/v_proj's 2 MB are too few bytes to fill the GPU alone), and a graphed
+step has two nodes fewer per layer.
+
+No K split: at one row Llama's 3072 and Qwen2.5-0.5B's 1152 output rows give 96-768 programs
+at the tiles searched, enough for the H200's 132 SMs, and a split would add a second kernel
+per call, what the family exists to remove. The block is the gemv family's (fp32 products and
+sums, one rounding), with the weights' strides fixed at those of a contiguous (n, k) weight:
+the adapter hands the modules' own parameters and runs HF's code for any other layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import triton
+import triton.language as tl
+
+from codegen.launch import cdiv
+from codegen.qkv_proj.reference import MAX_ROWS, WIDTHS
+from core.family import Case
+from core.source import kernel_source
+
+BLOCK_NS = (4, 8, 16, 32)
+BLOCK_KS = (128, 256, 512)
+NUM_WARPS, NUM_STAGES = 4, 3
+MAX_CONFIGS = 6
+SMS = 132  # the H200's: the ordering aims for about four programs per SM (a guess to order by)
+TARGET_PROGRAMS = 4 * SMS
+MIN_TILE = 2048  # weight elements per step under which a tile is not searched (as gemv)
+
+
+@triton.jit
+def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
+               K: tl.constexpr, N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < rows
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            # row m of x as a (batch, seq, K) view, any strides; rows past the last wrap back
+            # into x: values nobody stores
+            row = m % rows
+            x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
+            if EVEN_K:
+                x = tl.load(x_ptrs)
+            else:
+                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
+            if BLOCK_M == 1:
+                acc += part[None, :]
+            else:
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(o_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _qkv_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, q_ptr, k_ptr, v_ptr,
+                rows, seq, x_sb, x_ss, x_sk, K: tl.constexpr, NQ: tl.constexpr,
+                NK: tl.constexpr, NV: tl.constexpr, Q_BLOCKS: tl.constexpr,
+                K_BLOCKS: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid < Q_BLOCKS:
+        _qkv_block(x_ptr, wq_ptr, bq_ptr, q_ptr, pid * BLOCK_N, rows, seq, x_sb, x_ss, x_sk,
+                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif pid < Q_BLOCKS + K_BLOCKS:
+        _qkv_block(x_ptr, wk_ptr, bk_ptr, k_ptr, (pid - Q_BLOCKS) * BLOCK_N, rows, seq, x_sb,
+                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        _qkv_block(x_ptr, wv_ptr, bv_ptr, v_ptr, (pid - Q_BLOCKS - K_BLOCKS) * BLOCK_N, rows,
+                   seq, x_sb, x_ss, x_sk, K, NV, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+def programs(case: Case, block_n: int) -> int:
+    return sum(cdiv(case[n], block_n) for n in WIDTHS)
+
+
+def search_space(case: Case) -> list[dict]:
+    """BLOCK_N x BLOCK_K (BLOCK_K <= k where one fits, tiles of MIN_TILE elements and more), at
+    most MAX_CONFIGS: the widest BLOCK_K first, then grids nearest TARGET_PROGRAMS programs;
+    last the cheapest for the interpreter (the widest tile: fewest programs and steps)."""
+    k = case["k"]
+    bks = [b for b in BLOCK_KS if b <= k] or [BLOCK_KS[0]]
+    tiles = [(bn, bk) for bn in BLOCK_NS for bk in bks]
+    tiles = [t for t in tiles if t[0] * t[1] >= MIN_TILE] or tiles
+
+    def guess(t):
+        p = programs(case, t[0])
+        return (-t[1], p < SMS, abs(math.log2(p / TARGET_PROGRAMS)), t[0])
+
+    cheapest = (BLOCK_NS[-1], bks[-1])
+    ranked = [t for t in sorted(tiles, key=guess) if t != cheapest][:MAX_CONFIGS - 1]
+    return [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+            for bn, bk in ranked + [cheapest]]
+
+
+_HOST = '''\
+_kernels = {}
+
+
+def _kernel(block_m):
+    """The launcher for a row block of `block_m` (a power of two up to MAX_ROWS)."""
+    if block_m not in _kernels:
+        _kernels[block_m] = launcher(
+            _qkv_kernel, K=K, NQ=NQ, NK=NK, NV=NV, Q_BLOCKS=Q_BLOCKS, K_BLOCKS=K_BLOCKS,
+            EVEN_K=EVEN_K, HAS_BIAS=HAS_BIAS, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return _kernels[block_m]
+
+
+def forward(x, wq, wk, wv, bq=None, bk=None, bv=None, *, out, **params) -> None:
+    """x: (rows, K) or (batch, seq, K), any strides, at most MAX_ROWS rows; wq/wk/wv:
+    contiguous (NQ, K), (NK, K), (NV, K); biases (n,) where specialised with them; out: the
+    three contiguous (.., n) outputs, x's rows each."""
+    if params:
+        raise ValueError(f"takes no parameters, called with {params}")
+    ws, bs = (wq, wk, wv), (bq, bk, bv)
+    if x.dim() not in (2, 3) or x.shape[-1] != K:
+        raise ValueError(f"expected x (rows, {K}) or (batch, seq, {K}), got {tuple(x.shape)}")
+    rows = x.numel() // K
+    for w, b, o, n in zip(ws, bs, out, (NQ, NK, NV)):
+        if tuple(w.shape) != (n, K) or not w.is_contiguous() or (b is None) == HAS_BIAS \\
+                or (b is not None and tuple(b.shape) != (n,)) or not o.is_contiguous() \\
+                or o.numel() != rows * n or o.shape[-1] != n:
+            raise ValueError(f"expected contiguous weights ({n}, {K}), bias "
+                             f"{'given' if HAS_BIAS else 'absent'}, contiguous outputs of "
+                             f"{rows} x {n}; got {tuple(w.shape)}, "
+                             f"{None if b is None else tuple(b.shape)}, {tuple(o.shape)}")
+    if rows > MAX_ROWS:
+        raise ValueError(f"at most {MAX_ROWS} rows, got {rows}")
+    tensors = (x, *ws, *out, *(b for b in bs if b is not None))
+    if not all(t.dtype == TORCH_DTYPE for t in tensors):
+        raise ValueError(f"specialised for {DTYPE} tensors")
+    if rows == 0:
+        return
+    if x.dim() == 3:
+        seq, x_sb, x_ss = x.shape[1], x.stride(0), x.stride(1)
+    else:  # one sequence of `rows` tokens
+        seq, x_sb, x_ss = rows, 0, x.stride(0)
+    bq, bk, bv = (wq, wk, wv) if bq is None else (bq, bk, bv)
+    block_m = 1 << (rows - 1).bit_length()
+    _kernel(block_m)((PROGRAMS,), x, wq, wk, wv, bq, bk, bv, *out, rows, seq, x_sb, x_ss,
+                     x.stride(-1))
+'''
+
+
+def render(config: dict, case: Case) -> str:
+    k, dtype, bias = case["k"], case["dtype"], case["bias"]
+    bn, bk = config["BLOCK_N"], config["BLOCK_K"]
+    nq, nk, nv = (case[n] for n in WIDTHS)
+    head = textwrap.dedent(f'''\
+        """Grouped q/k/v projection candidate: q, k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T (+ b).
+
+        Generated by codegen.qkv_proj.kernel.render. Specialised for k={k}, nq={nq}, nk={nk},
+        nv={nv}, {dtype}, bias={bias}; rows 1 to {MAX_ROWS} (a row block per power of two).
+        Tuned for {case["rows"]} rows. One launch of {programs(case, bn)} programs, each
+        {bn} weight rows x {bk} columns per step, {config["num_warps"]} warps,
+        {config["num_stages"]} stages. fp32 sums, one rounding.
+
+        case:   {json.dumps(case)}
+        config: {json.dumps(config)}
+        """
+
+        import torch
+        import triton
+        import triton.language as tl
+
+        from codegen.launch import launcher
+
+        K = {k}
+        NQ = {nq}
+        NK = {nk}
+        NV = {nv}
+        HAS_BIAS = {bias}
+        DTYPE = "{dtype}"
+        TORCH_DTYPE = getattr(torch, DTYPE)
+        MAX_ROWS = {MAX_ROWS}
+        BLOCK_N = {bn}
+        BLOCK_K = {bk}
+        EVEN_K = {k % bk == 0}
+        Q_BLOCKS = {cdiv(nq, bn)}
+        K_BLOCKS = {cdiv(nk, bn)}
+        PROGRAMS = {programs(case, bn)}
+        NUM_WARPS = {config["num_warps"]}
+        NUM_STAGES = {config["num_stages"]}
+        ''')
+    return "\n\n".join([head, kernel_source(_qkv_block), kernel_source(_qkv_kernel), _HOST])
