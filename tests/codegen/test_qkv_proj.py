@@ -27,6 +27,7 @@ from codegen.qkv_proj import FAMILY, MAX_ROWS
 from codegen.qkv_proj.patch import attentions
 from codegen.qkv_proj.reference import make_case
 from core.workload import Workload
+from models.graphs import cache_argument
 from profiling.loader import build, resolve
 
 TOL = {"float32": (1e-5, 1e-5), "float16": (1e-3, 2e-3), "bfloat16": (1e-2, 1.6e-2)}
@@ -94,8 +95,9 @@ def tiny(request):
 def _decode_step(model, ids):
     cache = DynamicCache()
     with torch.no_grad():
-        prefill = model(ids, past_key_values=cache, use_cache=True).logits
-        return prefill, model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
+        arg = {cache_argument(model): cache}
+        prefill = model(ids, use_cache=True, **arg).logits
+        return prefill, model(ids[:, -1:], use_cache=True, **arg).logits
 
 
 def test_patched_decode_step_runs_one_kernel_per_layer_and_undo_restores(tiny, tmp_path):
