@@ -33,36 +33,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from codegen.qkv_proj.patch import attentions
 from models.patching import wrap_instance_forward
 
 NAMES = ("q_proj", "k_proj", "v_proj")
 
 
-def groups(model: nn.Module) -> list[nn.Module]:
-    """Modules holding plain q/k/v Linears over one input width, same dtype and device, and all
-    three with a bias or none."""
-    out = []
-    for m in model.modules():
-        lins = [getattr(m, n, None) for n in NAMES]
-        if not all(type(li) is nn.Linear for li in lins):
-            continue
-        ws = [li.weight for li in lins]
-        if len({w.shape[1] for w in ws}) == 1 and len({(w.dtype, w.device) for w in ws}) == 1 \
-                and len({li.bias is None for li in lins}) == 1:
-            out.append(m)
-    return out
-
-
 def group(model: nn.Module):
-    """Group every `groups(model)` module's projections; returns the undo (with `extra_bytes`)."""
+    """Group the projections of every attention qkv_proj would take
+    (`codegen.qkv_proj.patch.attentions`); returns the undo (with `extra_bytes`)."""
     undos, extra = [], 0
-    for m in groups(model):
+    for m in attentions(model):
         lins = [getattr(m, n) for n in NAMES]
         with torch.no_grad():
             w = torch.cat([li.weight for li in lins]).contiguous()
@@ -103,18 +92,6 @@ def group(model: nn.Module):
     return undo
 
 
-def _kernels(call) -> int | None:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    n = sum(1 for e in prof.events() if str(e.device_type).endswith("CUDA")
-            and not e.name.startswith(("Memcpy", "Memset")))
-    return n or None
-
-
 def _variant(model, mode: str, seq: int):
     """(call, logits of one step, close) for the model as it is now, captured as a graph."""
     from models.graphs import GraphedPrefill, StaticDecoder
@@ -139,6 +116,9 @@ def _variant(model, mode: str, seq: int):
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from head_to_head import kernels_per_pass
+
     from profiling.loader import build, resolve
     from verify.stats import bootstrap_ci
 
@@ -158,7 +138,7 @@ def main() -> None:
 
         apply_kernels(model, a.run_dir, a.workload, graph_set=True)
     result = {"model": a.model, "mode": a.mode, "seq": seq, "run_dir": a.run_dir,
-              "groups": len(groups(model))}
+              "groups": len(attentions(model))}
     with torch.no_grad():
         plain, ref, close_plain = _variant(model, a.mode, seq)
         undo = group(model)
@@ -181,7 +161,7 @@ def main() -> None:
                     calls[name]()
                 torch.cuda.synchronize()
                 times[name].append((time.perf_counter() - t) * 100)  # ms per call
-        result["kernels_per_step"] = {k: _kernels(c) for k, c in calls.items()}
+        result["kernels_per_step"] = {k: kernels_per_pass(c) for k, c in calls.items()}
         close_grouped()
         undo()
         close_plain()

@@ -8,11 +8,12 @@ launch reads the 12.6 MB of Llama-3.2-1B's three weights where cuBLAS runs three
 reach 0.4-1.5 TB/s (k/v_proj's 2 MB are too few bytes to fill the GPU alone), and a graphed
 step has two nodes fewer per layer.
 
-No K split: at one row Llama's 3072 and Qwen2.5-0.5B's 1152 output rows give 96-768 programs
-at the tiles searched, enough for the H200's 132 SMs, and a split would add a second kernel
-per call, what the family exists to remove. The block is the gemv family's (fp32 products and
-sums, one rounding), with the weights' strides fixed at those of a contiguous (n, k) weight:
-the adapter hands the modules' own parameters and runs HF's code for any other layout.
+No K split: at one row Llama's 3072 output rows give 96-768 programs at the tiles searched
+and Qwen2.5-0.5B's 1152 give 36-288 (the narrow tiles cover the H200's 132 SMs; the search
+measures which wins), and a split would add a second kernel per call, what the family exists
+to remove. The block is the gemv family's (fp32 products and sums, one rounding), with the
+weights' strides fixed at those of a contiguous (n, k) weight: the adapter hands the modules'
+own parameters and runs HF's code for any other layout.
 """
 
 from __future__ import annotations

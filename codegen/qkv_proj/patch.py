@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from codegen.dtypes import dtype_name
-from codegen.matmul.reference import padded
-from codegen.qkv_proj.reference import MAX_ROWS, make_case, params
+from codegen.matmul.reference import gemv_takes, padded
+from codegen.qkv_proj.reference import make_case, params
 from core.family import Case, kernel_by_signature
 from models.patching import needs_graph, wrap_instance_forward
 
@@ -56,15 +56,6 @@ def attentions(model: nn.Module) -> list[nn.Module]:
     return out
 
 
-def one_token_rows(lead) -> int | None:
-    """The rows of a leading shape this family takes: 1 to MAX_ROWS, one token per sequence."""
-    rows = 1
-    for d in lead:
-        rows *= int(d)
-    ok = 0 < rows <= MAX_ROWS and (len(lead) < 2 or int(lead[-1]) == 1)
-    return rows if ok else None
-
-
 def _case(m: nn.Module, rows: int, dtype: str, lead) -> Case:
     q, k, v = (getattr(m, n) for n in NAMES)
     return make_case(rows, q.in_features, q.out_features, k.out_features, v.out_features,
@@ -74,10 +65,10 @@ def _case(m: nn.Module, rows: int, dtype: str, lead) -> Case:
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """A decode step's case per distinct attention shape: x is (batch, 1, hidden) there."""
     lead = (workload.batch, workload.tokens // workload.batch)
-    if one_token_rows(lead) is None:
-        return []
     cases = []
     for m in attentions(model):
+        if not gemv_takes(lead, m.q_proj.out_features):
+            continue
         case = _case(m, workload.tokens, workload.dtype, lead)
         if case not in cases:
             cases.append(case)
@@ -96,10 +87,10 @@ def _wrappers(m: nn.Module, forward_by_case: Callable) -> list[tuple[nn.Module, 
 
     def case_of(shape: torch.Size, dtype: torch.dtype) -> Case | None:
         lead = tuple(shape[:-1])
-        rows = one_token_rows(lead)
-        if rows is None:
+        if not gemv_takes(lead, widths[0]):  # a decode step's rows, as the gemv family's
             return None
-        return _case(m, rows, dtype_name(dtype), lead if len(lead) > 1 else None)
+        return _case(m, shape.numel() // hidden, dtype_name(dtype),
+                     lead if len(lead) > 1 else None)
 
     resolve = kernel_by_signature(lambda c: None if c is None else forward_by_case(c),
                                   case_of, params)

@@ -10,17 +10,26 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes"))
-from qkv_grouping import group, groups  # noqa: E402
+from qkv_grouping import group  # noqa: E402
 
+from codegen.qkv_proj.patch import attentions  # noqa: E402
 from models.graphs import cache_argument  # noqa: E402
 from profiling.loader import build, resolve  # noqa: E402
 
 
+def _mha(model_id):
+    """The tiny model with one kv head per query head: k/v 64 wide, the attentions qkv_proj
+    takes (the built-in 32-wide k/v are the matmul family's)."""
+    spec = resolve(model_id)
+    spec.config.num_key_value_heads = spec.config.num_attention_heads
+    return build(spec, torch.float32, "cpu")
+
+
 @pytest.mark.parametrize("model_id", ["tiny-llama", "tiny-qwen2"])
 def test_grouped_projections_give_the_models_logits_and_undo(model_id):
-    model = build(resolve(model_id), torch.float32, "cpu")
+    model = _mha(model_id)
     ids = torch.randint(3, 200, (2, 9), generator=torch.Generator().manual_seed(0))
-    attn = groups(model)
+    attn = attentions(model)
     assert len(attn) == model.config.num_hidden_layers
     with torch.no_grad():
         want = model(ids).logits
@@ -44,8 +53,8 @@ def test_grouped_projections_give_the_models_logits_and_undo(model_id):
 
 
 def test_a_stashed_slice_is_not_served_after_its_input_changed():
-    model = build(resolve("tiny-llama"), torch.float32, "cpu")
-    a = groups(model)[0]
+    model = _mha("tiny-llama")
+    a = attentions(model)[0]
     undo = group(model)
     with torch.no_grad():
         x = torch.randn(1, 4, model.config.hidden_size)
