@@ -16,6 +16,7 @@ only runs on that workload's shapes.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -131,6 +132,46 @@ def _resolver(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
     return kernel_by_signature(forward_by_case, case_of, params)
 
 
+class _FusedWeights:
+    """One [gate; up] buffer for a pair of weight Parameters, shared by every patch over those
+    same Parameters. Twins (`pipeline.patching.twin`) share Parameters, and the integrate and
+    graphs stages patch two twins at once: a second buffer would re-point the Parameters again,
+    so the first twin's MLPs would find their fusion gone and run two GEMMs (its timing then
+    not what the user's patched model runs). The storage the Parameters had before the first
+    patch is given back, so capture CUDA graphs of any twin after patching the others."""
+
+    def __init__(self, gate: nn.Parameter, up: nn.Parameter):
+        self.weight = torch.cat([gate.detach(), up.detach()])
+        rows = gate.shape[0]
+        gate.data, up.data = self.weight[:rows], self.weight[rows:]
+        self.key = (id(gate), id(up))
+        self.params = weakref.ref(gate), weakref.ref(up)
+        self.ptrs = (gate.data_ptr(), up.data_ptr())
+        self.users = 0
+
+    def holds(self, gate: nn.Parameter, up: nn.Parameter) -> bool:
+        """Still these Parameters' storage (nobody gave them new storage meanwhile)."""
+        return (self.params[0]() is gate and self.params[1]() is up
+                and (gate.data_ptr(), up.data_ptr()) == self.ptrs)
+
+    def release(self) -> None:
+        """One user fewer; the last gives each Parameter its own storage back."""
+        self.users -= 1
+        if self.users:
+            return
+        if _FUSED.get(self.key) is self:
+            del _FUSED[self.key]
+        for ref, ptr in zip(self.params, self.ptrs):
+            param = ref()
+            if param is not None and param.data_ptr() == ptr:  # still a view of the buffer
+                param.data = param.data.clone()
+        self.weight = None
+
+
+# (id(gate.weight), id(up.weight)) -> their live buffer (checked with `holds`: ids are reused)
+_FUSED: dict[tuple[int, int], _FusedWeights] = {}
+
+
 class GateUp:
     """gate_proj and up_proj of one MLP as one [gate; up] weight, so the patched MLP runs one
     GEMM where HF runs two: one linear fewer for the host to dispatch per layer (what decides
@@ -139,16 +180,24 @@ class GateUp:
     the product in place.
 
     No second copy of the weights: while patched, the two parameters (same objects, same
-    values) hold views of the fused buffer; `split()` gives each its own storage back. A
-    parameter given new storage meanwhile (`.to()`, reassignment), or a hook on either
-    projection, shows as `intact() == False`, and the MLP runs its two projections again."""
+    values) hold views of the fused buffer (`_FusedWeights`, one per pair of Parameters however
+    many patches use it); `split()` gives each its own storage back once the last patch over
+    them is undone. A parameter given new storage meanwhile (`.to()`, reassignment), or a hook
+    on either projection, shows as `intact() == False`, and the MLP runs its two projections
+    again."""
 
     def __init__(self, gate: nn.Linear, up: nn.Linear):
         self.gate, self.up = gate, up
-        self.weight = torch.cat([gate.weight.detach(), up.weight.detach()])
-        rows = gate.weight.shape[0]
-        gate.weight.data, up.weight.data = self.weight[:rows], self.weight[rows:]
-        self._ptrs = (gate.weight.data_ptr(), up.weight.data_ptr())
+        key = (id(gate.weight), id(up.weight))
+        fused = _FUSED.get(key)
+        if fused is None or not fused.holds(gate.weight, up.weight):
+            fused = _FUSED[key] = _FusedWeights(gate.weight, up.weight)
+        fused.users += 1
+        self._fused = fused
+
+    @property
+    def weight(self) -> torch.Tensor | None:
+        return self._fused.weight if self._fused is not None else None
 
     @staticmethod
     def fusable(gate, up) -> bool:
@@ -161,15 +210,14 @@ class GateUp:
         """Still fused, and nobody hooks the projections (a user's hook, or accelerate's that
         brings offloaded weights in, must see its module called)."""
         g, u = self.gate, self.up
-        return ((g.weight.data_ptr(), u.weight.data_ptr()) == self._ptrs
+        return (self._fused is not None and self._fused.holds(g.weight, u.weight)
                 and not (g._forward_hooks or g._forward_pre_hooks or u._forward_hooks
                          or u._forward_pre_hooks))
 
     def split(self) -> None:
-        for proj, ptr in zip((self.gate, self.up), self._ptrs):
-            if proj.weight.data_ptr() == ptr:  # still a view of the fused buffer
-                proj.weight.data = proj.weight.data.clone()
-        self.weight = None
+        if self._fused is not None:
+            self._fused.release()
+            self._fused = None
 
 
 def _separate_forward(mlp: GatedMLP, forward_by_case: Callable, fused: GateUp | None):

@@ -225,6 +225,42 @@ def test_separate_projections_run_as_one_gemm_without_a_weight_copy(tmp_path):
     assert torch.equal(mlp.gate_proj.weight, gate_w) and torch.equal(mlp.up_proj.weight, up_w)
 
 
+def test_twins_patched_together_share_one_fused_weight(tmp_path):
+    """Two twins over the same Parameters, patched at once (as the integrate and graphs stages
+    do): both keep their one-GEMM MLPs over one [gate; up] buffer, undoing one leaves the other
+    fused, and undoing both gives each projection its own storage back, same values."""
+    from pipeline.patching import twin
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    a, b = twin(model), twin(model)
+    mlp_a, mlp_b = (find_gated_mlps(m)[0].module for m in (a, b))
+    gate_w = mlp_a.gate_proj.weight.detach().clone()
+    up_w = mlp_a.up_proj.weight.detach().clone()
+    x = torch.randn(1, 3, gate_w.shape[1], generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    seen = []
+    for proj in (mlp_a.gate_proj, mlp_a.up_proj):  # counts twin a's projection calls
+        proj.forward = (lambda f: lambda *args: (seen.append(1), f(*args))[1])(proj.forward)
+    with torch.no_grad():
+        want = mlp_a(x)
+        seen.clear()
+        undo_a = FAMILY.patch(a, CountingChooser(FAMILY, tmp_path))
+        ptr = mlp_a.gate_proj.weight.data_ptr()
+        undo_b = FAMILY.patch(b, CountingChooser(FAMILY, tmp_path))
+        assert mlp_a.gate_proj.weight.data_ptr() == ptr  # b's patch did not move the weights
+        got_a, got_b = mlp_a(x), mlp_b(x)
+        assert seen == []  # twin a still runs its one GEMM
+        undo_b()
+        assert mlp_a.gate_proj.weight.data_ptr() == ptr
+        again_a = mlp_a(x)
+        assert seen == []
+        undo_a()
+    for got in (got_a, got_b, again_a):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for proj, w in ((mlp_a.gate_proj, gate_w), (mlp_a.up_proj, up_w)):
+        assert proj.weight.untyped_storage().nbytes() == w.numel() * w.element_size()
+        assert torch.equal(proj.weight, w)
+
+
 def test_gate_up_fuses_only_up_to_its_token_cut(tmp_path, monkeypatch):
     """Above GATE_UP_MAX_TOKENS tokens a call runs HF's two projections and hands the kernel
     two tensors (the wider fused GEMM ran slower there on the H200); at or below it, one GEMM
