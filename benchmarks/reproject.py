@@ -96,8 +96,8 @@ def reproject(results: Path, basis: str | None = None) -> dict:
                                       for k in ("amdahl", "replay")},
                         "alone": {f: {"measured": 1 / m["estimate"], "replay": project_set(
                             run, ranking[key], proj["kernel_speedups"], host, True,
-                            only=[f], cases=cases)["replay"]} for f, m in (w.get("per_family") or {}).items()
-                            if m.get("estimate")}}
+                            only=[f], cases=cases)["replay"]}
+                            for f, m in (w.get("per_family") or {}).items() if m.get("estimate")}}
     return out
 
 

@@ -55,6 +55,28 @@ SUM_BLOCK = 512
 
 
 @triton.jit
+def _rows_times_tile(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
+                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) plus each row of x (at most BLOCK_M) times the fp32 weight tile w
+    (BLOCK_N, BLOCK_K) over columns offs_k: the step the gemv and qkv_proj kernels share."""
+    for m in tl.static_range(BLOCK_M):
+        # row m of x as a (batch, seq, K) view, (m // seq, m % seq), any strides; rows
+        # past the last wrap back into x: values nobody stores
+        row = m % rows
+        x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+        part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
+        if BLOCK_M == 1:
+            acc += part[None, :]
+        else:
+            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk, w_sn, w_sk,
                  o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -81,21 +103,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
             w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
         else:
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        w = w.to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            # row m of x as a (batch, seq, K) view, (m // seq, m % seq), any strides; rows
-            # past the last wrap back into x: values nobody stores
-            row = m % rows
-            x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
-            if EVEN_K:
-                x = tl.load(x_ptrs)
-            else:
-                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
-            part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
-            if BLOCK_M == 1:
-                acc += part[None, :]
-            else:
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
+                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -302,5 +311,6 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([header + common + consts, kernel_source(_gemv_kernel),
+    return "\n\n".join([header + common + consts, kernel_source(_rows_times_tile),
+                        kernel_source(_gemv_kernel),
                         kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

@@ -11,9 +11,9 @@ step has two nodes fewer per layer.
 No K split: at one row Llama's 3072 output rows give 96-768 programs at the tiles searched
 and Qwen2.5-0.5B's 1152 give 36-288 (the narrow tiles cover the H200's 132 SMs; the search
 measures which wins), and a split would add a second kernel per call, what the family exists
-to remove. The block is the gemv family's (fp32 products and sums, one rounding), with the
-weights' strides fixed at those of a contiguous (n, k) weight: the adapter hands the modules'
-own parameters and runs HF's code for any other layout.
+to remove. Each step is the gemv family's own (`_rows_times_tile`: fp32 products and sums,
+one rounding), with the weights' strides fixed at those of a contiguous (n, k) weight: the
+adapter hands the modules' own parameters and runs HF's code for any other layout.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import textwrap
 import triton
 import triton.language as tl
 
+from codegen.gemv.kernel import _rows_times_tile
 from codegen.launch import cdiv
 from codegen.qkv_proj.reference import MAX_ROWS, WIDTHS
 from core.family import Case
@@ -56,21 +57,8 @@ def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        w = w.to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            # row m of x as a (batch, seq, K) view, any strides; rows past the last wrap back
-            # into x: values nobody stores
-            row = m % rows
-            x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
-            if EVEN_K:
-                x = tl.load(x_ptrs)
-            else:
-                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
-            part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
-            if BLOCK_M == 1:
-                acc += part[None, :]
-            else:
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
+                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(o_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(o_ptr.dtype.element_ty),
@@ -208,4 +196,5 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, kernel_source(_qkv_block), kernel_source(_qkv_kernel), _HOST])
+    return "\n\n".join([head, kernel_source(_rows_times_tile), kernel_source(_qkv_block),
+                        kernel_source(_qkv_kernel), _HOST])

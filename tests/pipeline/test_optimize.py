@@ -1289,8 +1289,8 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
         replays.append(speed) or replay_cases.append(cases) or 1.1))
     graphed = []
     monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: (
-        graphed.append(speed) or graph_cases.append(cases) or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed),
-                                  "note": None}))
+        graphed.append(speed) or graph_cases.append(cases)
+        or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed), "note": None}))
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
     proj = projection.freeze_projection(tmp_path, summary, fams, on_gpu=True)
     # the graphs projection is frozen with the same set and the in-graph kernel speedups
