@@ -16,13 +16,25 @@ IN_TABLE = True
 
 def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
     rows = batch * seq
-    return make_case(rows, setup["config"].intermediate_size, dtype, "silu", "separate")
+    return make_case(rows, setup["config"].intermediate_size, dtype, act_kind(setup), "separate")
 
 
 def act_fn(setup: dict):
-    """The MLP's own act_fn (its Linear weights are not needed: built on meta)."""
+    """The MLP's own activation module (its Linear weights are not needed: built on meta):
+    `act_fn` (Llama, Qwen2, Gemma) or `activation_fn` (Phi-3)."""
     with torch.device("meta"):
-        return getattr(setup["module"], setup["prefix"] + "MLP")(setup["config"]).act_fn
+        mlp = getattr(setup["module"], setup["prefix"] + "MLP")(setup["config"])
+    return getattr(mlp, "act_fn", None) or mlp.activation_fn
+
+
+def act_kind(setup: dict) -> str:
+    """"silu" or "gelu_tanh" (Gemma's GeGLU), as the family's patch reads the module."""
+    from codegen.gated_act.patch import activation_kind
+
+    kind = activation_kind(act_fn(setup))
+    if kind is None:
+        raise LookupError(f"n/a: {type(act_fn(setup)).__name__} is no gated activation we fuse")
+    return kind
 
 
 def hf(setup: dict, inputs: tuple, device: str):
@@ -30,7 +42,13 @@ def hf(setup: dict, inputs: tuple, device: str):
     return lambda gate, up: act(gate) * up  # as MLP.forward: act_fn(gate_proj) * up_proj
 
 
-def liger(case: dict):
+def liger_mul(case: dict):
+    """Liger's gated product for the case's activation: LigerSwiGLUMLP's and LigerGEGLUMLP's."""
     import liger_kernel.ops as lk
 
-    return lambda gate, up: lk.LigerSiLUMulFunction.apply(gate, up)  # LigerSwiGLUMLP's call
+    return (lk.LigerSiLUMulFunction if case["act"] == "silu" else lk.LigerGELUMulFunction).apply
+
+
+def liger(case: dict):
+    mul = liger_mul(case)
+    return lambda gate, up: mul(gate, up)

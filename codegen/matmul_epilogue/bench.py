@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from codegen.gated_act.bench import act_fn
+from codegen.gated_act.bench import act_fn, act_kind, liger_mul
 from codegen.matmul_epilogue.reference import make_case
 
 IN_TABLE = False  # compute-bound: on request only (its copy column is no ceiling)
@@ -18,7 +18,7 @@ IN_TABLE = False  # compute-bound: on request only (its copy column is no ceilin
 def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
     rows = batch * seq
     cfg = setup["config"]
-    return make_case(rows, cfg.hidden_size, cfg.intermediate_size, dtype, "silu")
+    return make_case(rows, cfg.hidden_size, cfg.intermediate_size, dtype, act_kind(setup))
 
 
 def hf(setup: dict, inputs: tuple, device: str):
@@ -28,7 +28,5 @@ def hf(setup: dict, inputs: tuple, device: str):
 
 
 def liger(case: dict):
-    import liger_kernel.ops as lk
-
-    linear = torch.nn.functional.linear  # LigerSwiGLUMLP.forward up to down_proj
-    return lambda x, wg, wu: lk.LigerSiLUMulFunction.apply(linear(x, wg), linear(x, wu))
+    mul, linear = liger_mul(case), torch.nn.functional.linear  # Liger's MLP up to down_proj
+    return lambda x, wg, wu: mul(linear(x, wg), linear(x, wu))

@@ -96,3 +96,23 @@ def test_a_real_run_refuses_without_a_gpu(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "no CUDA GPU" in proc.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model, act", [("phi-3-mini", "silu"), ("gemma-2b", "gelu_tanh")])
+def test_held_out_mlps_are_benched_with_their_own_activation(model, act):
+    """Phi-3's MLP holds `activation_fn`, not `act_fn`, and Gemma's is GeGLU: the gated
+    families' cases and HF contenders follow the model (both had been silu on `act_fn`)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import kernel_table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from codegen.matmul_epilogue.reference import gated_gemm, make_inputs
+
+    setup = kernel_table.model_setup(model, True, ["gated_act", "matmul_epilogue"])
+    case = setup["cases"]["matmul_epilogue"]
+    assert case["act"] == setup["cases"]["gated_act"]["act"] == act
+    case = {**case, "dtype": "float32"}
+    inputs = make_inputs(case, generator=torch.Generator().manual_seed(0))
+    hf = kernel_table.bench_module("matmul_epilogue").hf(setup, inputs, "cpu")
+    torch.testing.assert_close(hf(*inputs), gated_gemm(*inputs, act=act))
