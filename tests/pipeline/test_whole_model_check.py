@@ -4,6 +4,7 @@ answer across prompts (random prompts never share a prefix). tiny-llama, fp32, o
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from codegen.rmsnorm import FAMILY as RMSNORM
@@ -15,6 +16,7 @@ from profiling.loader import build, resolve
 WORKLOAD = Workload(2, 8)
 
 SKIPS_WEIGHT = '''
+import pytest
 import torch
 
 
@@ -24,6 +26,7 @@ def forward(x, weight, *, out, eps, offset, cast_first):
 '''
 
 HONEST = '''
+import pytest
 import torch
 
 
@@ -94,3 +97,20 @@ def test_prompts_share_prefixes_with_new_tails():
     assert torch.equal(a[:, :4], b[:, :4]) and not torch.equal(a[:, 4:], b[:, 4:])
     decode = ig.shared_prefix_prompts(512, (4, 1), (0, 1), "cpu")
     assert torch.equal(decode[0]["ids"][:2], decode[1]["ids"][:2])
+
+
+def test_logits_error_in_slices_equals_the_whole_norm():
+    """The check's error is summed a slice of rows at a time (whole float64 copies of Gemma's
+    b8 logits ran an 80 GB card out of memory): slicing must not change it, nor drop rows."""
+    from pipeline.integrate import logits_error
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(3, 7, 11, generator=gen)
+    out = (ref + 0.01 * torch.randn(3, 7, 11, generator=gen)).bfloat16()
+    whole = float((out.double() - ref.double()).norm() / ref.double().norm())
+    for chunk in (1, 11, 50, 1 << 26):  # a row per slice, one row, a ragged last slice, all
+        assert logits_error(out, ref, chunk=chunk) == pytest.approx(whole, rel=1e-12)
+    last = out.clone()
+    last[-1, -1, -1] += 5.0  # a difference in the very last row counts
+    assert logits_error(last, ref, chunk=50) > whole + 0.01
+    assert logits_error(ref, ref) == 0.0
