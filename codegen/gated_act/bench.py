@@ -19,11 +19,16 @@ def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
     return make_case(rows, setup["config"].intermediate_size, dtype, act_kind(setup), "separate")
 
 
-def act_fn(setup: dict):
-    """The MLP's own activation module (its Linear weights are not needed: built on meta):
-    `act_fn` (Llama, Qwen2, Gemma) or `activation_fn` (Phi-3)."""
+def mlp_of(setup: dict):
+    """The model's MLP module, built on meta (its weights' values are not needed)."""
     with torch.device("meta"):
-        mlp = getattr(setup["module"], setup["prefix"] + "MLP")(setup["config"])
+        return getattr(setup["module"], setup["prefix"] + "MLP")(setup["config"])
+
+
+def act_fn(setup: dict):
+    """The MLP's own activation module: `act_fn` (Llama, Qwen2, Gemma) or `activation_fn`
+    (Phi-3)."""
+    mlp = mlp_of(setup)
     return getattr(mlp, "act_fn", None) or mlp.activation_fn
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from codegen.gated_act.bench import act_fn, act_kind, liger_mul
-from codegen.matmul_epilogue.reference import make_case
+from codegen.gated_act.bench import act_fn, act_kind, liger_mul, mlp_of
+from codegen.matmul_epilogue.reference import gated_gemm, make_case
 
 IN_TABLE = False  # compute-bound: on request only (its copy column is no ceiling)
 
@@ -18,10 +18,15 @@ IN_TABLE = False  # compute-bound: on request only (its copy column is no ceilin
 def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
     rows = batch * seq
     cfg = setup["config"]
-    return make_case(rows, cfg.hidden_size, cfg.intermediate_size, dtype, act_kind(setup))
+    packed = hasattr(mlp_of(setup), "gate_up_proj")  # Phi-3: one weight, gate rows then up
+    return make_case(rows, cfg.hidden_size, cfg.intermediate_size, dtype, act_kind(setup),
+                     weights="packed" if packed else None)
 
 
 def hf(setup: dict, inputs: tuple, device: str):
+    if hasattr(mlp_of(setup), "gate_up_proj"):  # Phi3MLP's own steps, as the reference takes
+        act = act_kind(setup)
+        return lambda x, wg, wu: gated_gemm(x, wg, wu, act)
     act, linear = act_fn(setup), torch.nn.functional.linear
     # MLP.forward up to down_proj, cuBLAS for the projections
     return lambda x, wg, wu: act(linear(x, wg)) * linear(x, wu)

@@ -112,6 +112,7 @@ def test_held_out_mlps_are_benched_with_their_own_activation(model, act):
     setup = kernel_table.model_setup(model, True, ["gated_act", "matmul_epilogue"])
     case = setup["cases"]["matmul_epilogue"]
     assert case["act"] == setup["cases"]["gated_act"]["act"] == act
+    assert case.get("weights") == ("packed" if model == "phi-3-mini" else None)
     case = {**case, "dtype": "float32"}
     inputs = make_inputs(case, generator=torch.Generator().manual_seed(0))
     hf = kernel_table.bench_module("matmul_epilogue").hf(setup, inputs, "cpu")
