@@ -117,3 +117,11 @@ def test_held_out_mlps_are_benched_with_their_own_activation(model, act):
     inputs = make_inputs(case, generator=torch.Generator().manual_seed(0))
     hf = kernel_table.bench_module("matmul_epilogue").hf(setup, inputs, "cpu")
     torch.testing.assert_close(hf(*inputs), gated_gemm(*inputs, act=act))
+    from codegen.gated_act.reference import gated_act
+    from codegen.gated_act.reference import make_inputs as act_inputs
+
+    case = {**setup["cases"]["gated_act"], "dtype": "float32"}
+    assert case["layout"] == ("packed" if model == "phi-3-mini" else "separate")
+    inputs = act_inputs(case, generator=torch.Generator().manual_seed(0))
+    hf = kernel_table.bench_module("gated_act").hf(setup, inputs, "cpu")
+    torch.testing.assert_close(hf(*inputs), gated_act(*inputs, act=act))
