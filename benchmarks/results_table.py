@@ -1,8 +1,9 @@
 """benchmarks/results/latest.json: the newest measured row per (model, workload, variant).
 
     python3 benchmarks/results_table.py [PATH]   # PATH (default: results/latest.json) as markdown
-    python3 benchmarks/results_table.py --h2h H2H.json --model M --commit C [--run RUN_DIR]
-        # upsert the variants one head_to_head.py run timed side by side
+    python3 benchmarks/results_table.py [PATH] --h2h H2H.json --model M --commit C [--run RUN]
+        # upsert the variants one head_to_head.py run timed side by side; a run on another
+        # card than PATH's is refused (give it its own PATH, e.g. results/latest-h100.json)
 
 
 From another script: `upsert(path, rows)` replaces the rows with the same (model, workload,
@@ -27,20 +28,28 @@ def key(row: dict) -> tuple:
     return row["model"], row["workload"], row["variant"]
 
 
-def load(path) -> dict:
+def load(path, machine: str | None = None) -> dict:
+    """The file's rows; a file not yet written starts empty, for `machine` (default MACHINE)."""
     path = Path(path)
     if not path.exists():
-        return {"schema_version": 1, "machine": MACHINE, "rows": []}
+        return {"schema_version": 1, "machine": machine or MACHINE, "rows": []}
     data = json.loads(path.read_text())
     if data.get("schema_version") != 1:
         raise ValueError(f"{path}: schema_version {data.get('schema_version')!r}, expected 1")
     return data
 
 
-def upsert(rows_path, new_rows: list[dict]) -> dict:
-    """Replace rows with the same (model, workload, variant), append the rest, write atomically."""
+def upsert(rows_path, new_rows: list[dict], machine: str | None = None) -> dict:
+    """Replace rows with the same (model, workload, variant), append the rest, write atomically.
+    `machine` (the device name first): rows measured on another card than the file's are
+    refused, since a file's ratios are compared row against row (H100 rows go in a file of
+    their own, e.g. results/latest-h100.json)."""
     path = Path(rows_path)
-    data = load(path)
+    data = load(path, machine)
+    device = (machine or "").split(",")[0]
+    if device and not data["machine"].startswith(device):
+        raise ValueError(f"{path} holds rows from {data['machine'].split(',')[0]}; rows from "
+                         f"{device} go in a file of their own")
     for row in new_rows:
         if row["variant"] not in VARIANTS:
             raise ValueError(f"variant {row['variant']!r} not one of {VARIANTS}")
@@ -138,5 +147,11 @@ if __name__ == "__main__":
     if args.h2h:
         new = rows_from_h2h(json.loads(args.h2h.read_text()), args.model, args.commit,
                             datetime.date.today().isoformat(), args.run)
-        upsert(args.path, new)
+        h2h = json.loads(args.h2h.read_text())
+        machine = h2h.get("device") and ", ".join(
+            [h2h["device"]] + ([f"torch {h2h['torch']}"] if h2h.get("torch") else []))
+        try:
+            upsert(args.path, new, machine)
+        except ValueError as e:
+            raise SystemExit(f"results_table.py: {e}") from None
     print(markdown(load(args.path)))

@@ -52,3 +52,21 @@ def test_upsert_replaces_a_remeasured_row_and_keeps_the_others(tmp_path):
     rows = {r["variant"]: r for r in load(path)["rows"]}
     assert rows["ours"]["commit"] == "new" and rows["ours"]["ms"] == 9.0
     assert rows["graph"]["commit"] == "old" and len(rows) == 4
+
+
+def test_rows_from_another_card_are_refused_and_start_a_file_of_their_own(tmp_path):
+    import pytest
+    from results_table import load, rows_from_h2h, upsert
+
+    h2h, run = _run(tmp_path)
+    rows = rows_from_h2h(h2h, "m", "c0", "2026-12-05", run)
+    h200 = tmp_path / "latest.json"
+    upsert(h200, rows, "NVIDIA H200, torch 2.11.0+cu130")
+    assert load(h200)["machine"] == "NVIDIA H200, torch 2.11.0+cu130"
+    upsert(h200, rows, "NVIDIA H200")  # the same card, described more briefly
+    with pytest.raises(ValueError, match="H100 80GB HBM3 go in a file of their own"):
+        upsert(h200, rows, "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130")
+    assert len(load(h200)["rows"]) == len(rows)  # nothing written
+    h100 = tmp_path / "latest-h100.json"
+    upsert(h100, rows, "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130")
+    assert load(h100)["machine"] == "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130"
