@@ -145,9 +145,9 @@ if __name__ == "__main__":
     ap.add_argument("--run", type=Path)
     args = ap.parse_args()
     if args.h2h:
-        new = rows_from_h2h(json.loads(args.h2h.read_text()), args.model, args.commit,
-                            datetime.date.today().isoformat(), args.run)
         h2h = json.loads(args.h2h.read_text())
+        new = rows_from_h2h(h2h, args.model, args.commit, datetime.date.today().isoformat(),
+                            args.run)
         machine = h2h.get("device") and ", ".join(
             [h2h["device"]] + ([f"torch {h2h['torch']}"] if h2h.get("torch") else []))
         try:

@@ -16,7 +16,7 @@ IN_TABLE = True
 
 def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
     rows = batch * seq
-    layout = "packed" if hasattr(mlp_of(setup), "gate_up_proj") else "separate"  # Phi-3
+    layout = "packed" if packed(setup) else "separate"
     return make_case(rows, setup["config"].intermediate_size, dtype, act_kind(setup), layout)
 
 
@@ -24,6 +24,11 @@ def mlp_of(setup: dict):
     """The model's MLP module, built on meta (its weights' values are not needed)."""
     with torch.device("meta"):
         return getattr(setup["module"], setup["prefix"] + "MLP")(setup["config"])
+
+
+def packed(setup: dict) -> bool:
+    """Phi-3's form: one gate_up_proj weight, the gate's rows then the up's."""
+    return hasattr(mlp_of(setup), "gate_up_proj")
 
 
 def act_fn(setup: dict):
@@ -37,9 +42,10 @@ def act_kind(setup: dict) -> str:
     """"silu" or "gelu_tanh" (Gemma's GeGLU), as the family's patch reads the module."""
     from codegen.gated_act.patch import activation_kind
 
-    kind = activation_kind(act_fn(setup))
+    act = act_fn(setup)
+    kind = activation_kind(act)
     if kind is None:
-        raise LookupError(f"n/a: {type(act_fn(setup)).__name__} is no gated activation we fuse")
+        raise LookupError(f"n/a: {type(act).__name__} is no gated activation we fuse")
     return kind
 
 

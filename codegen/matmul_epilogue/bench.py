@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from codegen.gated_act.bench import act_fn, act_kind, liger_mul, mlp_of
+from codegen.gated_act.bench import act_fn, act_kind, liger_mul, packed
 from codegen.matmul_epilogue.reference import gated_gemm, make_case
 
 IN_TABLE = False  # compute-bound: on request only (its copy column is no ceiling)
@@ -18,13 +18,12 @@ IN_TABLE = False  # compute-bound: on request only (its copy column is no ceilin
 def case(setup: dict, batch: int, seq: int, dtype: str) -> dict:
     rows = batch * seq
     cfg = setup["config"]
-    packed = hasattr(mlp_of(setup), "gate_up_proj")  # Phi-3: one weight, gate rows then up
     return make_case(rows, cfg.hidden_size, cfg.intermediate_size, dtype, act_kind(setup),
-                     weights="packed" if packed else None)
+                     weights="packed" if packed(setup) else None)
 
 
 def hf(setup: dict, inputs: tuple, device: str):
-    if hasattr(mlp_of(setup), "gate_up_proj"):  # Phi3MLP's own steps, as the reference takes
+    if packed(setup):  # Phi3MLP's own steps, which the reference takes for packed halves
         act = act_kind(setup)
         return lambda x, wg, wu: gated_gemm(x, wg, wu, act)
     act, linear = act_fn(setup), torch.nn.functional.linear

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -55,7 +57,6 @@ def test_upsert_replaces_a_remeasured_row_and_keeps_the_others(tmp_path):
 
 
 def test_rows_from_another_card_are_refused_and_start_a_file_of_their_own(tmp_path):
-    import pytest
     from results_table import load, rows_from_h2h, upsert
 
     h2h, run = _run(tmp_path)

@@ -16,7 +16,6 @@ from profiling.loader import build, resolve
 WORKLOAD = Workload(2, 8)
 
 SKIPS_WEIGHT = '''
-import pytest
 import torch
 
 
@@ -26,7 +25,6 @@ def forward(x, weight, *, out, eps, offset, cast_first):
 '''
 
 HONEST = '''
-import pytest
 import torch
 
 
