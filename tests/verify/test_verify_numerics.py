@@ -78,6 +78,19 @@ def test_an_order_bound_excuses_few_elements_and_only_errors_like_the_baseline()
     # non-finite inputs give a non-finite bound: nothing excused there
     inf_bound = {"bound": torch.full((n,), math.inf, dtype=torch.float64), "overflow": none}
     assert not compare_one(c, r, b, tol, inf_bound).ok
+    # a small output (2 x 64) under "large" stress, where the baseline has cancelling elements
+    # too: up to ORDER_MIN elements in the bound pass (1 % would be one), more do not
+    from verify.numerics import ORDER_MIN
+
+    m = 128
+    small_r, small_slack = r[:m], {k: v[:m] for k, v in slack.items()}
+    small_b = b[:m].clone()
+    small_b[64:64 + ORDER_MIN + 1] += 5e-4
+    small = small_r + 1e-7 * noise[:m].roll(1)
+    small[:ORDER_MIN] += 5e-4
+    assert compare_one(small, small_r, small_b, tol, small_slack).ok
+    small[ORDER_MIN] += 5e-4
+    assert not compare_one(small, small_r, small_b, tol, small_slack).ok
     # where the accumulator may overflow: inf passes, a finite wrong value does not
     overflow = none.clone()
     overflow[:3] = True
