@@ -146,7 +146,6 @@ def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
 
 def build(spec: ModelSpec, dtype, device: str):
     """Build on the target device directly: CPU-side init of a 7B model takes minutes."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     if spec.weights == "pretrained":
@@ -155,12 +154,31 @@ def build(spec: ModelSpec, dtype, device: str):
     cfg = spec.config
     if hasattr(cfg, "_attn_implementation"):
         cfg._attn_implementation = "sdpa"
+    try:
+        return _from_config(spec, cfg, dtype, device)
+    except ValueError as e:
+        # Gemma-2 (its attention logit soft-capping) and a few others have no SDPA path in
+        # transformers; their own default (eager attention) is what such a model runs
+        if "scaled_dot_product_attention" not in str(e):
+            raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") from None
+    cfg._attn_implementation = "eager"
+    note = "no SDPA attention in transformers for this model: built with eager attention"
+    if note not in spec.notes:
+        spec.notes.append(note)
+    try:
+        return _from_config(spec, cfg, dtype, device)
+    except ValueError as e:
+        raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") from None
+
+
+def _from_config(spec: ModelSpec, cfg, dtype, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
     try:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     except torch.OutOfMemoryError:
         raise UserError(f"out of memory building {spec.model_id} on {device}") from None
-    except ValueError as e:
-        raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") from None
     return model.eval()

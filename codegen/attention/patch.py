@@ -118,10 +118,14 @@ def predicted_layouts(module: nn.Module) -> tuple[str, str, str]:
     out of the cache update (cat, or the kv_cache kernel: contiguous either way) where the
     model caches, else from their projections; q is a column block of GPT-2's fused c_attn,
     Phi-3's rotary cat result (a fused qkv_proj with HF's rotary; the rope family's in-place
-    kernel leaves it a column block instead, a layout without a case, so SDPA runs there), or
-    else a transposed view of its projection."""
+    kernel leaves it a column block instead, a layout without a case, so SDPA runs there),
+    the cat of a partial rotary's two parts (Phi-2, StableLM), or else a transposed view of
+    its projection."""
     fused = "qkv" if hasattr(module, "c_attn") else None
-    q = fused or ("bhsd" if hasattr(module, "qkv_proj") else "bshd")
+    # a partial rotary's cat (Phi-2, StableLM: `rotary_ndims` below the head) is contiguous too
+    rotary_cat = hasattr(module, "qkv_proj") or 0 < getattr(
+        module, "rotary_ndims", module.head_dim) < module.head_dim
+    q = fused or ("bhsd" if rotary_cat else "bshd")
     cached = getattr(getattr(module, "config", None), "use_cache", True)
     kv = "bhsd" if cached else (fused or "bshd")
     return q, kv, kv

@@ -180,11 +180,15 @@ def predicted_states(module: nn.Module) -> list[tuple[str, str]]:
     of HF's rotary (its cat) and the values a column block, and both column blocks where the
     rope family's in-place kernel runs (Phi-3-mini b8 s1024 on the H200: with only the first
     case verified, the patched set made 0 kv_cache calls and cat kept 10.3 ms of the pass);
-    else transposed views of the projections (the rotary keeps the keys' layout)."""
+    contiguous keys out of a partial rotary's cat (Phi-2, StableLM: `rotary_ndims` below the
+    head); else transposed views of the projections (the rotary keeps the keys' layout)."""
     if hasattr(module, "c_attn"):
         return [("qkv", "qkv")]
     if hasattr(module, "qkv_proj"):
         return [("bhsd", "qkv"), ("qkv", "qkv")]
+    if 0 < getattr(module, "rotary_ndims", module.head_dim) < module.head_dim:
+        # Phi-2, StableLM: the rotated slice and the rest joined again by a cat
+        return [("bhsd", "bshd")]
     return [("bshd", "bshd")]
 
 

@@ -126,13 +126,22 @@ def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) ->
 
 def rows_per_token(name: str, hidden: int, config) -> int | None:
     """How many rows one token gives this norm: 1 across the model width, one per head for the
-    per-head q/k norms (Qwen3, Gemma3); None when the use cannot be read from the config."""
+    per-head q/k norms (Qwen3, Gemma3: as wide as a head), 1 for q/k norms across the whole
+    projection (OLMo-2: as wide as heads x head_dim); None when the use cannot be read from
+    the config."""
     text_config = getattr(config, "get_text_config", lambda: config)()
     if hidden == getattr(text_config, "hidden_size", None):
         return 1
     leaf = name.rsplit(".", 1)[-1]
-    heads = {"q_norm": "num_attention_heads", "k_norm": "num_key_value_heads"}.get(leaf)
-    return getattr(text_config, heads, None) if heads else None
+    heads = getattr(text_config, {"q_norm": "num_attention_heads",
+                                  "k_norm": "num_key_value_heads"}.get(leaf, ""), None)
+    if not heads:
+        return None
+    head_dim = getattr(text_config, "head_dim", None) or (
+        text_config.hidden_size // text_config.num_attention_heads)
+    if hidden == head_dim:
+        return heads
+    return 1 if hidden == heads * head_dim else None
 
 
 def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:

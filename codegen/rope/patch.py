@@ -12,9 +12,10 @@ it in a `finally`; between calls, and for other models, the module global is the
 other's swap; the pipeline runs one forward at a time.)
 
 An attention module is patched only when its module's `apply_rotary_pos_emb` and `rotate_half`
-are, statement for statement, Llama's or Phi-3's (compared as syntax trees, docstrings aside):
-that is what the kernel computes. Other variants (interleaved, multimodal sections) keep their
-own code.
+are, statement for statement, Llama's, Phi-3's, GPT-NeoX's (Phi-3's computation with named
+intermediates) or OLMo-2's (Llama's, cast back to the inputs' dtype), compared as syntax trees,
+docstrings aside: that is what the kernel computes.
+Other variants (interleaved, multimodal sections) keep their own code.
 
 Where the attention's forward is, statement for statement, one of the HF forwards listed in
 `_in_place_forwards` (Llama, Qwen2, Mistral, Gemma, Phi-3), the rotation is written over q and
@@ -48,12 +49,18 @@ def _signature(fn) -> str:
 
 @cache
 def _known_forms() -> dict[tuple[str, str, str], str]:
+    from transformers.models.gpt_neox import modeling_gpt_neox
     from transformers.models.llama import modeling_llama
+    from transformers.models.olmo2 import modeling_olmo2
     from transformers.models.phi3 import modeling_phi3
 
+    # GPT-NeoX's function is Phi-3's computation spelled with named intermediates; OLMo-2's is
+    # Llama's with its results cast back to q's and k's dtypes, which `_fits` requires cos and
+    # sin to share (the cast is then none)
     return {(_signature(m.apply_rotary_pos_emb), code_shape(m.apply_rotary_pos_emb),
              code_shape(m.rotate_half)): form
-            for m, form in ((modeling_llama, "full"), (modeling_phi3, "partial"))}
+            for m, form in ((modeling_llama, "full"), (modeling_olmo2, "full"),
+                            (modeling_phi3, "partial"), (modeling_gpt_neox, "partial"))}
 
 
 @cache
@@ -162,25 +169,46 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
     seq = workload.seq if workload.mode == "prefill" else 1
     halves = tables_have_equal_halves(model)
     cases = []
-    for _, module, _, _ in find_rotary_attentions(model):
+    for _, module, _, form in find_rotary_attentions(model):
         config = module.config
-        head_dim = module.head_dim
-        case = make_case(workload.batch, seq, config.num_attention_heads,
-                         config.num_key_value_heads, head_dim, _rot_dim(model, head_dim),
-                         workload.dtype, equal_halves=halves, qkv=fused_qkv(module))
+        # GPT-NeoX names it head_size
+        head_dim = getattr(module, "head_dim", None) or module.head_size
+        rot_dim = _rot_dim(model, head_dim)
+        width = None
+        if form == "full" and rot_dim < head_dim:
+            # Llama's function rotates all it is given: a partial rotary with it (Phi-2,
+            # StableLM) slices q and k to the rotary width before the call
+            head_dim, width = rot_dim, head_dim
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        case = make_case(workload.batch, seq, config.num_attention_heads, kv_heads, head_dim,
+                         rot_dim, workload.dtype, equal_halves=halves, qkv=fused_qkv(module),
+                         head_width=width, interleaved=hasattr(module, "query_key_value"))
         if case not in cases:
             cases.append(case)
     return cases
 
 
 def fused_qkv(module: nn.Module) -> bool:
-    """The attention projects q, k and v with one Linear (Phi-3's qkv_proj), so q and k reach
-    the rotary as column slices of its output."""
-    return isinstance(getattr(module, "qkv_proj", None), nn.Linear)
+    """The attention projects q, k and v with one Linear (Phi-3's qkv_proj, GPT-NeoX's
+    query_key_value), so q and k reach the rotary as slices of one buffer."""
+    return any(isinstance(getattr(module, name, None), nn.Linear)
+               for name in ("qkv_proj", "query_key_value"))
 
 
 def _shares_storage(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+
+
+def _layout(q: torch.Tensor, k: torch.Tensor) -> tuple[bool, bool, int | None] | None:
+    """(qkv, interleaved, head_width) of the case keys (reference.make_case) for q and k as
+    given, or None for views of heads wider than they are that no case describes."""
+    shared = _shares_storage(q, k)
+    heads, seq, dim = q.shape[1], q.shape[2], q.shape[3]
+    interleaved = shared and heads > 1 and k.storage_offset() - q.storage_offset() == dim
+    width = q.stride(1)
+    if shared or width <= dim or not (seq == 1 or q.stride(2) == heads * width):
+        return shared, interleaved, None
+    return (False, False, width) if k.stride(1) == width else None
 
 
 def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
@@ -202,18 +230,21 @@ def _fits(form: str, q, k, cos, sin, unsqueeze_dim) -> bool:
 
 def dispatching_rotary(original: Callable, form: str, forward_by_case: Callable,
                        in_place: bool = False, equal_halves: bool = False) -> Callable:
-    def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype, qkv) -> Case:
+    def case_of(q_shape, kv_heads, cos_batch, rot_dim, dtype, layout) -> Case:
         batch, heads, seq, head_dim = q_shape
+        qkv, interleaved, width = layout
         return make_case(batch, seq, heads, kv_heads, head_dim, rot_dim, dtype_name(dtype),
-                         cos_batch, equal_halves, qkv)
+                         cos_batch, equal_halves, qkv, width, interleaved)
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if not _fits(form, q, k, cos, sin, unsqueeze_dim):
             return original(q, k, cos, sin, unsqueeze_dim)
-        kernel, kw = resolve(q.shape, k.shape[1], cos.shape[0], cos.shape[-1], q.dtype,
-                             _shares_storage(q, k))
+        layout = _layout(q, k)
+        if layout is None:
+            return original(q, k, cos, sin, unsqueeze_dim)
+        kernel, kw = resolve(q.shape, k.shape[1], cos.shape[0], cos.shape[-1], q.dtype, layout)
         if kernel is None:
             return original(q, k, cos, sin, unsqueeze_dim)
         # Out of place, empty_like keeps q's (batch, seq, heads, dim) memory order, as HF's

@@ -43,12 +43,17 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, rot_dim: int,
               dtype: str, cos_batch: int = 1, equal_halves: bool = False,
-              qkv: bool = False) -> Case:
+              qkv: bool = False, head_width: int | None = None,
+              interleaved: bool = False) -> Case:
     """`equal_halves`: the model's cos/sin rows are cat(freqs, freqs) by construction (see
     patch.tables_have_equal_halves), so a kernel may read only their first half. `qkv`: q and
     k are column slices of one fused q/k/v projection (Phi-3's qkv_proj), as the adapter hands
-    them (row stride (heads + 2 kv_heads) head_dim, k at storage offset heads head_dim). Each
-    key is present only when true, so other cases keep their earlier keys."""
+    them (row stride (heads + 2 kv_heads) head_dim, k at storage offset heads head_dim); with
+    `interleaved`, as GPT-NeoX's query_key_value hands them instead: each head's q, k and v
+    side by side (row stride 3 heads head_dim, k at offset head_dim). `head_width`: q and k are
+    the first head_dim columns of heads head_width wide (Phi-2 and StableLM slice their partial
+    rotary's part before calling Llama's function). Each key is present only when true, so
+    other cases keep their earlier keys."""
     if rot_dim % 2 or not 0 < rot_dim <= head_dim:
         raise ValueError(f"rot_dim must be even and in (0, head_dim], got {rot_dim}/{head_dim}")
     case = {"batch": int(batch), "seq": int(seq), "heads": int(heads), "kv_heads": int(kv_heads),
@@ -58,6 +63,10 @@ def make_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, ro
         case["equal_halves"] = True
     if qkv:
         case["qkv"] = True
+        if interleaved:
+            case["interleaved"] = True
+    if head_width and head_width != head_dim:
+        case["head_width"] = int(head_width)
     return case
 
 
@@ -78,6 +87,10 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     gen_device = generator.device if generator is not None else "cpu"
     if case.get("qkv"):
         q, k = _fused_qk(case, device, generator)
+    elif case.get("head_width"):
+        q, k = (random_heads({**case, "head_dim": case["head_width"]}, n, device,
+                             generator)[..., :case["head_dim"]]
+                for n in (case["heads"], case["kv_heads"]))
     else:
         q = random_heads(case, case["heads"], device, generator)
         k = random_heads(case, case["kv_heads"], device, generator)
@@ -97,6 +110,10 @@ def _fused_qk(case: Case, device, generator) -> tuple[torch.Tensor, torch.Tensor
     one (batch, seq, (heads + 2 kv_heads) head_dim) projection, transposed."""
     b, s, d, h, kv = case["batch"], case["seq"], case["head_dim"], case["heads"], case["kv_heads"]
     gen_device = generator.device if generator is not None else "cpu"
+    if case.get("interleaved"):  # GPT-NeoX: (batch, seq, heads, [q | k | v])
+        qkv = torch.randn((b, s, h, 3 * d), generator=generator, device=gen_device)
+        qkv = qkv.to(device=device, dtype=torch_dtype(case["dtype"])).transpose(1, 2)
+        return qkv[..., :d], qkv[..., d:2 * d]
     qkv = torch.randn((b, s, (h + 2 * kv) * d), generator=generator, device=gen_device)
     qkv = qkv.to(device=device, dtype=torch_dtype(case["dtype"]))
     q = qkv[..., :h * d].view(b, s, h, d).transpose(1, 2)
@@ -119,8 +136,8 @@ def edge_cases(case: Case) -> list[Case]:
     cases = [
         {**case, "batch": 1, "seq": 1},
         {**case, "batch": 3, "seq": 7, "cos_batch": 3},
-        {**{k: v for k, v in case.items() if k != "qkv"}, "batch": 2, "seq": 5,
-         "contiguous": True},
+        {**{k: v for k, v in case.items() if k not in ("qkv", "interleaved", "head_width")},
+         "batch": 2, "seq": 5, "contiguous": True},
     ]
     return distinct(case, cases)
 

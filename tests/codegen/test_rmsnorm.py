@@ -161,3 +161,35 @@ def test_cases_from_model():
     assert prefill == [{"rows": 16, "hidden": 64, "dtype": "bfloat16", "eps": 1e-6,
                         **FORMS["gemma"]}]
     assert [c["rows"] for c in decode] == [4]
+
+
+@pytest.mark.parametrize("model_type, extra, calls", [
+    ("qwen3", {"head_dim": 16}, {(16, 64), (64, 16), (32, 16)}),
+    ("olmo2", {}, {(16, 64), (16, 32)}),
+])
+def test_cases_from_model_are_the_q_k_norm_calls(model_type, extra, calls):
+    """q/k norms as wide as a head (Qwen3: one row per head) and as wide as the whole
+    projection (OLMo-2, whose k_norm is kv_heads x head_dim = 32 wide: one row per token; read
+    as one per head it was a case no call asks for, and the kernel missed those calls)."""
+    from transformers import AutoConfig
+
+    from profiling.loader import ModelSpec
+
+    cfg = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=176,
+                               num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=512, pad_token_id=0,
+                               bos_token_id=1, eos_token_id=2, **extra)
+    model = build(ModelSpec(model_type, "local", "random", cfg), torch.float32, "cpu")
+    seen = set()
+
+    def record(module, args, out):
+        seen.add((args[0].numel() // module.weight.shape[0], module.weight.shape[0]))
+
+    for m in model.modules():
+        if recognise(m) is not None:
+            m.register_forward_hook(record)
+    with torch.no_grad():
+        model(torch.randint(3, 500, (2, 8)))
+    cases = FAMILY.cases_from_model(model, Workload(batch=2, seq=8, dtype="float32"))
+    assert seen == calls  # (rows, width) of the model's norms, q_norm's and k_norm's
+    assert {(c["rows"], c["hidden"]) for c in cases} == calls

@@ -210,3 +210,20 @@ def test_the_verify_zygote_ignores_ctrl_c():
         assert z.proc.poll() is None, "the zygote died of SIGINT"
     finally:
         z.close()
+
+
+def test_a_model_without_sdpa_attention_is_profiled_with_its_eager_attention(tmp_path):
+    """transformers gives Gemma-2 (attention logit soft-capping) no SDPA path and refused the
+    build outright when asked for one; the model is built with its eager attention, said in
+    the profile's model notes."""
+    (tmp_path / "gemma2").mkdir()
+    (tmp_path / "gemma2" / "config.json").write_text(json.dumps({
+        "model_type": "gemma2", "hidden_size": 64, "intermediate_size": 176, "head_dim": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}))
+    proc = run_cli("profile", str(tmp_path / "gemma2"), "--seq", "8", "--device", "cpu",
+                   "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    model = read_json(tmp_path / "run" / "profile.json", "profile")["model"]
+    assert model["model_type"] == "gemma2"
+    assert any("eager attention" in n for n in model["notes"]), model["notes"]
