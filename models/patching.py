@@ -132,3 +132,10 @@ def code_shape(fn) -> str:
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
     return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+def joins_partial_rotary(attention) -> bool:
+    """The attention rotates only part of each head (`rotary_ndims` below `head_dim`: Phi-2,
+    StableLM) and joins the parts again with a cat, so the q and k it hands on are contiguous."""
+    head_dim = getattr(attention, "head_dim", None)
+    return head_dim is not None and 0 < getattr(attention, "rotary_ndims", head_dim) < head_dim

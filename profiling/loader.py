@@ -152,23 +152,20 @@ def build(spec: ModelSpec, dtype, device: str):
         model = AutoModelForCausalLM.from_pretrained(spec.model_id, dtype=dtype)
         return model.to(device).eval()
     cfg = spec.config
-    if hasattr(cfg, "_attn_implementation"):
-        cfg._attn_implementation = "sdpa"
-    try:
-        return _from_config(spec, cfg, dtype, device)
-    except ValueError as e:
-        # Gemma-2 (its attention logit soft-capping) and a few others have no SDPA path in
-        # transformers; their own default (eager attention) is what such a model runs
-        if "scaled_dot_product_attention" not in str(e):
-            raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") from None
-    cfg._attn_implementation = "eager"
-    note = "no SDPA attention in transformers for this model: built with eager attention"
-    if note not in spec.notes:
-        spec.notes.append(note)
-    try:
-        return _from_config(spec, cfg, dtype, device)
-    except ValueError as e:
-        raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") from None
+    # Gemma-2 (its attention logit soft-capping) and a few others have no SDPA path in
+    # transformers: such a model is built with its eager attention, and the notes say so
+    for attention in ("sdpa", "eager"):
+        if hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = attention
+        try:
+            return _from_config(spec, cfg, dtype, device)
+        except ValueError as e:
+            if attention == "eager" or "scaled_dot_product_attention" not in str(e):
+                raise UserError(f"cannot build {spec.model_id}: {str(e).splitlines()[0]}") \
+                    from None
+        note = "no SDPA attention in transformers for this model: built with eager attention"
+        if note not in spec.notes:
+            spec.notes.append(note)
 
 
 def _from_config(spec: ModelSpec, cfg, dtype, device: str):

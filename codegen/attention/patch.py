@@ -36,7 +36,12 @@ from torch import nn
 from codegen.attention.reference import head_layout, make_case, params
 from codegen.dtypes import dtype_name
 from core.family import Case
-from models.patching import needs_graph, with_global, wrap_instance_forwards
+from models.patching import (
+    joins_partial_rotary,
+    needs_graph,
+    with_global,
+    wrap_instance_forwards,
+)
 
 GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -122,9 +127,7 @@ def predicted_layouts(module: nn.Module) -> tuple[str, str, str]:
     the cat of a partial rotary's two parts (Phi-2, StableLM), or else a transposed view of
     its projection."""
     fused = "qkv" if hasattr(module, "c_attn") else None
-    # a partial rotary's cat (Phi-2, StableLM: `rotary_ndims` below the head) is contiguous too
-    rotary_cat = hasattr(module, "qkv_proj") or 0 < getattr(
-        module, "rotary_ndims", module.head_dim) < module.head_dim
+    rotary_cat = hasattr(module, "qkv_proj") or joins_partial_rotary(module)
     q = fused or ("bhsd" if rotary_cat else "bshd")
     cached = getattr(getattr(module, "config", None), "use_cache", True)
     kv = "bhsd" if cached else (fused or "bshd")

@@ -52,10 +52,10 @@ def act_kind(setup: dict) -> str:
 def hf(setup: dict, inputs: tuple, device: str):
     act = act_fn(setup)
     if len(inputs) == 1:  # Phi3MLP.forward: the product on the halves of gate_up_proj's output
-        def packed(gate_up):
+        def product(gate_up):
             gate, up = gate_up.chunk(2, dim=-1)
             return up * act(gate)
-        return packed
+        return product
     return lambda gate, up: act(gate) * up  # as MLP.forward: act_fn(gate_proj) * up_proj
 
 
@@ -69,5 +69,4 @@ def liger_mul(case: dict):
 def liger(case: dict):
     if case["layout"] == "packed":  # LigerPhi3SwiGLUMLP fuses gate_up_proj too: not this op
         raise LookupError("n/a: Liger has no kernel for the product of packed halves alone")
-    mul = liger_mul(case)
-    return lambda gate, up: mul(gate, up)
+    return liger_mul(case)

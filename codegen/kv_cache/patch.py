@@ -50,7 +50,12 @@ from codegen.kv_cache.reference import (
     static_layer_update,
 )
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, needs_graph, wrap_instance_forwards
+from models.patching import (
+    code_shape,
+    joins_partial_rotary,
+    needs_graph,
+    wrap_instance_forwards,
+)
 
 CACHE_ARGS = ("cache", "past_key_values")  # the 5.2x name first, then the one it replaced
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -186,8 +191,7 @@ def predicted_states(module: nn.Module) -> list[tuple[str, str]]:
         return [("qkv", "qkv")]
     if hasattr(module, "qkv_proj"):
         return [("bhsd", "qkv"), ("qkv", "qkv")]
-    if 0 < getattr(module, "rotary_ndims", module.head_dim) < module.head_dim:
-        # Phi-2, StableLM: the rotated slice and the rest joined again by a cat
+    if joins_partial_rotary(module):
         return [("bhsd", "bshd")]
     return [("bshd", "bshd")]
 
