@@ -4,6 +4,8 @@
     python3 benchmarks/results_table.py [PATH] --h2h H2H.json --model M --commit C [--run RUN]
         # upsert the variants one head_to_head.py run timed side by side; a run on another
         # card than PATH's is refused (give it its own PATH, e.g. results/latest-h100.json)
+    python3 benchmarks/results_table.py [PATH] --contender OUT.json --commit C
+        # upsert the row of one contenders.py run (Liger: eager then Liger, its own process)
 
 
 From another script: `upsert(path, rows)` replaces the rows with the same (model, workload,
@@ -133,6 +135,14 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
     return rows
 
 
+def row_from_contender(c: dict, commit: str, date: str) -> dict:
+    """The row of one contenders.py result: a ratio of medians, so no CI."""
+    return {"model": c["model"], "workload": c["workload"], "variant": c["contender"],
+            "ms": round(c["contender_ms"], 4), "over_eager": round(c["speedup"], 4), "ci": None,
+            "projected": None, "kernels_per_pass": None, "commit": commit, "date": date,
+            "source": f"contenders.py {c['contender']} ({c['method']})"}
+
+
 if __name__ == "__main__":
     import argparse
     import datetime
@@ -143,13 +153,20 @@ if __name__ == "__main__":
     ap.add_argument("--model")
     ap.add_argument("--commit")
     ap.add_argument("--run", type=Path)
+    ap.add_argument("--contender", type=Path)
     args = ap.parse_args()
+    today = datetime.date.today().isoformat()
+    new, machine = [], None
     if args.h2h:
         h2h = json.loads(args.h2h.read_text())
-        new = rows_from_h2h(h2h, args.model, args.commit, datetime.date.today().isoformat(),
-                            args.run)
+        new = rows_from_h2h(h2h, args.model, args.commit, today, args.run)
         machine = h2h.get("device") and ", ".join(
             [h2h["device"]] + ([f"torch {h2h['torch']}"] if h2h.get("torch") else []))
+    elif args.contender:
+        c = json.loads(args.contender.read_text())
+        new = [row_from_contender(c, args.commit, today)]
+        machine = f"{c['gpu']}, torch {c['torch']}"
+    if new:
         try:
             upsert(args.path, new, machine)
         except ValueError as e:

@@ -71,3 +71,19 @@ def test_rows_from_another_card_are_refused_and_start_a_file_of_their_own(tmp_pa
     h100 = tmp_path / "latest-h100.json"
     upsert(h100, rows, "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130")
     assert load(h100)["machine"] == "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130"
+
+
+def test_a_liger_run_becomes_its_row_and_is_refused_on_another_cards_file(tmp_path):
+    from results_table import load, row_from_contender, upsert
+
+    c = {"contender": "liger", "model": "gemma-2b", "workload": "prefill-b8-s1024-bf16",
+         "torch": "2.11.0+cu130", "gpu": "NVIDIA H100 80GB HBM3", "eager_ms": 85.3,
+         "contender_ms": 71.4, "speedup": 85.3 / 71.4, "method": "medians of 30"}
+    row = row_from_contender(c, "db810b2", "2026-12-05")
+    assert (row["variant"], row["ms"], row["ci"]) == ("liger", 71.4, None)
+    assert row["over_eager"] == round(85.3 / 71.4, 4) and "medians of 30" in row["source"]
+    h100 = tmp_path / "latest-h100.json"
+    upsert(h100, [row], f"{c['gpu']}, torch {c['torch']}")
+    assert load(h100)["rows"] == [row]
+    with pytest.raises(ValueError, match="go in a file of their own"):
+        upsert(h100, [row], "NVIDIA H200, torch 2.11.0+cu130")
