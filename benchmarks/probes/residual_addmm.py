@@ -10,7 +10,7 @@ the sum in place of its output, so one pass replaces the add's three. Out of pla
 Times, at the prefill shapes (8192 tokens, bf16) of the b8 s1024 models, for the o and down
 projections: HF's linear then add, torch.addmm out of place, and addmm_ in place; the error of
 each against an fp32 reference next to the HF form's own. CUDA graphs of 20 calls, median of
-30 replays (the GEMMs' inputs fit no L2, so no flush).
+20 replays (gemv.graphed_us; the GEMMs' inputs fit no L2, so no flush).
 
 GPU only. Usage: python3 benchmarks/probes/residual_addmm.py OUT.json
 """
@@ -18,41 +18,17 @@ GPU only. Usage: python3 benchmarks/probes/residual_addmm.py OUT.json
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+from gemv import graphed_us  # benchmarks/probes/gemv.py, beside this file
 
 # (model, hidden, intermediate): the o projection is hidden x hidden (heads x head_dim is the
 # hidden size in all four), the down projection intermediate -> hidden
 MODELS = (("llama-3.2-1b", 2048, 8192), ("qwen2.5-0.5b", 896, 4864),
           ("gemma-2b", 2048, 16384), ("phi-3-mini", 3072, 8192))
 TOKENS = 8192
-CALLS = 20
-
-
-def timed(fn) -> float:
-    """us per call: a CUDA graph of CALLS calls, median of 30 replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(30):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return statistics.median(times)
 
 
 def one(k: int, n: int) -> dict:
@@ -68,11 +44,11 @@ def one(k: int, n: int) -> dict:
            "addmm_": (r2.float() - ref).abs().max().item()}
     scratch = res.clone()
     out = {
-        "linear": timed(lambda: F.linear(x, w)),
-        "linear+add": timed(lambda: res + F.linear(x, w)),
-        "addmm": timed(lambda: torch.addmm(res, x, w.t())),
+        "linear": graphed_us(lambda: F.linear(x, w)),
+        "linear+add": graphed_us(lambda: res + F.linear(x, w)),
+        "addmm": graphed_us(lambda: torch.addmm(res, x, w.t())),
         # in place on a scratch copy: its values drift over the replays, the work does not
-        "addmm_": timed(lambda: scratch.addmm_(x, w.t())),
+        "addmm_": graphed_us(lambda: scratch.addmm_(x, w.t())),
     }
     return {"k": k, "n": n, "us": out, "max_abs_error": err,
             "saved_us": out["linear+add"] - out["addmm_"]}
