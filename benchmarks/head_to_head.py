@@ -119,6 +119,21 @@ def timed(call, device: str, setup=None) -> tuple[float, float]:
     return (time.perf_counter() - t) * 1e3, (returned - t) * 1e3
 
 
+def alone(call, device: str, rounds: int, warm: int = 3) -> dict | None:
+    """Medians of `rounds` timed calls of `call` made before any other variant exists: eager's
+    host speed with no compiled twin, graph pool or patched twin in the process, against which
+    the rounds among them can be read (GPT-2 b8's h2h host ran 1.3-2.0x its optimize stage's in
+    all five committed runs; nothing here says yet whether the other variants cause it)."""
+    if rounds < 1:
+        return None
+    for _ in range(warm):
+        call()
+        sync(device)
+    walls, hosts = zip(*(timed(call, device) for _ in range(rounds)), strict=True)
+    return {"rounds": rounds, "median_ms": statistics.median(walls),
+            "median_host_ms": statistics.median(hosts)}
+
+
 def by_host_speed(times: dict, host: dict) -> dict:
     """The rounds split by eager's host time, at FAST_HOST times its fastest round: where ours
     and compile stand when the host ran at its best and when it did not. On the lent H200 the
@@ -293,6 +308,9 @@ def main() -> None:
                                        f"[default: {','.join(VARIANTS)}]")
     ap.add_argument("--max-len", type=int, help="static cache slots for decode "
                                                 "[default: seq + 1 rounded up to 16]")
+    ap.add_argument("--alone-rounds", type=int, default=5,
+                    help="eager passes timed before the other variants are built, to tell "
+                         "their presence from the host's own drift [default: 5; 0: none]")
     ap.add_argument("--no-kernel-count", action="store_true",
                     help="skip counting kernels per pass (one profiled call per variant)")
     args = ap.parse_args()
@@ -303,6 +321,8 @@ def main() -> None:
     variants, skipped = parse_variants(args.variants, workload.mode)
     max_len = args.max_len or static_len(workload.seq)
     model = build(resolve(profile["model"]["id"]), workload.torch_dtype(), workload.device)
+    eager_alone = alone(make_runner(model, workload).once, workload.device,
+                        args.alone_rounds)
     calls, setups, pools, failed, owned = build_variants(model, workload, variants, args.run_dir,
                                                  max_len)
     skipped.update(failed)
@@ -353,6 +373,7 @@ def main() -> None:
         "median_ms": {k: statistics.median(v) for k, v in times.items()},
         # at about the wall time, that variant's GPU waits on the host
         "median_host_ms": {k: statistics.median(v) for k, v in host.items()},
+        "eager_alone": eager_alone,
         **ratios(times),
         "by_host_speed": by_host_speed(times, host),
         "first_call_s": first_call_s,

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from head_to_head import (  # noqa: E402
     ALL_VARIANTS,
     VARIANTS,
+    alone,
     by_host_speed,
     kernel_count,
     parse_variants,
@@ -109,3 +110,18 @@ def test_kernels_are_device_events_other_than_copies():
                     "Memset (Device)")]
     ev.append(SimpleNamespace(device_type="DeviceType.CPU", name="aten::mm"))
     assert kernel_count(ev) == 2
+
+
+def test_eager_alone_times_after_warming_and_reports_wall_and_host_apart():
+    import time
+
+    calls = []
+
+    def call():  # 4 ms on the host, nothing queued after it returns
+        calls.append(1)
+        time.sleep(0.004)
+
+    got = alone(call, "cpu", rounds=4, warm=2)
+    assert len(calls) == 6 and got["rounds"] == 4
+    assert 3.5 < got["median_host_ms"] <= got["median_ms"] < 50
+    assert alone(call, "cpu", rounds=0) is None and len(calls) == 6
