@@ -119,19 +119,38 @@ def timed(call, device: str, setup=None) -> tuple[float, float]:
     return (time.perf_counter() - t) * 1e3, (returned - t) * 1e3
 
 
+def device_allocs(device: str) -> int | None:
+    """The caching allocator's count of device allocations (cudaMalloc or cuMemMap) so far; a
+    pass that makes any waits on the driver, which a pass reusing cached blocks does not."""
+    if not device.startswith("cuda"):
+        return None
+    return torch.cuda.memory_stats().get("num_device_alloc")
+
+
+def timed_counting(call, device: str, setup=None) -> tuple[float, float, int | None]:
+    """timed(), and the device allocations the call made (None off CUDA)."""
+    before = device_allocs(device)
+    wall, returned = timed(call, device, setup)
+    after = device_allocs(device)
+    return wall, returned, None if before is None or after is None else after - before
+
+
 def alone(call, device: str, rounds: int, warm: int = 3) -> dict | None:
     """Medians of `rounds` timed calls of `call` made before any other variant exists: eager's
     host speed with no compiled twin, graph pool or patched twin in the process, against which
     the rounds among them can be read (GPT-2 b8's h2h host ran 1.3-2.0x its optimize stage's in
-    all five committed runs; nothing here says yet whether the other variants cause it)."""
+    all five committed runs; nothing here says yet whether the other variants cause it), with
+    the device allocations those calls made (`device_allocs`, as the rounds record them)."""
     if rounds < 1:
         return None
     for _ in range(warm):
         call()
         sync(device)
-    walls, hosts = zip(*(timed(call, device) for _ in range(rounds)), strict=True)
+    walls, hosts, allocs = zip(*(timed_counting(call, device) for _ in range(rounds)),
+                               strict=True)
     return {"rounds": rounds, "median_ms": statistics.median(walls),
-            "median_host_ms": statistics.median(hosts)}
+            "median_host_ms": statistics.median(hosts),
+            "device_allocs": None if None in allocs else sum(allocs)}
 
 
 def by_host_speed(times: dict, host: dict) -> dict:
@@ -342,11 +361,14 @@ def main() -> None:
     warm_s = time.perf_counter() - t
     times = {name: [] for name in names}
     host = {name: [] for name in names}
+    allocs = {name: 0 for name in names}
     for i in range(args.rounds):
         for name in rotation(names, i):
-            wall, returned = timed(calls[name], workload.device, setups.get(name))
+            wall, returned, made = timed_counting(calls[name], workload.device,
+                                                  setups.get(name))
             times[name].append(wall)
             host[name].append(returned)
+            allocs[name] = None if made is None or allocs[name] is None else allocs[name] + made
     # after the timing: a profiler session leaves CUPTI attached and later launches slower
     kernels = {}
     if workload.device.startswith("cuda") and not args.no_kernel_count:
@@ -374,6 +396,8 @@ def main() -> None:
         # at about the wall time, that variant's GPU waits on the host
         "median_host_ms": {k: statistics.median(v) for k, v in host.items()},
         "eager_alone": eager_alone,
+        # over all the timed rounds; a variant whose passes keep allocating waits on the driver
+        "device_allocs": allocs,
         **ratios(times),
         "by_host_speed": by_host_speed(times, host),
         "first_call_s": first_call_s,

@@ -124,4 +124,5 @@ def test_eager_alone_times_after_warming_and_reports_wall_and_host_apart():
     got = alone(call, "cpu", rounds=4, warm=2)
     assert len(calls) == 6 and got["rounds"] == 4
     assert 3.5 < got["median_host_ms"] <= got["median_ms"] < 50
+    assert got["device_allocs"] is None  # counted on CUDA only
     assert alone(call, "cpu", rounds=0) is None and len(calls) == 6
