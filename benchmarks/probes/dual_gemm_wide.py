@@ -2,9 +2,9 @@
 
 Issue 29: the patched b8 s1024 passes spend most of their time in GEMMs, and the dual GEMM
 (codegen/matmul_epilogue, Triton, TMA, persistent) runs slower per FLOP than cuBLAS's plain
-GEMMs beside it: on an H100 at db810b2 about 676 against 740 TFLOP/s in Llama-3.2-1B's pass
-(13.0 ms over 16 calls) and 637 in Gemma-2B's (31.1 ms over 18). At cuBLAS's rate the two
-passes would be about 1.1 and 4.3 ms shorter: #29's 1.6x and 1.35x.
+GEMMs beside it: on an H100 about 676 against 740 TFLOP/s in Llama-3.2-1B's pass (13.0 ms
+over 16 calls) and 637 against 707 in Gemma-2B's (31.1 ms over 18). At cuBLAS's rate the two
+passes would be about 1.1 and 3.1 ms shorter: #29's 1.6x and 1.35x.
 
 The family's kernel issues two dots per K step, x (BM x BK) against a gate and an up tile
 (BN x BK each), into two (BM x BN) accumulators: each warpgroup reads its x rows from shared
