@@ -361,14 +361,14 @@ def main() -> None:
     warm_s = time.perf_counter() - t
     times = {name: [] for name in names}
     host = {name: [] for name in names}
-    allocs = {name: 0 for name in names}
+    allocs = {name: [] for name in names}
     for i in range(args.rounds):
         for name in rotation(names, i):
             wall, returned, made = timed_counting(calls[name], workload.device,
                                                   setups.get(name))
             times[name].append(wall)
             host[name].append(returned)
-            allocs[name] = None if made is None or allocs[name] is None else allocs[name] + made
+            allocs[name].append(made)
     # after the timing: a profiler session leaves CUPTI attached and later launches slower
     kernels = {}
     if workload.device.startswith("cuda") and not args.no_kernel_count:
@@ -397,7 +397,7 @@ def main() -> None:
         "median_host_ms": {k: statistics.median(v) for k, v in host.items()},
         "eager_alone": eager_alone,
         # over all the timed rounds; a variant whose passes keep allocating waits on the driver
-        "device_allocs": allocs,
+        "device_allocs": {k: None if None in v else sum(v) for k, v in allocs.items()},
         **ratios(times),
         "by_host_speed": by_host_speed(times, host),
         "first_call_s": first_call_s,

@@ -20,9 +20,8 @@ reach; the activation not included), the family's TMA kernel at its configs, and
 each output checked against the fp32 reference first (max abs error beside the family's).
 Timed with verify.timing.bench (CUDA events, L2 flushed, medians).
 
-GPU: python3 benchmarks/probes/dual_gemm_wide.py OUT.json
-CPU: TRITON_INTERPRET=1 python3 benchmarks/probes/dual_gemm_wide.py --check (fp32 and fp16,
-small shapes, every variant against the reference; nothing timed)
+GPU only: python3 benchmarks/probes/dual_gemm_wide.py OUT.json. The kernel is checked on the
+CPU, in the interpreter, by tests/benchmarks/test_dual_gemm_wide_probe.py.
 """
 
 from __future__ import annotations
@@ -35,8 +34,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from codegen.dtypes import dtype_name
 from codegen.launch import ensure_allocator
-from codegen.matmul_epilogue.kernel import _gated, _gated_gemm_tma_kernel, _tile
+from codegen.matmul_epilogue.kernel import (
+    _gated,
+    _gated_gemm_tma_kernel,
+    _tile,
+    input_precision,
+)
 from verify.timing import bench
 
 # (model, hidden, intermediate, activation)
@@ -88,10 +93,6 @@ def _programs(tiles: int, device: torch.device) -> int:
     return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def _precision(x: torch.Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
 def wide(x, w_gate, w_up, out, act: str, bm: int, bn: int, bk: int, warps: int,
          stages: int) -> None:
     """out = act(x w_gate^T) * (x w_up^T), both weights read through one descriptor."""
@@ -106,7 +107,8 @@ def wide(x, w_gate, w_up, out, act: str, bm: int, bn: int, bk: int, warps: int,
     programs = _programs(tiles, x.device)
     _wide_kernel[(programs,)](x, lo, out, rows, x.stride(0), pair, lo.stride(0), out.stride(0),
                               programs, HIDDEN=hidden, COLS=cols, UP_FIRST=up_first,
-                              GELU_TANH=act == "gelu_tanh", INPUT_PRECISION=_precision(x),
+                              GELU_TANH=act == "gelu_tanh",
+                              INPUT_PRECISION=input_precision(dtype_name(x.dtype)),
                               BM=bm, BN=bn, BK=bk, GROUP_M=8, STAGES=stages, num_warps=warps)
 
 
@@ -121,8 +123,8 @@ def family(x, w_gate, w_up, out, act: str, bm: int, bn: int, bk: int, warps: int
     _gated_gemm_tma_kernel[(programs,)](
         x, w_gate, w_up, out, rows, x.stride(0), w_gate.stride(0), w_up.stride(0),
         out.stride(0), programs, HIDDEN=hidden, COLS=cols, GELU_TANH=act == "gelu_tanh",
-        INPUT_PRECISION=_precision(x), BM=bm, BN=bn, BK=bk, GROUP_M=8, STAGES=stages,
-        SUBTILE=subtile, num_warps=warps)
+        INPUT_PRECISION=input_precision(dtype_name(x.dtype)), BM=bm, BN=bn, BK=bk, GROUP_M=8,
+        STAGES=stages, SUBTILE=subtile, num_warps=warps)
 
 
 def reference(x, w_gate, w_up, act: str) -> torch.Tensor:
@@ -139,24 +141,6 @@ def _inputs(rows, hidden, cols, dtype, device, up_first=False):
     # the order in memory decides UP_FIRST: both orders get checked
     ws.sort(key=lambda t: t.data_ptr(), reverse=up_first)
     return x, ws[0], ws[1]
-
-
-def check_cpu() -> None:
-    """Every wide config against the reference under the interpreter, both weight orders in
-    memory, a hidden no BK divides and rows and cols past the last tile."""
-    for dtype in (torch.float32, torch.float16):
-        for up_first in (False, True):
-            for act in ("silu", "gelu_tanh"):
-                x, wg, wu = _inputs(70, 80, 72, dtype, "cpu", up_first)
-                out = torch.empty(70, 72, dtype=dtype)
-                ref = reference(x, wg, wu, act)
-                for bm, bn, bk, warps, stages in ((32, 32, 32, 4, 2), (64, 16, 16, 4, 2)):
-                    out.zero_()
-                    wide(x, wg, wu, out, act, bm, bn, bk, warps, stages)
-                    err = (out.double() - ref).abs().max().item()
-                    tol = 1e-4 if dtype == torch.float32 else 2e-2
-                    assert err < tol, (dtype, up_first, act, bm, bn, err)
-                    print(f"{dtype} up_first={up_first} {act} {bm}x{bn}x{bk}: max error {err:.2e}")
 
 
 def one_shape(model: str, hidden: int, inter: int, act: str) -> dict:
@@ -202,10 +186,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--check"]:
-        check_cpu()
-    elif len(sys.argv) == 2 and torch.cuda.is_available():
-        main(sys.argv[1])
-    else:
-        raise SystemExit("usage: python3 benchmarks/probes/dual_gemm_wide.py OUT.json (GPU) | "
-                         "--check (CPU, under TRITON_INTERPRET=1)")
+    if len(sys.argv) != 2 or not torch.cuda.is_available():
+        raise SystemExit("usage (GPU only): python3 benchmarks/probes/dual_gemm_wide.py OUT.json")
+    main(sys.argv[1])

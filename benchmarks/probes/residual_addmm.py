@@ -9,7 +9,7 @@ the sum in place of its output, so one pass replaces the add's three. Out of pla
 
 Times, at the prefill shapes (8192 tokens, bf16) of the b8 s1024 models, for the o and down
 projections: HF's linear then add, torch.addmm out of place, and addmm_ in place; the error of
-each against an fp32 reference next to the HF form's own. CUDA graphs of 20 calls, median of
+each against an fp32 reference next to the HF form's own. CUDA graphs of 40 calls, median of
 20 replays (gemv.graphed_us; the GEMMs' inputs fit no L2, so no flush).
 
 GPU only. Usage: python3 benchmarks/probes/residual_addmm.py OUT.json

@@ -28,7 +28,7 @@ from torch import nn
 
 from codegen.dtypes import dtype_name
 from codegen.gated_act.patch import GatedMLP, find_gated_mlps
-from codegen.matmul_epilogue.reference import make_case, params
+from codegen.matmul_epilogue.reference import make_case, packed_weight, params
 from core.family import Case, kernel_by_signature
 from models.patching import needs_graph, wrap_instance_forwards
 
@@ -81,10 +81,9 @@ def packed(w_gate: torch.Tensor, w_up: torch.Tensor) -> str | None:
     `codegen.layouts` compares them: two weights allocated apart can still sit back to back
     (CUDA's caching allocator placed up_proj's right after gate_proj's in 4 of Llama-3.2-1B's
     16 MLPs and 8 of Qwen2.5-0.5B's 24 on the H200), and read as "packed" by address alone they
-    asked for a case nobody verified and ran HF's MLP there."""
-    adjacent = w_up.data_ptr() == w_gate.data_ptr() + w_gate.numel() * w_gate.element_size()
-    one = adjacent and w_gate.untyped_storage().data_ptr() == w_up.untyped_storage().data_ptr()
-    return "packed" if one and w_gate.is_contiguous() and w_up.is_contiguous() else None
+    asked for a case nobody verified and ran HF's MLP there. The reference's `packed_weight`
+    is the one test of it, so the case the call asks for is the layout the reference runs."""
+    return "packed" if packed_weight(w_gate, w_up) is not None else None
 
 
 def _weights(mlp: GatedMLP) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
