@@ -13,14 +13,16 @@ three-dimensional TMA descriptor whose leading stride is the distance between th
 tensors (no copy, no packed buffer: TMA never touches what lies between them), viewed as
 (2 BN, BK), and one dot makes a (BM, 2 BN) accumulator, the n = 256 wgmma cuBLAS's widest
 tiles use; the epilogue splits it into gate and up. Same registers per thread as the family's
-two accumulators, x read once per K step.
+two accumulators, x read once per K step. The kernel is the family's own
+(`_gated_gemm_wide_kernel`, its "WIDE" configs); this probe times it at fixed tiles beside
+the two-dot kernel and cuBLAS, outside any model.
 
 Per MLP shape at 8192 rows (bf16): cuBLAS's F.linear over [gate; up] stacked (the rate to
 reach; the activation not included), the family's TMA kernel at its configs, and this one;
 each output checked against the fp32 reference first (max abs error beside the family's).
 Timed with verify.timing.bench (CUDA events, L2 flushed, medians).
 
-GPU only: python3 benchmarks/probes/dual_gemm_wide.py OUT.json. The kernel is checked on the
+GPU only: python3 benchmarks/probes/dual_gemm_wide.py OUT.json. The launch is checked on the
 CPU, in the interpreter, by tests/benchmarks/test_dual_gemm_wide_probe.py.
 """
 
@@ -32,14 +34,12 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 from codegen.dtypes import dtype_name
 from codegen.launch import ensure_allocator
 from codegen.matmul_epilogue.kernel import (
-    _gated,
     _gated_gemm_tma_kernel,
-    _tile,
+    _gated_gemm_wide_kernel,
     input_precision,
 )
 from verify.timing import bench
@@ -53,37 +53,6 @@ ROWS = 8192
 # 64 x 256 accumulator as cuBLAS's 128x256 tiles give each of their two.
 WIDE = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 64, 64, 8, 4))
 FAMILY = ((128, 128, 64, 8, 3, False), (128, 128, 64, 8, 4, True))
-
-
-@triton.jit
-def _wide_kernel(x_ptr, w_ptr, out_ptr, n_rows, x_row_stride, pair_stride, w_row_stride,
-                 out_row_stride, programs, HIDDEN: tl.constexpr, COLS: tl.constexpr,
-                 UP_FIRST: tl.constexpr, GELU_TANH: tl.constexpr,
-                 INPUT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    # w_ptr is the lower-addressed weight; the other lies pair_stride elements on (TMA
-    # strides are positive): UP_FIRST says which of the two w_ptr is.
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[n_rows, HIDDEN], strides=[x_row_stride, 1],
-                                       block_shape=[BM, BK])
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2, COLS, HIDDEN],
-                                       strides=[pair_stride, w_row_stride, 1],
-                                       block_shape=[2, BN, BK])
-    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, COLS],
-                                         strides=[out_row_stride, 1], block_shape=[BM, BN])
-    tiles = tl.cdiv(n_rows, BM) * ((COLS + BN - 1) // BN)
-    for tile in tl.range(tl.program_id(0), tiles, programs):
-        row_block, col_block = _tile(tile, n_rows, COLS, BM, BN, GROUP_M)
-        off_m, off_n = row_block * BM, col_block * BN
-        acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
-        for k in tl.range(0, HIDDEN, BK, num_stages=STAGES):
-            w = tl.reshape(w_desc.load([0, off_n, k]), (2 * BN, BK))
-            acc = tl.dot(x_desc.load([off_m, k]), w.T, acc, input_precision=INPUT_PRECISION)
-        first, second = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN)), (0, 2, 1)))
-        if UP_FIRST:
-            y = _gated(second, first, GELU_TANH)
-        else:
-            y = _gated(first, second, GELU_TANH)
-        out_desc.store([off_m, off_n], y.to(out_desc.dtype))
 
 
 def _programs(tiles: int, device: torch.device) -> int:
@@ -105,11 +74,11 @@ def wide(x, w_gate, w_up, out, act: str, bm: int, bn: int, bk: int, warps: int,
     assert (hi.data_ptr() - lo.data_ptr()) % 16 == 0 and w_gate.stride() == w_up.stride()
     tiles = triton.cdiv(rows, bm) * triton.cdiv(cols, bn)
     programs = _programs(tiles, x.device)
-    _wide_kernel[(programs,)](x, lo, out, rows, x.stride(0), pair, lo.stride(0), out.stride(0),
-                              programs, HIDDEN=hidden, COLS=cols, UP_FIRST=up_first,
-                              GELU_TANH=act == "gelu_tanh",
-                              INPUT_PRECISION=input_precision(dtype_name(x.dtype)),
-                              BM=bm, BN=bn, BK=bk, GROUP_M=8, STAGES=stages, num_warps=warps)
+    _gated_gemm_wide_kernel[(programs,)](
+        x, lo, out, rows, x.stride(0), pair, lo.stride(0), out.stride(0), programs,
+        HIDDEN=hidden, COLS=cols, UP_FIRST=up_first, GELU_TANH=act == "gelu_tanh",
+        INPUT_PRECISION=input_precision(dtype_name(x.dtype)), BM=bm, BN=bn, BK=bk, GROUP_M=8,
+        STAGES=stages, num_warps=warps)
 
 
 def family(x, w_gate, w_up, out, act: str, bm: int, bn: int, bk: int, warps: int,

@@ -8,8 +8,10 @@ saves 2 x tokens x intermediate of writes and as much of reads, and two launches
 pays depends on how close a Triton GEMM comes to cuBLAS: with pointer loads the best tile was
 1-6 % slower than cuBLAS's projections plus gated_act's kernel (H200, bf16 prefill); with TMA
 loads and one program per SM it is 7-10 % faster (benchmarks/probes/epilogue_probe.py), and
-in the pipeline Llama-3.2-1B b8 went from 1.423x to 1.455x. The search and the integrate stage
-still decide per workload, by measurement.
+in the pipeline Llama-3.2-1B b8 went from 1.423x to 1.455x. A third kernel ("WIDE" configs)
+reads both weights through one descriptor and issues one dot per K step into a (BM, 2 BN)
+accumulator, as cuBLAS's widest tiles do (kernel.py says why). The search and the integrate
+stage still decide per workload, by measurement.
 
 An ALTERNATIVE to gated_act, not a rival claimant: both replace the same silu/gelu and mul, so
 the profile's matcher never claims with these patterns. Each extends gated_act's pattern

@@ -159,6 +159,44 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
             out_desc.store([off_m, off_n], y)
 
 
+@triton.jit
+def _gated_gemm_wide_kernel(x_ptr, w_ptr, out_ptr, n_rows, x_row_stride, pair_stride,
+                            w_row_stride, out_row_stride, programs, HIDDEN: tl.constexpr,
+                            COLS: tl.constexpr, UP_FIRST: tl.constexpr,
+                            GELU_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                            GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    # The TMA kernel's loop with one dot per K step instead of two: gate's and up's tiles
+    # arrive as one (2, BN, BK) box of a three-dimensional descriptor whose leading stride is
+    # the distance between the two weights (no copy, no packed buffer: TMA reads only the
+    # boxes), viewed as (2 BN, BK), into one (BM, 2 BN) accumulator, the n = 256 wgmma of
+    # cuBLAS's widest tiles. Each warpgroup reads its x rows from shared memory once per step,
+    # not twice; the registers per thread are the two accumulators' (benchmarks/probes/
+    # dual_gemm_wide.py). w_ptr is the lower-addressed weight (TMA strides are positive):
+    # UP_FIRST says which of the two it is.
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[n_rows, HIDDEN], strides=[x_row_stride, 1],
+                                       block_shape=[BM, BK])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2, COLS, HIDDEN],
+                                       strides=[pair_stride, w_row_stride, 1],
+                                       block_shape=[2, BN, BK])
+    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[n_rows, COLS],
+                                         strides=[out_row_stride, 1], block_shape=[BM, BN])
+    tiles = tl.cdiv(n_rows, BM) * ((COLS + BN - 1) // BN)
+    for tile in tl.range(tl.program_id(0), tiles, programs):
+        row_block, col_block = _tile(tile, n_rows, COLS, BM, BN, GROUP_M)
+        off_m, off_n = row_block * BM, col_block * BN
+        acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
+        for k in tl.range(0, HIDDEN, BK, num_stages=STAGES):
+            w = tl.reshape(w_desc.load([0, off_n, k]), (2 * BN, BK))
+            acc = tl.dot(x_desc.load([off_m, k]), w.T, acc, input_precision=INPUT_PRECISION)
+        first, second = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN)), (0, 2, 1)))
+        if UP_FIRST:
+            y = _gated(second, first, GELU_TANH)
+        else:
+            y = _gated(first, second, GELU_TANH)
+        out_desc.store([off_m, off_n], y.to(out_desc.dtype))
+
+
 # (BM, BN, BK, num_warps, num_stages, GROUP_M), small tiles to large. Prefill rows: the probe's
 # tiles (probes/epilogue_probe.py: 128 x 128 x 64 with 8 warps was its best on the H200 for
 # both models, 3 stages for Llama, 4 for Qwen; 128 x 64 and 64 x 128 were 20-25 % slower) and
@@ -223,6 +261,10 @@ def smem_bytes(config: dict, case: Case) -> int:
 #   and 235 (Qwen); with SUBTILE, 836 and 825. Nothing gained, so not searched.
 TMA_TILES = ((128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8))
 TMA_VARIANTS = ({}, {"SUBTILE": True})
+# The wide kernel's tiles (BN per weight, so the accumulator is BM x 2 BN): the family's tile,
+# and 64 rows on one warpgroup, which gives it the 64 x 256 accumulator each of cuBLAS's two
+# warpgroups holds in its 128 x 256 tiles.
+WIDE_TILES = ((128, 128, 64, 8, 3, 8), (64, 128, 64, 4, 4, 8))
 TMA_MIN_ROWS = 256
 
 
@@ -242,7 +284,10 @@ def search_space(case: Case) -> list[dict]:
     if case["rows"] >= TMA_MIN_ROWS and tma_ok(case):
         configs += [{**_config(t, element_size(case)), "TMA": True, **v} for t in TMA_TILES
                     for v in TMA_VARIANTS]
-    # stable: among tiles of one area the listed order stays (the probe's best comes last)
+        configs += [{**_config(t, element_size(case)), "TMA": True, "WIDE": True}
+                    for t in WIDE_TILES]
+    # stable: among tiles of one area the listed order stays (the probe's best comes last,
+    # then the wide kernel's)
     return sorted(configs, key=lambda c: c["BM"] * c["BN"])
 
 
@@ -340,6 +385,41 @@ def forward(x, w_gate, w_up, *, out, **params) -> None:
 '''
 
 
+_FORWARD_WIDE = _FORWARD_TMA.split("def forward(")[0] + '''\
+def _pairable(w_gate, w_up):
+    """Whether one descriptor reaches both weights: equal strides, a 16-byte distance."""
+    return (w_gate.stride() == w_up.stride()
+            and (w_gate.data_ptr() - w_up.data_ptr()) % 16 == 0)
+
+
+def forward(x, w_gate, w_up, *, out, **params) -> None:
+    """x: (..., HIDDEN); w_gate, w_up: (COLS, HIDDEN), nn.Linear weights, read in place (they
+    may be views of one packed buffer); out: (..., COLS) with x's leading shape. A tensor TMA
+    cannot address (a column slice, an odd offset), or weights one descriptor cannot reach
+    together, go through aligned copies."""
+    _check_params(params)
+    _check_inputs(x, w_gate, w_up, out)
+    x = x.reshape(-1, HIDDEN)
+    dst = out.view(-1, COLS)
+    rows = x.shape[0]
+    if rows == 0:
+        return
+    x = x if _aligned(x) else _fresh(x)
+    if not (_aligned(w_gate) and _aligned(w_up) and _pairable(w_gate, w_up)):
+        w_gate, w_up = _fresh(w_gate), _fresh(w_up)
+    res = dst if _aligned(dst) else torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
+    up_first = w_up.data_ptr() < w_gate.data_ptr()
+    lo, hi = (w_up, w_gate) if up_first else (w_gate, w_up)
+    pair = (hi.data_ptr() - lo.data_ptr()) // ELEMENT_SIZE
+    programs = _programs(cdiv(rows, BM) * N_COL_BLOCKS, x.device)
+    (_kernel_up_first if up_first else _kernel)(
+        (programs,), x, lo, res, rows, x.stride(0), pair, lo.stride(0), res.stride(0),
+        programs)
+    if res is not dst:
+        dst.copy_(res)
+'''
+
+
 def render(config: dict, case: Case) -> str:
     hidden, cols, act, dtype = case["hidden"], case["cols"], case["act"], case["dtype"]
     bm, bn, bk = config["BM"], config["BN"], config["BK"]
@@ -348,17 +428,21 @@ def render(config: dict, case: Case) -> str:
     why = ("torch's fp32 matmul does not use TF32" if precision == "ieee"
            else "no effect on 16-bit operands")
     tma = bool(config.get("TMA"))
+    wide = tma and bool(config.get("WIDE"))
     launch = ("one program per SM walking the tiles, loads and stores through TMA "
               "descriptors" if tma else "one program per tile")
+    accumulators = (f"One fp32 ({bm} x {2 * bn}) accumulator over both weights (one dot per K "
+                    f"step) per ({bm} x {bn}) output tile" if wide
+                    else f"Two fp32 accumulators per ({bm} x {bn}) output tile")
     imports = "cdiv, ensure_allocator, launcher" if tma else "cdiv, launcher"
     header = textwrap.dedent(f'''\
         """Gated MLP GEMM candidate: out = {_FORMULA[act]}.
 
-        Generated by codegen.matmul_epilogue.kernel.render. Two fp32 accumulators per
-        ({bm} x {bn}) output tile, the activation and the multiply in the epilogue, one
-        rounding to the output dtype. Specialised for hidden={hidden}, cols={cols}, {dtype};
-        tuned for {case["rows"]} rows. Launch: {launch} in groups of {group_m} row
-        blocks, K in steps of {bk}, {warps} warps, {stages} stages.
+        Generated by codegen.matmul_epilogue.kernel.render. {accumulators}, the
+        activation and the multiply in the epilogue, one rounding to the output dtype.
+        Specialised for hidden={hidden}, cols={cols}, {dtype}; tuned for {case["rows"]} rows.
+        Launch: {launch} in groups of {group_m} row blocks, K in steps of {bk}, {warps} warps,
+        {stages} stages.
         case:   {json.dumps(case)}
         config: {json.dumps(config)}
         """
@@ -385,16 +469,22 @@ def render(config: dict, case: Case) -> str:
         N_COL_BLOCKS = {-(-cols // bn)}
         BAKED_PARAMS = {{"act": {act!r}}}
         ''')
-    kernel = _gated_gemm_tma_kernel if tma else _gated_gemm_kernel
-    # the TMA kernel pipelines its K loop itself (tl.range's num_stages), the other via the
-    # launch option
+    kernel = (_gated_gemm_wide_kernel if wide else _gated_gemm_tma_kernel if tma
+              else _gated_gemm_kernel)
+    # the TMA kernels pipeline their K loop themselves (tl.range's num_stages), the other via
+    # the launch option
     pipelining = "STAGES=NUM_STAGES" if tma else "num_stages=NUM_STAGES"
-    if tma:  # bound even at its default: codegen.launch's direct path binds trailing ones
-        pipelining += f", SUBTILE={bool(config.get('SUBTILE'))}"
-    bind = (f"_kernel = launcher({kernel.fn.__name__}, HIDDEN=HIDDEN, COLS=COLS, "
-            "GELU_TANH=GELU_TANH,\n                   INPUT_PRECISION=INPUT_PRECISION, BM=BM, "
-            f"BN=BN, BK=BK, GROUP_M=GROUP_M,\n                   num_warps=NUM_WARPS, "
-            f"{pipelining})\n")
+    if tma and not wide:  # bound even at its default: codegen.launch's direct path binds
+        pipelining += f", SUBTILE={bool(config.get('SUBTILE'))}"  # trailing ones
+    options = ("HIDDEN=HIDDEN, COLS=COLS, GELU_TANH=GELU_TANH,\n                   "
+               "INPUT_PRECISION=INPUT_PRECISION, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M,\n"
+               f"                   num_warps=NUM_WARPS, {pipelining}")
+    name = kernel.fn.__name__
+    if wide:  # which weight lies first in memory is a compile-time choice of the epilogue
+        bind = (f"_kernel = launcher({name}, UP_FIRST=False, {options})\n"
+                f"_kernel_up_first = launcher({name}, UP_FIRST=True, {options})\n")
+    else:
+        bind = f"_kernel = launcher({name}, {options})\n"
+    forward = _FORWARD_WIDE if wide else _FORWARD_TMA if tma else _FORWARD
     return "\n\n".join([header, kernel_source(_gated), kernel_source(_tile),
-                         kernel_source(kernel), bind, _HELPERS,
-                         _FORWARD_TMA if tma else _FORWARD])
+                         kernel_source(kernel), bind, _HELPERS, forward])

@@ -164,7 +164,7 @@ def test_search_space_orders_small_to_widest(rows, dtype):
     if rows <= 64:  # decode and short prompts get row blocks their size
         assert small_m == {16, 32}
     else:
-        assert not small_m and 8 <= len(configs) <= 14
+        assert not small_m and 8 <= len(configs) <= 16
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -222,10 +222,10 @@ def test_tma_candidates_are_searched_for_prefill_rows_and_match_on_the_edges(dty
 
     case = make_case(TMA_MIN_ROWS + 44, 96, 176, dtype, act)
     space = FAMILY.search_space(case)
-    tma = [c for c in space if c.get("TMA")]
+    tma = [c for c in space if c.get("TMA") and not c.get("WIDE")]
     assert space[-1].get("TMA") and len(tma) == 4
     # the output tile stored whole and in two halves: both go through the checks below
-    plain, halves = tma[0], space[-1]
+    plain, halves = tma[0], tma[-1]
     assert not plain.get("SUBTILE") and halves.get("SUBTILE")
     assert not any(c.get("TMA") for c in FAMILY.search_space({**case, "rows": 64}))
     assert not tma_ok({**case, "cols": 173})  # 173 x 2 bytes: not a 16-byte row
@@ -241,6 +241,48 @@ def test_tma_candidates_are_searched_for_prefill_rows_and_match_on_the_edges(dty
         for edge in [case] + FAMILY.edge_cases(case):
             out, ref = run_candidate(FAMILY, config, edge, tmp_path, rendered_for=case)
             assert_close(out, ref, TOL[dtype])
+    verify_on_cpu_or_gpu(FAMILY, case, tmp_path)
+
+
+@pytest.mark.parametrize("dtype, act", [("float32", "gelu_tanh"), ("float16", "silu")])
+def test_wide_candidates_read_both_weights_through_one_descriptor(dtype, act, tmp_path):
+    """The wide kernel (one dot over gate and up, a 3-D descriptor whose leading stride is the
+    distance between them) comes last for prefill rows and gives act(gate) * up whichever
+    weight lies first in memory, on the edges, and through copies where one descriptor cannot
+    reach both (weights of different strides)."""
+    from codegen.matmul_epilogue.kernel import TMA_MIN_ROWS
+
+    case = make_case(TMA_MIN_ROWS + 44, 96, 176, dtype, act)
+    space = FAMILY.search_space(case)
+    wide = [c for c in space if c.get("WIDE")]
+    assert len(wide) == 2 and space[-1] is wide[-1] and all(c["TMA"] for c in wide)
+    assert not any(c.get("WIDE") for c in FAMILY.search_space({**case, "rows": 64}))
+    source = FAMILY.render(space[-1], case)
+    assert "launcher(_gated_gemm_wide_kernel, UP_FIRST=True" in source
+    assert "One fp32 (128 x 256) accumulator" in source
+    for config in wide:
+        for edge in [case] + FAMILY.edge_cases(case):
+            out, ref = run_candidate(FAMILY, config, edge, tmp_path, rendered_for=case)
+            assert_close(out, ref, TOL[dtype])
+    forward = load_rendered(FAMILY, space[-1], case, tmp_path)
+    x, wg, wu = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(1))
+    ref = FAMILY.reference(x, wg, wu, act=act)
+    packed = torch.cat([wu, wg])  # up first in memory, one buffer (Phi-3's gate_up_proj)
+    # gate's rows 64 elements further apart than up's: each alone is TMA's, the two are not
+    # one descriptor's, so both get copied
+    spaced = torch.zeros(wg.shape[0], wg.shape[1] + 64, dtype=wg.dtype, device=DEVICE)
+    spaced[:, :wg.shape[1]] = wg
+    gate_spaced = spaced[:, :wg.shape[1]]
+    helpers = forward.__globals__
+    assert helpers["_aligned"](gate_spaced) and not helpers["_pairable"](gate_spaced, wu)
+    assert helpers["_pairable"](packed[wg.shape[0]:], packed[:wg.shape[0]])
+    for w_gate, w_up in [(packed[wg.shape[0]:], packed[:wg.shape[0]]), (gate_spaced, wu)]:
+        out = torch.full_like(ref, float("nan"))
+        forward(x, w_gate, w_up, out=out, act=act)
+        assert_close(out, ref, TOL[dtype])
+    swapped = torch.zeros_like(ref)  # the roles matter: act(up) * gate is another product
+    forward(x, packed[:wg.shape[0]], packed[wg.shape[0]:], out=swapped, act=act)
+    assert (swapped - ref).abs().max() > 100 * TOL[dtype][0]
     verify_on_cpu_or_gpu(FAMILY, case, tmp_path)
 
 
