@@ -333,7 +333,7 @@ def forward(x, w_gate, w_up, *, out, **params) -> None:
 '''
 
 
-_FORWARD_TMA = '''\
+_TMA_HELPERS = '''\
 def _aligned(t):
     """What a TMA descriptor needs: unit last stride, 16-byte row stride and base address."""
     return (t.stride(-1) == 1 and t.stride(0) * ELEMENT_SIZE % 16 == 0
@@ -359,12 +359,14 @@ def _programs(tiles, device):
     if device.index not in _SMS:
         _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
     return min(tiles, _SMS[device.index])
+'''
 
-
+# Both TMA kernels' forward: @...@ marks what differs (not str.format: the body has braces)
+_TMA_FORWARD = '''\
 def forward(x, w_gate, w_up, *, out, **params) -> None:
     """x: (..., HIDDEN); w_gate, w_up: (COLS, HIDDEN), nn.Linear weights, read in place (they
     may be views of one packed buffer); out: (..., COLS) with x's leading shape. A tensor TMA
-    cannot address (a column slice, an odd offset) goes through an aligned copy."""
+    cannot address (a column slice, an odd offset) goes through an aligned copy@UNREACHABLE@."""
     _check_params(params)
     _check_inputs(x, w_gate, w_up, out)
     x = x.reshape(-1, HIDDEN)
@@ -374,50 +376,40 @@ def forward(x, w_gate, w_up, *, out, **params) -> None:
         return
     # spelled out: a generator over the three costs the host about 1 us more per call
     x = x if _aligned(x) else _fresh(x)
-    w_gate = w_gate if _aligned(w_gate) else _fresh(w_gate)
-    w_up = w_up if _aligned(w_up) else _fresh(w_up)
+@WEIGHTS@
     res = dst if _aligned(dst) else torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
     programs = _programs(cdiv(rows, BM) * N_COL_BLOCKS, x.device)
-    _kernel((programs,), x, w_gate, w_up, res, rows, x.stride(0), w_gate.stride(0),
-            w_up.stride(0), res.stride(0), programs)
+@LAUNCH@
     if res is not dst:
         dst.copy_(res)
 '''
 
+_FORWARD_TMA = _TMA_HELPERS + "\n\n" + _TMA_FORWARD.replace("@UNREACHABLE@", "").replace(
+    "@WEIGHTS@", """\
+    w_gate = w_gate if _aligned(w_gate) else _fresh(w_gate)
+    w_up = w_up if _aligned(w_up) else _fresh(w_up)""").replace("@LAUNCH@", """\
+    _kernel((programs,), x, w_gate, w_up, res, rows, x.stride(0), w_gate.stride(0),
+            w_up.stride(0), res.stride(0), programs)""")
 
-_FORWARD_WIDE = _FORWARD_TMA.split("def forward(")[0] + '''\
+_FORWARD_WIDE = _TMA_HELPERS + '''
+
 def _pairable(w_gate, w_up):
     """Whether one descriptor reaches both weights: equal strides, a 16-byte distance."""
     return (w_gate.stride() == w_up.stride()
             and (w_gate.data_ptr() - w_up.data_ptr()) % 16 == 0)
 
 
-def forward(x, w_gate, w_up, *, out, **params) -> None:
-    """x: (..., HIDDEN); w_gate, w_up: (COLS, HIDDEN), nn.Linear weights, read in place (they
-    may be views of one packed buffer); out: (..., COLS) with x's leading shape. A tensor TMA
-    cannot address (a column slice, an odd offset), or weights one descriptor cannot reach
-    together, go through aligned copies."""
-    _check_params(params)
-    _check_inputs(x, w_gate, w_up, out)
-    x = x.reshape(-1, HIDDEN)
-    dst = out.view(-1, COLS)
-    rows = x.shape[0]
-    if rows == 0:
-        return
-    x = x if _aligned(x) else _fresh(x)
+''' + _TMA_FORWARD.replace(
+    "@UNREACHABLE@", "; so do both\n    weights where one descriptor cannot reach the two").replace(
+    "@WEIGHTS@", """\
     if not (_aligned(w_gate) and _aligned(w_up) and _pairable(w_gate, w_up)):
         w_gate, w_up = _fresh(w_gate), _fresh(w_up)
-    res = dst if _aligned(dst) else torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
     up_first = w_up.data_ptr() < w_gate.data_ptr()
     lo, hi = (w_up, w_gate) if up_first else (w_gate, w_up)
-    pair = (hi.data_ptr() - lo.data_ptr()) // ELEMENT_SIZE
-    programs = _programs(cdiv(rows, BM) * N_COL_BLOCKS, x.device)
+    pair = (hi.data_ptr() - lo.data_ptr()) // ELEMENT_SIZE""").replace("@LAUNCH@", """\
     (_kernel_up_first if up_first else _kernel)(
         (programs,), x, lo, res, rows, x.stride(0), pair, lo.stride(0), res.stride(0),
-        programs)
-    if res is not dst:
-        dst.copy_(res)
-'''
+        programs)""")
 
 
 def render(config: dict, case: Case) -> str:
