@@ -15,8 +15,9 @@ pre-norm layout that Llama, Qwen2, Mistral, Gemma and Phi3 share (read from its 
     return hidden_states
 
 The replacement runs the same submodules in the same order (so their own patches still apply)
-and swaps the add + post-attention norm for one kernel. Layers of any other shape are left
-alone. Wrappers between the class attribute and the code must be transformers'
+and swaps the add + post-attention norm for one kernel; where the MLP returns its down_proj's
+output as it is, the last add goes into down_proj's GEMM (residual_gemm.py). Layers of any
+other shape are left alone. Wrappers between the class attribute and the code must be transformers'
 `deprecate_kwarg` (whose renames the adapter repeats) or its gradient-checkpointing wrapper;
 any other decorator means no patch.
 """
@@ -33,10 +34,11 @@ from functools import cache
 import torch
 
 from codegen.add_rmsnorm.reference import params
+from codegen.add_rmsnorm.residual_gemm import Slot, down_proj_wrap, mlp_into, plain_down_proj
 from codegen.rmsnorm.patch import kernel_can_take, kernel_resolver
 from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
 from core.family import Case
-from models.patching import set_instance_forwards
+from models.patching import set_instance_forwards, wrap_instance_forward
 
 NAME_RE = re.compile(r".*DecoderLayer$")
 HS = "hidden_states"
@@ -187,7 +189,10 @@ def recognise(layer: torch.nn.Module) -> dict | None:
     return None if form is None else {"template": template, "form": form}
 
 
-def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable) -> Callable:
+def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable,
+          down: tuple | None = None) -> Callable:
+    """The layer's forward. `down`: (down_proj, the forward installed on it, its Slot) where
+    the last residual add goes into down_proj's GEMM (residual_gemm.py)."""
     original = layer.forward
     attn_drop, mlp_drop = (getattr(layer, d) if d else None for d in template["dropouts"])
     resolve = kernel_resolver(chooser, form, params)
@@ -218,12 +223,18 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable)
             attn_out = attn_drop(attn_out)
         if attn_out.shape == residual.shape and attn_out.dtype == residual.dtype:
             residual_2d = residual.contiguous().view(-1, hidden)
-            total = torch.empty_like(residual_2d)
+            total_2d = torch.empty_like(residual_2d)
             normed = torch.empty_like(residual_2d)
             fn(attn_out.contiguous().view(-1, hidden), residual_2d, weight,
-               out=(total, normed), **kw)
+               out=(total_2d, normed), **kw)
+            total = total_2d
             # unpacked sizes: view(torch.Size) costs 2.5x view(*ints) on the host (CPU, 2.13)
             total, normed = total.view(*residual.shape), normed.view(*residual.shape)
+            # Phi-3's dropout is the identity in eval, and the fused add skips it only then
+            if down is not None and (mlp_drop is None or not mlp_drop.training):
+                out = mlp_into(total_2d, layer.mlp, *down, normed)
+                if out is not None:
+                    return out
         else:  # an attention that changed shape or dtype: the unfused code, op for op
             total = residual + attn_out
             normed = layer.post_attention_layernorm(total)
@@ -238,12 +249,29 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable)
 
 def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) -> Callable[[], None]:
     """Replace the forward of every recognised decoder layer instance; returns undo."""
-    replacements = []
+    replacements, down_undos = [], []
     for _, layer in model.named_modules():
         found = recognise(layer)
-        if found is not None:
-            replacements.append((layer, _wrap(layer, found["template"], found["form"], chooser)))
-    return set_instance_forwards(replacements)
+        if found is None:
+            continue
+        down = plain_down_proj(layer.mlp)
+        drop = found["template"]["dropouts"][1]
+        if down is not None and (drop is None or type(getattr(layer, drop)) is torch.nn.Dropout):
+            slot = Slot()
+            down_undos.append(wrap_instance_forward(down, down_proj_wrap(down, slot)))
+            down = (down, down.__dict__["forward"], slot)
+        else:
+            down = None
+        replacements.append((layer, _wrap(layer, found["template"], found["form"], chooser,
+                                          down)))
+    undo_layers = set_instance_forwards(replacements)
+
+    def undo() -> None:
+        undo_layers()
+        for u in reversed(down_undos):
+            u()
+
+    return undo
 
 
 def cases_from_model(model: torch.nn.Module, workload) -> list[Case]:

@@ -245,6 +245,7 @@ def _separate_forward(mlp: GatedMLP, forward_by_case: Callable, fused: GateUp | 
         kernel(gate, up, out=hidden, **kw)
         return m.down_proj(hidden)
 
+    forward.returns_down_proj = "always"  # add_rmsnorm folds the residual add into it
     return forward
 
 
@@ -264,6 +265,7 @@ def _packed_forward(mlp: GatedMLP, forward_by_case: Callable) -> Callable:
         kernel(gate_up, out=hidden, **kw)
         return m.down_proj(hidden)
 
+    forward.returns_down_proj = "always"
     return forward
 
 

@@ -140,6 +140,7 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
                         return m.down_proj(out)
             return below(*args, **kwargs)
 
+        forward.returns_down_proj = "or_below"  # add_rmsnorm folds the residual add into it
         return forward
 
     return wrap

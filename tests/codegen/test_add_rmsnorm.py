@@ -201,6 +201,99 @@ def test_patch_stacks_with_the_rmsnorm_patch(tmp_path):
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+def _aten_counts(fn) -> collections.Counter:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return collections.Counter(e.name for e in prof.events())
+
+
+def _patched_and_counts(model, tmp_path, ids, extra_patch=None):
+    with torch.no_grad():
+        before = model(ids).logits
+        plain = _aten_counts(lambda: model(ids))
+        undo_extra = extra_patch(model) if extra_patch else (lambda: None)
+        undo = FAMILY.patch(model, make_chooser(tmp_path, []))
+        patched = model(ids).logits
+        fused = _aten_counts(lambda: model(ids))
+        undo()
+        undo_extra()
+        after = model(ids).logits
+    torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
+    assert torch.equal(after, before)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    return plain, fused
+
+
+@pytest.mark.parametrize("model_id", ["tiny-llama", "tiny-gemma", "tiny-phi3"])
+def test_last_residual_add_runs_in_down_proj_gemm(model_id, tmp_path, monkeypatch):
+    """Per layer, the MLP's residual add becomes down_proj's GEMM with the sum as C, in
+    place: one addmm_ per layer and one add fewer than the same patch without the fold, same
+    logits; Phi-3's eval-mode dropout is the identity."""
+    import codegen.add_rmsnorm.residual_gemm as residual_gemm
+
+    model = build(resolve(model_id), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    _, fused = _patched_and_counts(model, tmp_path, ids)
+    monkeypatch.setattr(residual_gemm, "mlp_returns_down_proj", lambda mlp: False)
+    _, unfolded = _patched_and_counts(model, tmp_path, ids)
+    layers = model.config.num_hidden_layers
+    assert unfolded["aten::addmm_"] == 0 and fused["aten::addmm_"] == layers
+    assert fused["aten::add"] == unfolded["aten::add"] - layers
+
+
+@pytest.mark.parametrize("mlp_family", ["gated_act", "matmul_epilogue"])
+def test_the_fold_goes_through_the_mlp_families_forwards(mlp_family, tmp_path):
+    """gated_act's forward (which never calls the one below) and matmul_epilogue's (which may)
+    declare that they return down_proj's output: the add is still folded under them."""
+    from codegen.registry import get_family
+
+    family = get_family(mlp_family)
+    loaded = {}
+
+    def chooser(case):
+        key = repr(sorted(case.items()))
+        if key not in loaded:
+            path = tmp_path / f"{mlp_family}_{len(loaded)}.py"
+            path.write_text(family.render(family.search_space(case)[-1], case))
+            loaded[key] = load_forward(path)
+        return loaded[key]
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    _, fused = _patched_and_counts(model, tmp_path, ids, lambda m: family.patch(m, chooser))
+    assert fused["aten::addmm_"] == model.config.num_hidden_layers
+
+
+def test_no_fold_where_the_mlp_changes_down_projs_output(tmp_path):
+    """An MLP whose forward scales down_proj's output, or one with a forward hook, or an
+    instance forward nobody declared: the layer adds as before, and the logits stay right."""
+    from codegen.add_rmsnorm.residual_gemm import class_returns_down_proj, mlp_returns_down_proj
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE)
+    mlp_class = type(model.model.layers[0].mlp)
+
+    class ScaledMLP(mlp_class):
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) * 0.5
+
+    class InheritedMLP(mlp_class):
+        pass
+
+    assert class_returns_down_proj(mlp_class) and class_returns_down_proj(InheritedMLP)
+    assert not class_returns_down_proj(ScaledMLP)
+    model.model.layers[0].mlp.__class__ = ScaledMLP
+    hooked = model.model.layers[1].mlp
+    handle = hooked.register_forward_hook(lambda module, args, out: out * 2)
+    assert not mlp_returns_down_proj(hooked) and not mlp_returns_down_proj(
+        model.model.layers[0].mlp)
+    ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
+    _, fused = _patched_and_counts(model, tmp_path, ids)
+    assert fused["aten::addmm_"] == 0
+    handle.remove()
+    hooked.forward = lambda x: mlp_class.forward(hooked, x)  # someone else's instance forward
+    assert not mlp_returns_down_proj(hooked)
+
+
 def test_cases_from_model():
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
     cases = FAMILY.cases_from_model(model, Workload(batch=3, seq=8, mode="decode"))
