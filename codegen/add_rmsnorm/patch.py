@@ -227,9 +227,8 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable,
             normed = torch.empty_like(residual_2d)
             fn(attn_out.contiguous().view(-1, hidden), residual_2d, weight,
                out=(total_2d, normed), **kw)
-            total = total_2d
             # unpacked sizes: view(torch.Size) costs 2.5x view(*ints) on the host (CPU, 2.13)
-            total, normed = total.view(*residual.shape), normed.view(*residual.shape)
+            total, normed = total_2d.view(*residual.shape), normed.view(*residual.shape)
             # Phi-3's dropout is the identity in eval, and the fused add skips it only then
             if down is not None and (mlp_drop is None or not mlp_drop.training):
                 out = mlp_into(total_2d, layer.mlp, *down, normed)
