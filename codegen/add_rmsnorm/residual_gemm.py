@@ -7,9 +7,9 @@ at the b8 s1024 prefill shapes, down_proj's GEMM plus the add against the GEMM a
 `total` as C (us, benchmarks/probes/residual_addmm.py, results in
 benchmarks/results/probes-1206a-h100): Llama-3.2-1B 446.5 against 366.3 (the plain GEMM
 366.6), Qwen2.5-0.5B 142.2 against 114.1, Phi-3-mini 626.4 against 584.0, Gemma-2B 781.0
-against 777.0. Same bits as the unfused code: cuBLAS adds C to the fp32 accumulator, rounding
-once, where HF rounds the product and then the sum; the verifier's whole-model check holds
-both to the fp32 reference.
+against 777.0. Not bit for bit the unfused code: cuBLAS adds C to the fp32 accumulator and
+rounds once, where HF rounds the product and then the sum; the whole-model check holds both to
+the fp32 reference.
 
 The add happens inside the MLP's call, so it is done only where the MLP returns down_proj's
 output as it is: the class's forward ends in `return self.down_proj(...)` (read from its
@@ -20,7 +20,8 @@ nothing anyone else holds.
 
 Protocol, per layer: the layer arms `Slot.total` before calling the MLP; down_proj's instance
 forward (installed here) takes it, computes in place and leaves its result in `Slot.result`;
-the layer returns that tensor when the MLP returned exactly it, else adds as before.
+the layer returns that tensor, which the MLP must have returned as it is (anything else is an
+error: the sum is already written). Where down_proj did not take it, the layer adds as before.
 """
 
 from __future__ import annotations
