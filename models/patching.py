@@ -23,6 +23,14 @@ def needs_graph(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def intercepted(module: nn.Module) -> bool:
+    """Whether something runs around the module's forward when it is called: a hook of torch's,
+    or accelerate's (which replaces the instance's forward and sets `_hf_hook`, to bring
+    offloaded weights in). Plain lookups: adapters ask on every call."""
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or "_hf_hook" in module.__dict__)
+
+
 class _InstanceForward:
     """One instance-level forward. Live, it runs `wrap(below)`; once undone it passes calls
     straight to `below`, so a forward stacked on top of it (another family's, which captured

@@ -35,6 +35,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from models.patching import intercepted
+
 # On an adapter's MLP forward: "always" (it returns down_proj's output on every path) or
 # "or_below" (that, or what the forward below it returns)
 RETURNS_DOWN_PROJ = "returns_down_proj"
@@ -104,8 +106,7 @@ def plain_down_proj(mlp: nn.Module) -> nn.Linear | None:
     instance forward already there (another family's GEMM kernel: gemv at decode) keeps its
     calls; one installed later sits on top, and `mlp_into` then leaves the add alone."""
     down = getattr(mlp, "down_proj", None)
-    if (type(down) is not nn.Linear or down.bias is not None or down._forward_hooks
-            or down._forward_pre_hooks or "_hf_hook" in down.__dict__
+    if (type(down) is not nn.Linear or down.bias is not None or intercepted(down)
             or "forward" in down.__dict__):
         return None
     return down

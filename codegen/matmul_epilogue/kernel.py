@@ -261,12 +261,11 @@ def smem_bytes(config: dict, case: Case) -> int:
 #   and 235 (Qwen); with SUBTILE, 836 and 825. Nothing gained, so not searched.
 TMA_TILES = ((128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8))
 TMA_VARIANTS = ({}, {"SUBTILE": True})
-# The wide kernel's tiles (BN per weight, so the accumulator is BM x 2 BN): the family's tile
-# at 4 and 3 stages. On an H100 at 8192 rows (benchmarks/probes/dual_gemm_wide.py) these were
+# The wide kernel ("WIDE") is searched at the same tiles (BN per weight, so its accumulator is
+# BM x 2 BN). On an H100 at 8192 rows (benchmarks/probes/dual_gemm_wide.py) they were
 # 0.8-2.6 % faster than the two-dot kernel's best at all four b8 models' shapes, 4 stages best
 # on Qwen's and Phi-3's, 3 on Llama's and Gemma's; 64 x 2*128 on 4 warps (cuBLAS's 64 x 256
 # per warpgroup) and 128 x 2*64 were 12-20 % slower, so not searched.
-WIDE_TILES = ((128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8))
 TMA_MIN_ROWS = 256
 
 
@@ -287,7 +286,7 @@ def search_space(case: Case) -> list[dict]:
         configs += [{**_config(t, element_size(case)), "TMA": True, **v} for t in TMA_TILES
                     for v in TMA_VARIANTS]
         configs += [{**_config(t, element_size(case)), "TMA": True, "WIDE": True}
-                    for t in WIDE_TILES]
+                    for t in TMA_TILES]
     # stable: among tiles of one area the listed order stays (the probe's best comes last,
     # then the wide kernel's)
     return sorted(configs, key=lambda c: c["BM"] * c["BN"])

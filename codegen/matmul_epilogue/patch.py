@@ -30,7 +30,7 @@ from codegen.dtypes import dtype_name
 from codegen.gated_act.patch import GatedMLP, find_gated_mlps
 from codegen.matmul_epilogue.reference import make_case, packed_weight, params
 from core.family import Case, kernel_by_signature
-from models.patching import needs_graph, wrap_instance_forwards
+from models.patching import intercepted, needs_graph, wrap_instance_forwards
 
 
 def _plain(linear) -> bool:
@@ -109,8 +109,7 @@ def _as_patched(mlp: GatedMLP, projs: tuple[nn.Module, ...]) -> bool:
     and sets `_hf_hook`, to bring offloaded weights in), no module swapped in since (PEFT's
     LoRA layer, whose `.weight` is the base weight only). Runs on every MLP call: plain
     lookups, no `hasattr` (which raises and catches inside nn.Module.__getattr__)."""
-    return all(c is p and not (p._forward_hooks or p._forward_pre_hooks)
-               and "forward" not in p.__dict__ and "_hf_hook" not in p.__dict__
+    return all(c is p and not intercepted(p) and "forward" not in p.__dict__
                for c, p in zip(_current(mlp), projs))
 
 

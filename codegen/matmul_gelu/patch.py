@@ -27,7 +27,7 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.matmul_gelu.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, needs_graph, wrap_instance_forwards
+from models.patching import code_shape, intercepted, needs_graph, wrap_instance_forwards
 
 ACT_OF_CLASS = {"NewGELUActivation": "gelu_new", "GELUTanh": "gelu_pytorch_tanh",
                 "PytorchGELUTanh": "gelu_pytorch_tanh"}
@@ -87,8 +87,7 @@ def _wrapper(mlp: nn.Module, act: str, forward_by_case: Callable) -> Callable:
         """c_fc is the module seen at patch time and nothing intercepts its call: plain
         lookups, run on every MLP call."""
         now = mlp._modules.get("c_fc")
-        return (now is c_fc and not (c_fc._forward_hooks or c_fc._forward_pre_hooks)
-                and "forward" not in c_fc.__dict__ and "_hf_hook" not in c_fc.__dict__)
+        return now is c_fc and not intercepted(c_fc) and "forward" not in c_fc.__dict__
 
     def wrap(below: Callable) -> Callable:
         def forward(*args, **kwargs):

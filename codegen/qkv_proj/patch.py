@@ -33,7 +33,7 @@ from codegen.dtypes import dtype_name
 from codegen.matmul.reference import gemv_takes, padded
 from codegen.qkv_proj.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import needs_graph, wrap_instance_forward
+from models.patching import intercepted, needs_graph, wrap_instance_forward
 
 NAMES = ("q_proj", "k_proj", "v_proj")
 
@@ -76,8 +76,7 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
 
 
 def _unhooked(lins: list[nn.Module]) -> bool:
-    return not any(li._forward_hooks or li._forward_pre_hooks or "_hf_hook" in li.__dict__
-                   for li in lins)
+    return not any(intercepted(li) for li in lins)
 
 
 def _wrappers(m: nn.Module, forward_by_case: Callable) -> list[tuple[nn.Module, Callable]]:
