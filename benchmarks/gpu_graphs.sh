@@ -50,6 +50,9 @@ else
   [ -f $run/profile.json ] && step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline \
     optimize $run $choice $maxc --pairs $PAIRS --backend $BACKEND
 fi
+# a run cut off at its limit keeps what it verified: both tarballs below hold enough to go on
+[ -f $run/report.md ] || [ ! -f $run/profile.json ] || echo "optimize did not finish: untar" \
+  "graphs-$tag.tgz and traces-$tag.tgz into one folder, carry it and rerun with RESUME=DIR/$tag"
 # without an optimize run, head_to_head skips ours and ours-graphs and says why
 [ -f $run/profile.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
   $logs/h2h.json --rounds $ROUNDS --variants $VARIANTS
