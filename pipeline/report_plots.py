@@ -247,9 +247,18 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                     *(bound[k][x] for k in ("unpatched", "patched")
                       for x in ("host_ms", "wall_ms"))))))
         rows += [("projection error (Amdahl)", pct(err.get("amdahl"))),
-                 ("projection error (replay)", pct(err.get("replay"))),
-                 ("shipped", _shipped_cell(w["shipped"]) + (
-                     f" ({w['shipped']['note']})" if (w["shipped"] or {}).get("note") else ""))]
+                 ("projection error (replay)", pct(err.get("replay")))]
+        host = w.get("at_timing_host")
+        if host:
+            rows.append(("projected (replay) at the host speed of the timing: the frozen "
+                         "replay with its host chain scaled to what the timing's unpatched pass "
+                         "took, a reading of the error, not the projection", (
+                             f"{speed(host['replay'])} (error {pct(host['error'])}): host "
+                             f"{host['timing_host_ms']:.2f} ms per unpatched pass at the timing "
+                             f"against {host['profile_host_ms']:.2f} at the profile "
+                             f"({host['host_drift']:.2f}x)")))
+        rows.append(("shipped", _shipped_cell(w["shipped"]) + (
+            f" ({w['shipped']['note']})" if (w["shipped"] or {}).get("note") else "")))
         b.append(("table", ["", "value"], rows))
         for note in ((p or {}).get("note"), (m or {}).get("note"), w.get("conditions"),
                      w.get("host_bound_note")):

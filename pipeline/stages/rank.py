@@ -330,15 +330,22 @@ def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float],
 
 def project_with(run_dir: Path, key: str, speedups: dict[str, float],
                  host_delta_us: dict[str, float | None] | None = None,
-                 case_speedups: dict[str, list | None] | None = None) -> float | None:
+                 case_speedups: dict[str, list | None] | None = None,
+                 host_scale: float = 1.0) -> float | None:
     """Replay gain of one profiled workload with the given patterns sped up (measured), each
     fused call saving (or adding) its measured host time when given; `case_speedups` as in
-    `project_graphs_with`."""
+    `project_graphs_with`. `host_scale`: the host chain, as calibrated to the profile, taken
+    that many times as long (a host that ran slower, > 1, at another moment)."""
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
     graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
     if graph is None:
         return None
+    if host_scale != 1.0:
+        from profiling.replay import scale_host
+
+        graph = scale_host(graph, host_scale)
+        graph.graph["host_scale"] *= host_scale
     rows = [r for r in pattern_rows(w, profile["ceilings"]) if r["pattern"] in speedups]
     for r in rows:
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]

@@ -1285,8 +1285,9 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
             {"pattern": "act", "family": "gated_act", "share": 0.1}]
     write_json(tmp_path / "ranking.json", {"workloads": [{"key": "w", "rows": rows}]})
     replays, replay_cases, graph_cases = [], [], []
-    monkeypatch.setattr(rank_stage, "project_with", lambda run_dir, key, speed, host, cases: (
-        replays.append(speed) or replay_cases.append(cases) or 1.1))
+    monkeypatch.setattr(rank_stage, "project_with", lambda run_dir, key, speed, host, cases,
+                        host_scale=1.0: (replays.append(speed) or replay_cases.append(cases)
+                                         or 1.1))
     graphed = []
     monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: (
         graphed.append(speed) or graph_cases.append(cases)
@@ -1313,6 +1314,41 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     assert kept["patterns"] == ["rms", "act"]
     assert replay_cases[-1] == {"rms": [[{"rows": 8}, 5.0]], "act": None}
     assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
+
+
+def test_the_kept_set_is_replayed_again_at_the_host_speed_the_timing_found(tmp_path,
+                                                                           monkeypatch):
+    """After the timing: the kept set's replay with the host chain scaled by the unpatched
+    pass's host time there over the profile's (6.0 against 5.0 ms: 1.2x), from the frozen
+    kernel numbers; no reading where the timing recorded no host time."""
+    from core.artifacts import write_json
+    from pipeline import projection
+    from pipeline.stages import rank as rank_stage
+
+    summary = {"accepted": {"rmsnorm/a": accepted_entry("rmsnorm", 0.5, 0.1, host_us=2.0)}}
+    rows = [{"pattern": "rms", "family": "rmsnorm", "share": 0.2}]
+    write_json(tmp_path / "ranking.json", {"workloads": [
+        {"key": "w", "rows": rows, "enqueue_ms": 5.0}]})
+    scales = []
+    monkeypatch.setattr(rank_stage, "project_with", lambda run_dir, key, speed, host, cases,
+                        host_scale=1.0: scales.append(host_scale) or 2.0 / host_scale)
+    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: {
+        "unpatched": 1.0, "kept": 1.0, "patterns": sorted(speed), "note": None})
+    projection.freeze_projection(tmp_path, summary, ["rmsnorm"], on_gpu=True)
+    bound = {"unpatched": {"host_ms": 6.0, "wall_ms": 9.0, "host_bound": False}}
+    write_json(tmp_path / "integration.json", {"workloads": {
+        "w": {"kept": ["rmsnorm"], "combined": {"bound": bound}}}})
+    projection.project_kept(tmp_path, on_gpu=True)
+    got = read_json(tmp_path / "integration.json")["workloads"]["w"]
+    assert scales[-1] == pytest.approx(1.2)
+    assert got["projection_at_timing_host"] == {
+        "families": ["rmsnorm"], "host_drift": pytest.approx(1.2), "profile_host_ms": 5.0,
+        "timing_host_ms": 6.0, "replay": pytest.approx(2.0 / 1.2)}
+    write_json(tmp_path / "integration.json", {"workloads": {
+        "w": {"kept": ["rmsnorm"], "combined": {"bound": None}}}})
+    projection.project_kept(tmp_path, on_gpu=True)
+    assert "projection_at_timing_host" not in read_json(
+        tmp_path / "integration.json")["workloads"]["w"]
 
 
 def test_top_n_backfills_a_family_that_cannot_reach_the_model(monkeypatch):

@@ -603,6 +603,32 @@ def test_host_probe_tightens_a_device_bound_pass_only(decode, prefill):
         <= prefill[0]["gpu_busy_share"]
 
 
+def test_project_with_a_slower_host_replays_the_host_chain_that_much_longer(prefill, tmp_path,
+                                                                           monkeypatch):
+    """`host_scale` (the timing's host speed against the profile's) lengthens every host node
+    of the calibrated graph: a row sped up 20x gains less once the host, three times slower,
+    sets the pace, and exactly what the replay of the scaled graph says."""
+    import shutil
+
+    from profiling.replay import scale_host
+
+    w, _ = prefill
+    (tmp_path / "trace").mkdir()
+    shutil.copy(PREFILL, tmp_path / "trace" / "w.json.gz")
+    profile = {"ceilings": H200, "workloads": [{**w, "key": "w", "trace": "trace/w.json.gz"}]}
+    monkeypatch.setattr(rank_stage, "read_json", lambda path, kind=None: profile)
+    row = max((r for r in rank_stage.pattern_rows(w, H200) if r["family"]),
+              key=lambda r: r["time_us"])
+    speed = {row["pattern"]: 20.0}
+    same = rank_stage.project_with(tmp_path, "w", speed)
+    assert rank_stage.project_with(tmp_path, "w", speed, host_scale=1.0) == same
+    slow = rank_stage.project_with(tmp_path, "w", speed, host_scale=3.0)
+    assert slow < same
+    graph = scale_host(rank_replay.workload_graph(w, PREFILL), 3.0)
+    assert slow == pytest.approx(rank_replay.replay_gain(graph, [
+        dict(row, target_us=row["time_us"] / 20.0, host_delta_us=None, case_speedups=None)]))
+
+
 def test_replay_keeps_each_rows_host_saving_on_its_own_launches(decode):
     """Savings add up across rows that do not interact: a row whose claimed host saving is
     larger than its own host segments can hold must not spill it onto another row's launches

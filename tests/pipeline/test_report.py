@@ -353,6 +353,33 @@ def test_a_machine_running_at_another_speed_is_said_next_to_the_error(tmp_path):
     assert note is None and "the machine's, not the model's" not in md
 
 
+def test_the_replay_at_the_timings_host_speed_is_shown_beside_the_error(tmp_path):
+    """Where the timing's host took 1.2x the profile's time per unpatched pass, the verdict and
+    the table give the kept set's replay at that speed and its error against the measured
+    1.075x (1 / 0.93), beside the frozen projection's; at 1.03x (same host, within noise) they
+    say nothing of it."""
+    write_profile_and_ranking(tmp_path)
+    write_optimize_artifacts(tmp_path, gpu=True)
+    integ = read_json(tmp_path / "integration.json", "integration")
+    said = {}
+    for drift in (1.2, 1.03):
+        integ["workloads"][PRE]["projection_at_timing_host"] = {
+            "families": ["rmsnorm"], "host_drift": drift, "profile_host_ms": 5.0,
+            "timing_host_ms": 5.0 * drift, "replay": 1.1}
+        write_json(tmp_path / "integration.json", integ)
+        out = write_report(tmp_path)
+        data = {w["key"]: w for w in read_json(out["json"])["workloads"]}
+        said[drift] = (data[PRE]["verdict"], section(out["markdown"].read_text(), PRE))
+    verdict, md = said[1.2]
+    err = f"{abs(1.1 - 1 / 0.93) * 0.93:.1%}"
+    assert (f"1.100x at the timing's host speed (error {err}; the host took 1.20x the "
+            f"profile's time)") in verdict
+    assert (f"1.100x (error {err}): host 6.00 ms per unpatched pass at the timing against "
+            f"5.00 at the profile (1.20x)") in md
+    verdict, md = said[1.03]
+    assert "timing's host speed" not in verdict and "host speed of the timing" not in md
+
+
 def test_a_set_that_leaves_the_pass_waiting_on_the_host_is_called_host_bound(tmp_path):
     """The shipped set's forward returns after 24 of its 25 ms, the unpatched one after 21 of
     31 ms: the report and the terminal summary say it is host-bound after patching and that
