@@ -115,9 +115,16 @@ def _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, on
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3),
                         built={(workloads[0].dtype, device): model})
-        del model  # integration freed its copy; the graphs stage builds its own
-        graphs_stage(run_dir, spec, workloads, summary, say, pairs or (30 if on_gpu else 3))
-        project_kept(run_dir, on_gpu)
+    del model  # integration freed its copy; the graphs stage builds its own
+    # integration.json is written before the graphs stage runs: a run cut off in that stage
+    # resumes with its measured workloads that have no "graphs" record yet
+    measured = read_json(run_dir / "integration.json", "integration")["workloads"]
+    pending = [w for w in workloads if "graphs" not in measured.get(w.key, {"graphs": None})]
+    if pending:
+        graphs_stage(run_dir, spec, pending, summary, say, pairs or (30 if on_gpu else 3))
+    # cheap (replays of the frozen numbers) and idempotent, so always: a resumed run that was
+    # cut off before it gets the kept set's projection too
+    project_kept(run_dir, on_gpu)
     say("report")
     return write_report(run_dir)
 

@@ -1081,6 +1081,30 @@ def test_resume_skips_finished_stages(optimized, run_data):
     assert (run_dir / "report.md").is_file()
 
 
+def test_resume_after_a_cut_in_the_graphs_stage_runs_it_without_timing_again(optimized):
+    """integration.json is written before the graphs stage: a run killed there (the H200's
+    Qwen b8 run of 2026-12-06 at its step limit) has measurements and no graphs record. The
+    resume must finish the graphs stage and the kept set's projection, not skip them because
+    the measurements stand, and must not time the model again."""
+    home, run_dir, _ = optimized
+    integ = read_json(run_dir / "integration.json")
+    timed = {k: w["combined"] for k, w in integ["workloads"].items()}
+    assert all("graphs" in w for w in integ["workloads"].values())
+    for w in integ["workloads"].values():
+        del w["graphs"]
+    (run_dir / "integration.json").write_text(json.dumps(integ))
+    (run_dir / "report.md").unlink()
+
+    proc = run_cli("optimize", str(run_dir), "--resume", "--families", ",".join(FAMILIES),
+                   "--pairs", str(PAIRS), home=home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = read_json(run_dir / "integration.json")["workloads"]
+    assert all("graphs" in w for w in after.values()), "the graphs stage was skipped"
+    assert {k: w["combined"] for k, w in after.items()} == timed, "the model was timed again"
+    assert "measure " not in proc.stdout + proc.stderr
+    assert (run_dir / "report.md").is_file()
+
+
 def test_user_edited_kernel_is_kept_and_verified_as_is(optimized, run_data):
     home, run_dir, _ = optimized
     fam = FAMILIES[0]
