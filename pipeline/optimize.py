@@ -115,7 +115,7 @@ def _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, on
         integrate_stage(run_dir, spec, workloads, summary, families, say,
                         pairs or (30 if on_gpu else 3),
                         built={(workloads[0].dtype, device): model})
-    del model  # integration freed its copy; the graphs stage builds its own
+    model = None  # integration freed its copy; the graphs stage builds its own
     # integration.json is written before the graphs stage runs: a run cut off in that stage
     # resumes with its measured workloads that have no "graphs" record yet
     measured = read_json(run_dir / "integration.json", "integration")["workloads"]
