@@ -136,19 +136,22 @@ def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bo
     (`case_speedups`): the replay speeds up each occurrence by its own case where the family
     matches occurrences to cases; without it (projections frozen before it was) every
     occurrence takes the family's median. `host_scale`: as in `rank.project_with`."""
-    from pipeline.stages.rank import amdahl, project_with
+    from pipeline.stages.rank import amdahl, replay_projection
 
     rows = [r for r in ranked["rows"] if r["family"] in speed
             and (only is None or r["family"] in only)]
     parts = [(r["share"], speed[r["family"]]) for r in rows]
+    replayed = replay_projection(
+        run_dir, ranked["key"], {r["pattern"]: speed[r["family"]] for r in rows},
+        {r["pattern"]: host.get(r["family"]) for r in rows},
+        {r["pattern"]: (cases or {}).get(r["family"]) for r in rows},
+        host_scale) if on_gpu and rows else None
     return {
         "amdahl": amdahl(parts) if parts else 1.0,
-        "replay": (project_with(run_dir, ranked["key"],
-                                {r["pattern"]: speed[r["family"]] for r in rows},
-                                {r["pattern"]: host.get(r["family"]) for r in rows},
-                                {r["pattern"]: (cases or {}).get(r["family"]) for r in rows},
-                                host_scale)
-                   if rows else 1.0) if on_gpu else None,
+        "replay": (replayed["gain"] if replayed else (1.0 if not rows else None))
+        if on_gpu else None,
+        # each pattern's GPU time as the replay gives it (ms): the report's per-family table
+        "row_ms": {k: v / 1e3 for k, v in replayed["row_us"].items()} if replayed else None,
         "patterns": [r["pattern"] for r in rows],
     }
 

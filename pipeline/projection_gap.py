@@ -22,11 +22,14 @@ def _matches(trace_name: str, names: list[str]) -> bool:
 
 
 def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
-        profile: dict, replay: float | None, combined: dict | None) -> dict | None:
+        profile: dict, replay: float | None, combined: dict | None,
+        row_ms: dict[str, float] | None = None) -> dict | None:
     """`rows`: the workload's ranking rows; `speed`: kernel speedups the projection used;
     `profile`: {"wall_ms", "busy_share"} of the profiled unpatched pass; `replay`: the replay
     projection of the set that ran; `combined`: its paired timing (times_a_ms unpatched,
-    times_b_ms patched). Times in ms."""
+    times_b_ms patched); `row_ms`: each pattern's time as that replay gave it, case by case
+    (projections frozen before it was kept have none: the row's time over the family's
+    speedup then). Times in ms."""
     if reprofile and reprofile.get("error"):
         return {"error": reprofile["error"]}
     if not reprofile or not reprofile.get("patched_us"):
@@ -35,12 +38,18 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
     now_busy = sum(reprofile.get("unpatched_us", {}).values()) / 1e3
     parts, claimed, used = [], 0.0, set()
     for fam in reprofile["families"]:
-        base = sum(r["time_us"] for r in rows if r.get("family") == fam) / 1e3
+        own = [r for r in rows if r.get("family") == fam]
+        base = sum(r["time_us"] for r in own) / 1e3
         names = reprofile["family_kernels"].get(fam) or []
         mine = [n for n in after if n not in used and _matches(n, names)]
         used.update(mine)
-        ours = sum(after[n] for n in mine) / 1e3
-        projected = base / speed[fam] if speed.get(fam) else None
+        # a family whose kernel is a library's (the matmul family's cuBLAS on a padded
+        # weight) has no name of its own to find: its time stays in the rest, not a 0 here
+        ours = sum(after[n] for n in mine) / 1e3 if names else None
+        if row_ms and own and all(r["pattern"] in row_ms for r in own):
+            projected = sum(row_ms[r["pattern"]] for r in own)
+        else:
+            projected = base / speed[fam] if speed.get(fam) else None
         parts.append({"part": fam, "kernels": sorted(mine), "profiled_ms": base,
                       "projected_ms": projected, "patched_ms": ours})
         claimed += base

@@ -134,7 +134,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     basis = w["compared_projection"] or w["projected"] or {}
     w["gap"] = gap(r.get("rows") or [], (proj or {}).get("kernel_speedups") or {},
                    (iw or {}).get("reprofile"), {"wall_ms": w["wall_ms"], "busy_share": busy},
-                   basis.get("replay"), (iw or {}).get("combined"))
+                   basis.get("replay"), (iw or {}).get("combined"), basis.get("row_ms"))
     w["conditions"] = _conditions(w["wall_ms"], iw)
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
@@ -281,7 +281,7 @@ def _projected(key, proj, fam_of) -> dict | None:
             "kernel_speedups": {f: speed[f] for f in fams},
             "host_in_model": pw.get("host_in_model") or {},
             "host_set": pw.get("host_set"),
-            "host_used": pw.get("host_delta_us") or {}}
+            "host_used": pw.get("host_delta_us") or {}, "row_ms": pw.get("row_ms")}
 
 
 def _ratio(d: dict, families: list[str], scope: str) -> dict:

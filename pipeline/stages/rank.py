@@ -336,6 +336,18 @@ def project_with(run_dir: Path, key: str, speedups: dict[str, float],
     fused call saving (or adding) its measured host time when given; `case_speedups` as in
     `project_graphs_with`. `host_scale`: the host chain, as calibrated to the profile, taken
     that many times as long (a host that ran slower, > 1, at another moment)."""
+    out = replay_projection(run_dir, key, speedups, host_delta_us, case_speedups, host_scale)
+    return out["gain"] if out else None
+
+
+def replay_projection(run_dir: Path, key: str, speedups: dict[str, float],
+                      host_delta_us: dict[str, float | None] | None = None,
+                      case_speedups: dict[str, list | None] | None = None,
+                      host_scale: float = 1.0) -> dict | None:
+    """`project_with`'s gain, and `row_us`: each pattern's GPU time as the replay gives it
+    (`rank_replay.row_times`), for the report's per-family table."""
+    from pipeline.stages.rank_replay import row_times
+
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
     graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
@@ -351,7 +363,7 @@ def project_with(run_dir: Path, key: str, speedups: dict[str, float],
         r["target_us"] = r["time_us"] / speedups[r["pattern"]]
         r["host_delta_us"] = (host_delta_us or {}).get(r["pattern"])
         r["case_speedups"] = (case_speedups or {}).get(r["pattern"])
-    return replay_gain(graph, rows)
+    return {"gain": replay_gain(graph, rows), "row_us": row_times(graph, rows)}
 
 
 def rank_workload(w: dict, ceil: dict, trace_path: Path | None,

@@ -1309,9 +1309,10 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
             {"pattern": "act", "family": "gated_act", "share": 0.1}]
     write_json(tmp_path / "ranking.json", {"workloads": [{"key": "w", "rows": rows}]})
     replays, replay_cases, graph_cases = [], [], []
-    monkeypatch.setattr(rank_stage, "project_with", lambda run_dir, key, speed, host, cases,
-                        host_scale=1.0: (replays.append(speed) or replay_cases.append(cases)
-                                         or 1.1))
+    monkeypatch.setattr(rank_stage, "replay_projection", lambda run_dir, key, speed, host,
+                        cases, host_scale=1.0: (replays.append(speed)
+                                                or replay_cases.append(cases)
+                                                or {"gain": 1.1, "row_us": {"rms": 7.0}}))
     graphed = []
     monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: (
         graphed.append(speed) or graph_cases.append(cases)
@@ -1325,6 +1326,7 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     pw = proj["workloads"]["w"]
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
     assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
+    assert pw["replay"] == 1.1 and pw["row_ms"] == {"rms": pytest.approx(0.007)}
     assert replay_cases == [{"rms": [[{"rows": 8}, 5.0]], "mlp_gemm": None}]
     assert graph_cases == [{"rms": [[{"rows": 8}, 4.0]], "mlp_gemm": None}]
     write_json(tmp_path / "integration.json", {"workloads": {"w": {
@@ -1354,8 +1356,9 @@ def test_the_kept_set_is_replayed_again_at_the_host_speed_the_timing_found(tmp_p
     write_json(tmp_path / "ranking.json", {"workloads": [
         {"key": "w", "rows": rows, "enqueue_ms": 5.0}]})
     scales = []
-    monkeypatch.setattr(rank_stage, "project_with", lambda run_dir, key, speed, host, cases,
-                        host_scale=1.0: scales.append(host_scale) or 2.0 / host_scale)
+    monkeypatch.setattr(rank_stage, "replay_projection", lambda run_dir, key, speed, host,
+                        cases, host_scale=1.0: scales.append(host_scale)
+                        or {"gain": 2.0 / host_scale, "row_us": {}})
     monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: {
         "unpatched": 1.0, "kept": 1.0, "patterns": sorted(speed), "note": None})
     projection.freeze_projection(tmp_path, summary, ["rmsnorm"], on_gpu=True)

@@ -95,6 +95,26 @@ def test_a_family_without_a_kernel_speedup_leaves_the_projected_total_open():
     assert parts["wall - GPU busy (host, launches, gaps)"]["projected_ms"] is None
 
 
+def test_the_replays_row_times_stand_for_a_row_a_family_covers_in_part():
+    """A family that patches one case of its row (GPT-2's matmul: the LM head of 49 linears)
+    is projected at the time the replay gave its row, not the row over the family's speedup;
+    and one whose kernel is a library's (cuBLAS on a padded weight) has no kernel name to
+    find, so its patched time is unknown here (it stays in the rest), not 0."""
+    reprofile = {**REPROFILE, "family_kernels": {**REPROFILE["family_kernels"], "rmsnorm": []}}
+    g = gap(ROWS, {"rmsnorm": 10.0, "add_rmsnorm": 2.0}, reprofile,
+            {"wall_ms": 50.0, "busy_share": 0.8}, 1.25, None,
+            row_ms={"rmsnorm": 6.0, "add": 0.5})
+    parts = {p["part"]: p for p in g["parts"]}
+    assert parts["rmsnorm"]["projected_ms"] == pytest.approx(6.0)  # not 8.0 / 10
+    assert parts["rmsnorm"]["patched_ms"] is None
+    assert parts["rest of the GPU work"]["patched_ms"] == pytest.approx(30.5 + 0.9)
+    assert parts["GPU busy"]["projected_ms"] == pytest.approx(40.0 - 9.0 + 6.0 + 0.5)
+    # a replay without the row's time (projections frozen before row_ms) keeps the old rule
+    old = gap(ROWS, {"rmsnorm": 10.0, "add_rmsnorm": 2.0}, REPROFILE,
+              {"wall_ms": 50.0, "busy_share": 0.8}, 1.25, None, row_ms={"add": 0.5})
+    assert {p["part"]: p for p in old["parts"]}["rmsnorm"]["projected_ms"] == pytest.approx(0.8)
+
+
 def test_no_reprofile_no_table():
     assert gap(ROWS, {}, None, {"wall_ms": 1.0, "busy_share": 1.0}, None, None) is None
 

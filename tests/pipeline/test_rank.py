@@ -517,6 +517,30 @@ def test_replay_speeds_up_only_the_occurrences_an_accepted_case_covers(prefill):
         assert got < rank_replay.replay_gain(graph, [dict(every, host_delta_us=None)])
 
 
+def test_row_times_speed_up_only_the_occurrences_an_accepted_case_covers(prefill):
+    """The report's per-family table reads each row's projected time from the replay: one
+    covered occurrence of a row loses three quarters of its own kernels' time, the others
+    keep theirs (the family's 4x over the whole row would have been a quarter of it)."""
+    from profiling.replay import kernel_table
+
+    w, _ = prefill
+    graph = rank_replay.workload_graph(w, PREFILL)
+    row = next(r for r in rank_stage.pattern_rows(w, H200) if r["pattern"] == "kv_cache")
+    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
+    occ = [sum(dur.get(c, 0.0) for c in corr) for corr in row["kernel_correlations"]]
+    i = next(i for i, t in enumerate(occ) if t > 0)  # an occurrence with kernels traced
+    first = occ[i]
+    covered = dict(row, target_us=row["time_us"] / 4.0,
+                   occurrence_cases=[{"n": 1} if j == i else {"n": 2} for j in range(len(occ))],
+                   case_speedups=[[{"n": 1, "dtype": "bfloat16"}, 4.0]])
+    got = rank_replay.row_times(graph, [covered])
+    assert got == {"kv_cache": pytest.approx(row["time_us"] - 0.75 * first)}
+    every = rank_replay.row_times(graph, [dict(covered, occurrence_cases=None,
+                                               case_speedups=None)])
+    assert every["kv_cache"] == pytest.approx(row["time_us"] - 0.75 * sum(occ))
+    assert every["kv_cache"] < got["kv_cache"]
+
+
 # ------------------------------------------------------------------ 6. ranking.json
 
 def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
