@@ -15,6 +15,7 @@ from pathlib import Path
 from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
 from pipeline import report_plots as rp
+from pipeline.projection import HOST_DRIFT_SHOWN
 from pipeline.projection_gap import gap
 from pipeline.report_acceptance import (  # noqa: F401 - the report's public names
     ROLLBACK_RULE,
@@ -396,12 +397,6 @@ def _integration(iw: dict | None, projected: dict | None,
             # signatures the pass asked for that no accepted kernel covers (integrate.reach)
             "declined": {f: keys for f, keys in (iw.get("declined") or {}).items()
                          if f in kept}}
-
-
-# The host's drift between the profile and the timing is told only from this far apart: the
-# same host, timed twice minutes apart, differs by a few percent (Llama-3.2-1B b8 on an H100,
-# 1.053x, moved its replay 0.2 %).
-HOST_DRIFT_SHOWN = 0.05
 
 
 def _at_timing_host(reading: dict | None, measured: dict | None) -> dict | None:
