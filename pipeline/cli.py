@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -325,11 +326,22 @@ def one_line(text: str, limit: int = 400) -> str:
     return joined if len(joined) <= limit else joined[: limit - 3] + "..."
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, as `timeout` or a batch scheduler sends it at a time limit: handled like
+    Ctrl-C, so the run says how to resume instead of ending without a word (a Phi-3 optimize
+    killed at its step limit on the GPU machine said nothing)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
 def main() -> None:
     debug = "--debug" in sys.argv
     from pipeline.interpreter import use_interpreter_without_gpu
 
     use_interpreter_without_gpu()  # before anything imports a kernel module
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -341,13 +353,14 @@ def main() -> None:
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo(f"interrupted; resume with `pipeline optimize {_RUN['dir'] or 'RUN'} "
-                   f"--resume`", err=True)
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
+        click.echo(f"{'terminated' if term else 'interrupted'}; resume with `pipeline "
+                   f"optimize {_RUN['dir'] or 'RUN'} --resume`", err=True)
         sys.stderr.flush()
         # not sys.exit: that waits for worker threads, and a second Ctrl-C during the wait
         # prints their KeyboardInterrupt traceback; artifacts are written atomically
-        os._exit(130)
+        os._exit(143 if term else 130)
     except Exception as e:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if debug or os.environ.get("PIPELINE_DEBUG"):
             raise

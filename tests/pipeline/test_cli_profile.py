@@ -193,6 +193,19 @@ def test_ctrl_c_is_one_line_naming_resume_and_no_traceback(tmp_path):
         "interrupted; resume with `pipeline optimize RUN --resume`"], proc.stderr
 
 
+def test_sigterm_is_one_line_naming_resume_and_no_traceback(tmp_path):
+    """`timeout` and batch schedulers stop a run with SIGTERM: it says how to resume, as
+    Ctrl-C does, and exits 143 (128 + 15), as a process killed by TERM would."""
+    code = ("import os, signal, time\nimport pipeline.cli as c\n"
+            "def stop(**kw):\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n"
+            "c.cli.main = stop\nc.main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 143
+    assert proc.stderr.strip().splitlines() == [
+        "terminated; resume with `pipeline optimize RUN --resume`"], proc.stderr
+
+
 def test_the_verify_zygote_ignores_ctrl_c():
     """A terminal's Ctrl-C goes to the whole foreground group; the zygote and its children
     must not answer it with a KeyboardInterrupt traceback (the caller decides)."""
