@@ -91,8 +91,10 @@ def graphs_stage(run_dir: Path, spec, workloads, summary: dict, say: Callable[[s
                                  "shipped": False, "projected": projected}
             if w.device.startswith("cuda"):
                 torch.cuda.empty_cache()
+            # each workload's record as it is made: a run cut off in a later one resumes
+            # with this one done (`optimize` redoes only the workloads without a record)
+            write_json(run_dir / "integration.json", integ)
         del model, ref
-    write_json(run_dir / "integration.json", integ)
     return integ
 
 

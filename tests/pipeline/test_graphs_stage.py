@@ -248,6 +248,29 @@ def test_stage_writes_records_and_a_failing_workload_does_not_end_the_run(tmp_pa
                            "capturing"
 
 
+def test_a_cut_in_a_later_workload_keeps_the_records_made_before_it(tmp_path, fakes,
+                                                                    monkeypatch):
+    """Stopped (Ctrl-C, a time limit) while graphing decode, the stage has already written
+    prefill's record, which `optimize --resume` then does not redo."""
+    from profiling.loader import resolve
+
+    monkeypatch.setattr(gs, "can_graph", lambda device: True)
+    real = gs.graph_workload
+
+    def cut(model, ref, workload, *args, **kw):
+        if workload.mode == "decode":
+            raise KeyboardInterrupt
+        return real(model, ref, workload, *args, **kw)
+    monkeypatch.setattr(gs, "graph_workload", cut)
+    _integration(tmp_path, [PREFILL, DECODE])
+    with pytest.raises(KeyboardInterrupt):
+        gs.graphs_stage(tmp_path, resolve("tiny-llama"), [PREFILL, DECODE], {"accepted": {}},
+                        lambda _: None, 3, timer=timer_of(ratio("faster")))
+    integ = read_json(tmp_path / "integration.json", "integration")["workloads"]
+    assert integ[PREFILL.key]["graphs"]["captured"] is True
+    assert "graphs" not in integ[DECODE.key]
+
+
 # the API ------------------------------------------------------------------------------------
 
 def _run_dir(tmp_path, graphs: dict[str, dict]) -> None:
