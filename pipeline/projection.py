@@ -207,12 +207,6 @@ def project_kept(run_dir: Path, on_gpu: bool) -> None:
         write_json(run_dir / "integration.json", integ)
 
 
-# The host's drift between the profile and the timing is told only from this far apart: the
-# same host, timed twice minutes apart, differs by a few percent (Llama-3.2-1B b8 on an H100,
-# 1.053x, moved its replay 0.2 %).
-HOST_DRIFT_SHOWN = 0.05
-
-
 def timing_host_projection(run_dir: Path, ranked: dict | None, proj: dict, key: str, w: dict,
                            on_gpu: bool) -> dict | None:
     """The shipped set's replay with the host chain at the speed the whole-model timing found

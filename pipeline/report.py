@@ -15,7 +15,6 @@ from pathlib import Path
 from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
 from pipeline import report_plots as rp
-from pipeline.projection import HOST_DRIFT_SHOWN
 from pipeline.projection_gap import gap
 from pipeline.report_acceptance import (  # noqa: F401 - the report's public names
     ROLLBACK_RULE,
@@ -24,7 +23,7 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
     condensed,
     kernel_path,
 )
-from pipeline.report_render import NOT_MEANINGFUL
+from pipeline.report_render import HOST_DRIFT_SHOWN, NOT_MEANINGFUL
 from pipeline.report_sources import source_tables
 from pipeline.stages.rank import top_level
 from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY

@@ -71,7 +71,7 @@ def optimize_rows(run_dir) -> list[list[str]]:
     from pathlib import Path
 
     from core.artifacts import read_json
-    from pipeline.projection import HOST_DRIFT_SHOWN
+    from pipeline.report_render import HOST_DRIFT_SHOWN
 
     run_dir = Path(run_dir)
     proj = read_json(run_dir / "projection.json", "projection")
