@@ -82,7 +82,8 @@ def reproject_at(results: Path) -> dict:
                 host = {**host_of(proj, key), **rescaled_host(at_h, pw.get("host_in_model") or {})}
                 with host_scaled(h / then):
                     row["replay"][speed] = project_set(run, at_h, proj["kernel_speedups"], host,
-                                                       True, only=kept)["replay"]
+                                                       True, only=kept,
+                                                       cases=proj.get("case_speedups"))["replay"]
             out[key] = row
     return out
 

@@ -217,7 +217,10 @@ def timing_host_projection(run_dir: Path, ranked: dict | None, proj: dict, key: 
     On an H100 host, GPT-2 b8's unpatched pass took 11 % more host time at the timing than
     at the profile minutes before (replay 2.621x frozen, 2.394x at the timing's host speed,
     2.317x measured), Qwen2.5-0.5B b8's 2.06x more on another (1.686x, 1.148x, 1.304x: that
-    host's speed moved within the timing too). None off the GPU, with nothing kept, or where
+    host's speed moved within the timing too). The families' host deltas stay at the
+    profile's speed: scaled with the chain they did worse on the H200 of 2026-12-06 (Qwen b8
+    at 0.77x the profile's host time 5.3 % off against 2.5 %, GPT-2 b8 at 1.88x 5.0 % against
+    0.9 %; Llama and Gemma the same either way). None off the GPU, with nothing kept, or where
     either host time is missing (records from before they were kept)."""
     kept = list(w.get("kept") or [])
     then = (ranked or {}).get("enqueue_ms")
