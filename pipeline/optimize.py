@@ -119,7 +119,7 @@ def _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, on
     # integration.json is written before the graphs stage runs: a run cut off in that stage
     # resumes with its measured workloads that have no "graphs" record yet
     measured = read_json(run_dir / "integration.json", "integration")["workloads"]
-    pending = [w for w in workloads if "graphs" not in measured.get(w.key, {"graphs": None})]
+    pending = [w for w in workloads if w.key in measured and "graphs" not in measured[w.key]]
     if pending:
         graphs_stage(run_dir, spec, pending, summary, say, pairs or (30 if on_gpu else 3))
     # cheap (replays of the frozen numbers) and idempotent, so always: a resumed run that was

@@ -146,10 +146,15 @@ def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bo
         {r["pattern"]: host.get(r["family"]) for r in rows},
         {r["pattern"]: (cases or {}).get(r["family"]) for r in rows},
         host_scale) if on_gpu and rows else None
+    if not on_gpu:
+        replay = None
+    elif not rows:
+        replay = 1.0
+    else:  # None without a trace to replay
+        replay = replayed["gain"] if replayed else None
     return {
         "amdahl": amdahl(parts) if parts else 1.0,
-        "replay": (replayed["gain"] if replayed else (1.0 if not rows else None))
-        if on_gpu else None,
+        "replay": replay,
         # each pattern's GPU time as the replay gives it (ms): the report's per-family table
         "row_ms": {k: v / 1e3 for k, v in replayed["row_us"].items()} if replayed else None,
         "patterns": [r["pattern"] for r in rows],

@@ -23,7 +23,7 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
     condensed,
     kernel_path,
 )
-from pipeline.report_render import HOST_DRIFT_SHOWN, NOT_MEANINGFUL
+from pipeline.report_render import NOT_MEANINGFUL, host_drift_told
 from pipeline.report_sources import source_tables
 from pipeline.stages.rank import top_level
 from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
@@ -401,9 +401,8 @@ def _integration(iw: dict | None, projected: dict | None,
 def _at_timing_host(reading: dict | None, measured: dict | None) -> dict | None:
     """The replay at the timing's host speed (`projection.timing_host_projection`) with its
     error, where it was read for the set measured and the host drifted enough to tell."""
-    if not reading or reading.get("replay") is None or not measured \
-            or not measured.get("speedup") or abs(reading["host_drift"] - 1) < HOST_DRIFT_SHOWN \
-            or set(reading["families"]) != set(measured["families"]):
+    if not measured or not measured.get("speedup") \
+            or not host_drift_told(reading, measured["families"]):
         return None
     m = measured["speedup"]
     return {**reading, "error": abs(reading["replay"] - m) / m}

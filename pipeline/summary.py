@@ -71,7 +71,7 @@ def optimize_rows(run_dir) -> list[list[str]]:
     from pathlib import Path
 
     from core.artifacts import read_json
-    from pipeline.report_render import HOST_DRIFT_SHOWN
+    from pipeline.report_render import host_drift_told
 
     run_dir = Path(run_dir)
     proj = read_json(run_dir / "projection.json", "projection")
@@ -89,9 +89,8 @@ def optimize_rows(run_dir) -> list[list[str]]:
             note = comb.get("decision", "")
             if ((comb.get("bound") or {}).get("patched") or {}).get("host_bound"):
                 note += "; host-bound after patching"
-            at = w.get("projection_at_timing_host") or {}
-            if at.get("replay") and set(at["families"]) == set(w["kept"]) \
-                    and abs(at["host_drift"] - 1) >= HOST_DRIFT_SHOWN:
+            at = w.get("projection_at_timing_host")
+            if host_drift_told(at, w["kept"]):
                 note += (f"; {at['replay']:.3f}x projected at the timing's host speed (the host "
                          f"took {at['host_drift']:.2f}x the profile's time)")
         else:

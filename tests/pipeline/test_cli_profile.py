@@ -182,28 +182,24 @@ def test_mode_both_is_prefill_and_decode():
     assert _modes("prefill") == "prefill"
 
 
-def test_ctrl_c_is_one_line_naming_resume_and_no_traceback(tmp_path):
-    code = ("import pipeline.cli as c\n"
-            "def stop(**kw):\n    raise KeyboardInterrupt\n"
-            "c.cli.main = stop\nc.main()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
-    assert proc.returncode == 130
-    assert proc.stderr.strip().splitlines() == [
-        "interrupted; resume with `pipeline optimize RUN --resume`"], proc.stderr
+# Ctrl-C raises KeyboardInterrupt; `timeout` and batch schedulers stop a run with SIGTERM,
+# which exits 143 (128 + 15), as a process killed by TERM would
+STOPS = {"ctrl-c": ("raise KeyboardInterrupt\n", 130, "interrupted"),
+         "sigterm": ("os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n", 143,
+                     "terminated")}
 
 
-def test_sigterm_is_one_line_naming_resume_and_no_traceback(tmp_path):
-    """`timeout` and batch schedulers stop a run with SIGTERM: it says how to resume, as
-    Ctrl-C does, and exits 143 (128 + 15), as a process killed by TERM would."""
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stop_is_one_line_naming_resume_and_no_traceback(stop):
+    body, rc, said = STOPS[stop]
     code = ("import os, signal, time\nimport pipeline.cli as c\n"
-            "def stop(**kw):\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n"
+            f"def stop(**kw):\n    {body}"
             "c.cli.main = stop\nc.main()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
-    assert proc.returncode == 143
+    assert proc.returncode == rc
     assert proc.stderr.strip().splitlines() == [
-        "terminated; resume with `pipeline optimize RUN --resume`"], proc.stderr
+        f"{said}; resume with `pipeline optimize RUN --resume`"], proc.stderr
 
 
 def test_the_verify_zygote_ignores_ctrl_c():
