@@ -25,7 +25,7 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
 )
 from pipeline.report_render import NOT_MEANINGFUL, host_drift_told
 from pipeline.report_sources import source_tables
-from pipeline.stages.rank import top_level
+from pipeline.stages.rank import floor_line, top_level
 from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
@@ -126,7 +126,8 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
             for g, opts in (top_level(rows)[:TOP] if r.get("rows") else [(x, []) for x in rows])
             for x in (g, *opts)],
         "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
-        "ceiling_replay": r.get("ceiling_replay")}
+        "ceiling_replay": r.get("ceiling_replay"), "floor": r.get("floor")}
+    w["floor_text"] = floor_line(w)
     w["graph_row"] = next((x for x in r.get("rows") or [] if x.get("remedy")), None)
     w["graphs"] = (iw or {}).get("graphs")
     w["projected"] = _projected(key, proj, fam_of)

@@ -217,6 +217,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         b += [("img", plots[f"cumulative/{k}"], f"cumulative projection, {k}"),
               ("p", (f"Replacing all {last['n']} candidate families: Amdahl "
                     f"{speed(last['amdahl'])}, replay {speed(last.get('replay'))}."))]
+    if w.get("floor_text"):
+        b.append(("p", w["floor_text"][0].upper() + w["floor_text"][1:] + "."))
     p, m, err = w["projected"], w["measured"], w["projection_error"] or {}
     b.append(("h", 3, "Projected vs measured"))
     if p is None and m is None:

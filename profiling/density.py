@@ -91,25 +91,54 @@ def slowdown(curve: list[dict] | None, scale: float) -> float:
 
 def measure(ops: list[dict], gbps: float, scales=SCALES, seconds: float = STEADY_S) -> list[dict]:
     """The density curve of one workload on the current CUDA device (module docstring)."""
-    import torch
-
-    from profiling.roofline import graph_of
-
     steps = plan(ops)
     points, base = [], None
     for scale in scales:
-        fn = _synthetic(steps, scale, gbps)
-        g = graph_of(fn, "cuda")
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            g.replay()
-            torch.cuda.synchronize()  # no queue of replays running on past the loop
+        g = _steady(_synthetic(steps, scale, gbps), seconds)
         comp, copies = _profiled(g.replay)
-        del g, fn
+        del g
         base = base or comp
         points.append({"scale": scale, "compute_share": comp / (comp + copies),
                        "compute_ratio": comp / base, "compute_us": comp, "copy_us": copies})
     return points
+
+
+def floor(ops: list[dict], seconds: float = STEADY_S, reps: int = 20) -> dict:
+    """The pass with nothing but its compute-bound kernels: its GEMMs and attention, in order and
+    at its shapes, back to back in one CUDA graph, timed in steady state. No fusion that keeps
+    the library's GEMMs and attention can make the pass shorter than this, and it is measured
+    at the clock such a pass runs at under the power cap, which a FLOPs-over-peak floor is not
+    (issue 29 had put Llama-3.2-1B b8 at 28 ms that way). `wall_ms`: one replay, launch gaps
+    included; `kernel_ms`: its kernels' profiled time."""
+    import statistics
+
+    import torch
+
+    g = _steady(_synthetic(plan(ops), 0.0, 0.0), seconds)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    comp, _ = _profiled(g.replay)
+    return {"wall_ms": statistics.median(times), "kernel_ms": comp / 1e3}
+
+
+def _steady(fn, seconds: float):
+    """`fn` as one CUDA graph, replayed for `seconds` first: the cap acts over hundreds of ms."""
+    import torch
+
+    from profiling.roofline import graph_of
+
+    g = graph_of(fn, "cuda")
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        g.replay()
+        torch.cuda.synchronize()  # no queue of replays running on past the loop
+    return g
 
 
 def _synthetic(steps: list[tuple], scale: float, gbps: float):

@@ -91,6 +91,8 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
             try:
                 result["density"] = density.measure(
                     result["ops"], ceilings(workload.device)["bandwidth_GBps"])
+                say("floor: the pass's GEMMs and attention alone, in one CUDA graph")
+                result["floor"] = density.floor(result["ops"])
             except (RuntimeError, ValueError) as e:  # a calibration: the profile stands without
                 result["density_error"] = str(e).splitlines()[0][:200]
                 say(f"density curve not measured: {result['density_error']}")

@@ -412,7 +412,27 @@ def rank_workload(w: dict, ceil: dict, trace_path: Path | None,
         "cumulative": curve,
         "ceiling_amdahl": curve[-1]["amdahl"] if curve else 1.0,
         "ceiling_replay": curve[-1]["replay"] if curve else None,
+        "floor": _floor(w),
     }
+
+
+def _floor(w: dict) -> dict | None:
+    """The profile's floor pass (`profiling.density.floor`) with what it allows over the wall."""
+    f = w.get("floor")
+    if not f or not f.get("wall_ms"):
+        return None
+    return {**f, "over_wall": w["wall"]["median_ms"] / f["wall_ms"]}
+
+
+def floor_line(w: dict) -> str | None:
+    """The floor, said once for the terminal and the report."""
+    f = w.get("floor")
+    if not f:
+        return None
+    return (f"floor: the pass's GEMMs and attention alone, back to back in one CUDA graph, take "
+            f"{f['wall_ms']:.2f} ms (kernels {f['kernel_ms']:.2f}): at most "
+            f"{f['over_wall']:.2f}x over this pass's {w['wall_ms']:.2f} ms for any kernel work "
+            "that leaves them to cuBLAS and SDPA")
 
 
 def exclusive(rows: list[dict]) -> list[dict]:
@@ -504,6 +524,8 @@ def print_ranking(ranking: dict, top: int = 8) -> None:
             rp = f", replay {last['replay']:.3f}x" if last["replay"] else ""
             console.print(f"  replacing all {last['n']} candidate families: Amdahl "
                           f"{last['amdahl']:.3f}x{rp} (projected ceiling of kernel work)")
+        if line := floor_line(w):
+            console.print(f"  {line}")
 
 
 def _x(v: float | None, digits: int) -> str:

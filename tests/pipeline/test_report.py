@@ -217,6 +217,18 @@ def test_profile_and_ranking_only(tmp_path):
     assert "<style>" in html and "<script" not in html
 
 
+def test_the_floor_pass_is_said_beside_the_ceiling_of_kernel_work(tmp_path):
+    write_profile_and_ranking(tmp_path)
+    ranking = read_json(tmp_path / "ranking.json")
+    ranking["workloads"][0]["floor"] = {"wall_ms": 25.0, "kernel_ms": 24.2, "over_wall": 1.6}
+    write_json(tmp_path / "ranking.json", ranking)
+    md = write_report(tmp_path)["markdown"].read_text()
+    pre, dec = section(md, PRE), section(md, DEC)
+    assert re.search(r"Floor: the pass's GEMMs and attention alone.*25\.00 ms \(kernels 24\.20\)"
+                     r": at most 1\.60x over this pass's 40\.00 ms", pre)
+    assert "Floor:" not in dec
+
+
 def test_full_gpu_run(tmp_path):
     write_profile_and_ranking(tmp_path)
     write_optimize_artifacts(tmp_path, gpu=True)

@@ -98,6 +98,34 @@ def test_a_denser_projected_pass_gets_its_compute_kernels_slower(prefill_w):
     assert clocked(graph, fused, us) == pytest.approx(paired(c + gemm["dur"], us))
 
 
+def test_the_ranking_says_how_far_the_floor_pass_lets_kernel_work_go(prefill_w):
+    from pipeline.stages.rank import floor_line, rank_workload
+
+    assert rank_workload(prefill_w, H200, PREFILL)["floor"] is None  # profiles from before it
+    wall = prefill_w["wall"]["median_ms"]
+    ranked = rank_workload({**prefill_w, "floor": {"wall_ms": wall / 1.6, "kernel_ms": wall / 1.7}},
+                           H200, PREFILL)
+    assert ranked["floor"]["over_wall"] == pytest.approx(1.6)
+    line = floor_line(ranked)
+    assert "1.60x" in line and f"{wall / 1.6:.2f} ms" in line and f"{wall:.2f} ms" in line
+    assert floor_line({**ranked, "floor": None}) is None
+
+
+@pytest.mark.gpu
+def test_the_floor_pass_is_the_compute_kernels_alone_on_the_gpu():
+    from profiling.density import floor, measure
+
+    ops = [{"name": "aten::linear", "shapes": [[4096, 2048], [2048, 2048]], "device_us": 60.0,
+            "kernels": []},
+           {"name": "aten::mul", "shapes": [[4096, 2048]], "device_us": 80.0, "kernels": []}] * 8
+    f = floor(ops, seconds=0.3)
+    with_fills = measure(ops, 4000.0, scales=(1.0,), seconds=0.3)[0]
+    # eight GEMMs and no copies: at most the kernels of the pass with its fills, and the replay's
+    # wall holds its kernels
+    assert 0 < f["kernel_ms"] * 1e3 < with_fills["compute_us"] + with_fills["copy_us"]
+    assert f["wall_ms"] >= f["kernel_ms"] * 0.98
+
+
 @pytest.mark.gpu
 def test_density_is_measured_on_the_gpu():
     from profiling.density import measure
