@@ -43,10 +43,11 @@ def test_a_slower_patch_shows_its_extra_host_time_per_call(tmp_path):
     norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
     assert got["calls_per_pass"] == norms  # every norm of the pass ran the candidate
     assert got["modules"] == norms and got["base_enqueue_ms"] > 0
-    # the candidate costs EXTRA_S more than HF's norm, which takes far less than that here
-    assert -EXTRA_S * 1e6 * 1.5 < got["us_per_call"] < -EXTRA_S * 1e6 * 0.8
+    # the candidate costs EXTRA_S more than HF's norm, which takes far less than that here; a
+    # sleep overshoots on a loaded CPU (6.5 ms for 4 under four test workers), never undershoots
+    assert -EXTRA_S * 1e6 * 2 < got["us_per_call"] < -EXTRA_S * 1e6 * 0.8
     # the same cost read from each whole pass's time to return, without hooks
-    assert -EXTRA_S * 1e6 * 1.5 < got["pass_us_per_call"] < -EXTRA_S * 1e6 * 0.8
+    assert -EXTRA_S * 1e6 * 2 < got["pass_us_per_call"] < -EXTRA_S * 1e6 * 0.8
     # as shares of each pair's unpatched pass (on the CPU the host runs at one speed, so the
     # median unpatched pass gives the share back in microseconds)
     for key in ("share_per_call", "pass_share_per_call"):
