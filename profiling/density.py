@@ -105,8 +105,8 @@ def measure(ops: list[dict], gbps: float, scales=SCALES, seconds: float = STEADY
 
 def floor(ops: list[dict], seconds: float = STEADY_S, reps: int = 20) -> dict:
     """The pass with nothing but its compute-bound kernels: its GEMMs and attention, in order and
-    at its shapes, back to back in one CUDA graph, timed in steady state. No fusion that keeps
-    the library's GEMMs and attention can make the pass shorter than this, and it is measured
+    at its shapes, back to back in one CUDA graph, timed in steady state. While they run at the
+    library's rate, no fusion can make the pass shorter than this, and it is measured
     at the clock such a pass runs at under the power cap, which a FLOPs-over-peak floor is not
     (issue 29 had put Llama-3.2-1B b8 at 28 ms that way). `wall_ms`: one replay, launch gaps
     included; `kernel_ms`: its kernels' profiled time."""

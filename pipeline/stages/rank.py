@@ -431,8 +431,8 @@ def floor_line(w: dict) -> str | None:
         return None
     return (f"floor: the pass's GEMMs and attention alone, back to back in one CUDA graph, take "
             f"{f['wall_ms']:.2f} ms (kernels {f['kernel_ms']:.2f}): at most "
-            f"{f['over_wall']:.2f}x over this pass's {w['wall_ms']:.2f} ms for any kernel work "
-            "that leaves them to cuBLAS and SDPA")
+            f"{f['over_wall']:.2f}x over this pass's {w['wall_ms']:.2f} ms while they run at "
+            "cuBLAS's and SDPA's rate")
 
 
 def exclusive(rows: list[dict]) -> list[dict]:
