@@ -1,6 +1,6 @@
 """Each profiled pass's floor against what the results table measured (issue 29).
 
-    python benchmarks/floor_table.py RUN_DIR [RUN_DIR ...] [--results benchmarks/results/latest.json]
+    python benchmarks/floor_table.py RUN_DIR [RUN_DIR ...] [--results RESULTS.json]
 
 The floor is the profile's own measurement (`profiling.density.floor`: the pass's GEMMs and
 attention alone, back to back in one CUDA graph, in steady state), read as a speedup over the

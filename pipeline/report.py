@@ -36,6 +36,9 @@ TIMING_KEYS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "n", "method
                "reason", "gbps", "tflops")
 TOP = 12
 LM_HEAD_SUGGEST = 0.05
+# A shipped pass this close to its floor (`profiling.density.floor`) has little left for fusion:
+# issue 29 asked for Llama-3.2-1B b8 "within 10 % of the floor"
+FLOOR_NEAR = 1.10
 
 
 def write_report(run_dir: Path) -> dict:
@@ -187,6 +190,12 @@ def verdict(w: dict) -> str:
         nxt = "less host work per pass (CUDA graphs), not faster kernels"
     else:
         nxt = "the next families of the ranking, or faster kernels for the shipped ones"
+    floor_x = (w.get("floor") or {}).get("over_wall")
+    best = g.get("measured_speedup") if g.get("shipped") else shipped.get("speedup")
+    if w["time_basis"] == "device" and floor_x and best and best * FLOOR_NEAR >= floor_x:
+        nxt = (f"faster GEMMs or attention, not more fusion: the pass is within "
+               f"{pct(max(0.0, floor_x / best - 1))} of its floor ({speed(floor_x)}: its GEMMs "
+               "and attention alone at cuBLAS's and SDPA's rate)")
     return f"{w['key']}: ships {fams}; {meas}; {proj}; {regime}; next: {nxt}"
 
 

@@ -229,6 +229,27 @@ def test_the_floor_pass_is_said_beside_the_ceiling_of_kernel_work(tmp_path):
     assert "Floor:" not in dec
 
 
+@pytest.mark.parametrize("graphed, floor_x, near", [
+    (1.53, 1.62, True),   # 5.9 % above the floor: fusion is done
+    (1.40, 1.62, False),  # 15.7 % above it: more to fuse
+    (None, 1.50, True),   # no graph shipped: the eager-patched pass against the floor
+])
+def test_a_pass_near_its_floor_is_told_to_look_at_the_gemms_not_fusion(graphed, floor_x, near):
+    from pipeline.report import verdict
+
+    w = {"key": PRE, "time_basis": "device", "launch_bound": False,
+         "shipped": {"families": ["rmsnorm"], "speedup": 1.45, "ci": [1.43, 1.47]},
+         "measured": {"meaningful": True}, "projected": {"replay": 1.46},
+         "projection_error": {"replay": 0.007}, "floor": {"over_wall": floor_x},
+         "graphs": {"shipped": True, "measured_speedup": graphed} if graphed else {}}
+    line = verdict(w)
+    best = graphed or 1.45
+    assert ("not more fusion" in line) is near
+    if near:
+        assert f"within {floor_x / best - 1:.1%} of its floor ({floor_x:.3f}x" in line
+    assert "not more fusion" not in verdict({**w, "floor": None})
+
+
 def test_full_gpu_run(tmp_path):
     write_profile_and_ranking(tmp_path)
     write_optimize_artifacts(tmp_path, gpu=True)
