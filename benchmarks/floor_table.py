@@ -59,9 +59,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dirs", nargs="+", type=Path)
     ap.add_argument("--results", type=Path, default=Path("benchmarks/results/latest.json"))
+    ap.add_argument("--write", type=Path, help="also write the rows here as JSON")
     a = ap.parse_args()
     results = json.loads(a.results.read_text()) if a.results.exists() else {}
-    print(markdown(rows(a.run_dirs, results)))
+    table = rows(a.run_dirs, results)
+    if a.write:
+        a.write.write_text(json.dumps(table, indent=1) + "\n")
+    print(markdown(table))
 
 
 if __name__ == "__main__":
