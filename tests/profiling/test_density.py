@@ -98,6 +98,20 @@ def test_a_denser_projected_pass_gets_its_compute_kernels_slower(prefill_w):
     assert clocked(graph, fused, us) == pytest.approx(paired(c + gemm["dur"], us))
 
 
+def test_the_floor_is_the_compute_steps_alone_with_odd_gemm_columns_padded(prefill_w):
+    from profiling.density import ALIGN, floor_steps
+
+    compute = [s for s in plan(prefill_w["ops"]) if s[0] != "fill"]
+    steps = floor_steps(prefill_w["ops"])
+    assert len(steps) == len(compute) and all(s[0] != "fill" for s in steps)
+    assert all(s[3] % ALIGN == 0 and s[3] - c[3] < ALIGN and s[:3] == c[:3]
+               for s, c in zip(steps, compute) if s[0] == "gemm")
+    assert [s for s in steps if s[0] == "sdpa"] == [s for s in compute if s[0] == "sdpa"]
+    # GPT-2's LM head: 50257 columns -> 50432, what the matmul family pads the weight to
+    head = {"name": "aten::linear", "shapes": [[8192, 768], [50257, 768]], "device_us": 900.0}
+    assert floor_steps([head]) == [("gemm", 8192, 768, 50432)]
+
+
 def test_the_ranking_says_how_far_the_floor_pass_lets_kernel_work_go(prefill_w):
     from pipeline.stages.rank import floor_line, rank_workload
 
