@@ -133,7 +133,7 @@ def floor(ops: list[dict], seconds: float = STEADY_S, reps: int = 20) -> dict:
 
 def floor_steps(ops: list[dict]) -> list[tuple]:
     """The floor's steps: the pass's compute steps, each GEMM's columns rounded up to a multiple
-    of `ALIGN` as the matmul family pads an odd vocabulary (GPT-2's LM head at 50257 columns ran
+    of `ALIGN`, as the matmul family pads an odd vocabulary (GPT-2's LM head at 50257 columns ran
     cuBLAS at a fraction of its rate and put GPT-2 b8's floor at 1.70x over eager on an H100,
     where its kernels and a graph ran 3.45x)."""
     return [("gemm", s[1], s[2], -(-s[3] // ALIGN) * ALIGN) if s[0] == "gemm" else s

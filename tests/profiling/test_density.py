@@ -107,9 +107,9 @@ def test_the_floor_is_the_compute_steps_alone_with_odd_gemm_columns_padded(prefi
     assert all(s[3] % ALIGN == 0 and s[3] - c[3] < ALIGN and s[:3] == c[:3]
                for s, c in zip(steps, compute) if s[0] == "gemm")
     assert [s for s in steps if s[0] == "sdpa"] == [s for s in compute if s[0] == "sdpa"]
-    # GPT-2's LM head: 50257 columns -> 50432, what the matmul family pads the weight to
+    # GPT-2's LM head: 50257 columns -> 50304 (the matmul family pads its weight to 50432)
     head = {"name": "aten::linear", "shapes": [[8192, 768], [50257, 768]], "device_us": 900.0}
-    assert floor_steps([head]) == [("gemm", 8192, 768, 50432)]
+    assert floor_steps([head]) == [("gemm", 8192, 768, 50304)]
 
 
 def test_the_ranking_says_how_far_the_floor_pass_lets_kernel_work_go(prefill_w):
