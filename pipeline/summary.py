@@ -76,6 +76,10 @@ def optimize_rows(run_dir) -> list[list[str]]:
     run_dir = Path(run_dir)
     proj = read_json(run_dir / "projection.json", "projection")
     integ = read_json(run_dir / "integration.json", "integration")
+    ranking = run_dir / "ranking.json"
+    floors = {w["key"]: w["floor"]["over_wall"] for w in (
+        read_json(ranking, "ranking")["workloads"] if ranking.exists() else [])
+        if w.get("floor")}
     rows = []
     for key, w in integ["workloads"].items():
         p = proj["workloads"].get(key, {})
@@ -93,6 +97,8 @@ def optimize_rows(run_dir) -> list[list[str]]:
             if host_drift_told(at, w["kept"]):
                 note += (f"; {at['replay']:.3f}x projected at the timing's host speed (the host "
                          f"took {at['host_drift']:.2f}x the profile's time)")
+            if key in floors:
+                note += f"; floor {floors[key]:.3f}x (its GEMMs and attention alone)"
         else:
             measured, ci = "-", "-"
             note = (comb or {}).get("reason") or "nothing kept"

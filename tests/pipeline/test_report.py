@@ -227,6 +227,13 @@ def test_the_floor_pass_is_said_beside_the_ceiling_of_kernel_work(tmp_path):
     assert re.search(r"Floor: the pass's GEMMs and attention alone.*25\.00 ms \(kernels 24\.20\)"
                      r": at most 1\.60x over this pass's 40\.00 ms", pre)
     assert "Floor:" not in dec
+    # after optimize, the terminal's final table gives it beside the measured speedup
+    from pipeline.summary import optimize_rows
+
+    write_optimize_artifacts(tmp_path, gpu=True)
+    notes = {r[0]: r[-1] for r in optimize_rows(tmp_path)}
+    assert "floor 1.600x (its GEMMs and attention alone)" in notes[PRE]
+    assert "floor" not in notes.get(DEC, "")
 
 
 @pytest.mark.parametrize("graphed, floor_x, near", [
