@@ -114,21 +114,12 @@ def floor(ops: list[dict], seconds: float = STEADY_S, reps: int = 20) -> dict:
     GEMMs can come out level with it, not under it by much. `wall_ms`: one replay, launch gaps
     included; `kernel_ms`: its kernels' profiled time (the profiler slows a dense pass: Qwen2.5-
     0.5B b8's read 15.74 ms against a 15.08 ms replay on an H100)."""
-    import statistics
-
-    import torch
+    from profiling.roofline import median_time
 
     g = _steady(_synthetic(floor_steps(ops), 0.0, 0.0), seconds)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    wall_s = median_time(g.replay, True, reps)
     comp, _ = _profiled(g.replay)
-    return {"wall_ms": statistics.median(times), "kernel_ms": comp / 1e3}
+    return {"wall_ms": wall_s * 1e3, "kernel_ms": comp / 1e3}
 
 
 def floor_steps(ops: list[dict]) -> list[tuple]:

@@ -61,10 +61,10 @@ def measure_ceilings(device: str) -> dict:
     dtype = torch.bfloat16 if cuda else torch.float32
     src = torch.empty(n_copy, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
-    copy_s = _time(lambda: dst.copy_(src), cuda)
+    copy_s = median_time(lambda: dst.copy_(src), cuda)
     a = torch.randn(n_mm, n_mm, device=device, dtype=dtype)
     b = torch.randn(n_mm, n_mm, device=device, dtype=dtype)
-    mm_s = _time(lambda: a @ b, cuda)
+    mm_s = median_time(lambda: a @ b, cuda)
     tiny = torch.zeros(1, device=device)
 
     def launches():
@@ -72,7 +72,7 @@ def measure_ceilings(device: str) -> dict:
             tiny.add_(1)
 
     # back-to-back launches: the per-launch cost a fused kernel saves, not one launch's latency
-    launch_s = _time(launches, cuda) / 100
+    launch_s = median_time(launches, cuda) / 100
     graph = graph_costs(device) if cuda else {}
     return {
         "device": device_name(device),
@@ -208,7 +208,8 @@ def _wall(fn, reps: int = 50) -> float:
     return statistics.median(times)
 
 
-def _time(fn, cuda: bool, reps: int = 20) -> float:
+def median_time(fn, cuda: bool, reps: int = 20) -> float:
+    """Median seconds of one call of `fn` after three warm-up calls: CUDA events on a GPU."""
     import torch
 
     for _ in range(3):
