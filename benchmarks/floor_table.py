@@ -17,9 +17,9 @@ from pathlib import Path
 
 
 def rows(run_dirs: list[Path], results: dict) -> list[dict]:
-    best: dict[tuple, dict] = {}
+    measured: dict[tuple, dict] = {}
     for r in results.get("rows", []):
-        best[(r["model"], r["workload"], r["variant"])] = r
+        measured[(r["model"], r["workload"], r["variant"])] = r
     out = []
     for d in run_dirs:
         prof = json.loads((d / "profile.json").read_text())
@@ -33,7 +33,7 @@ def rows(run_dirs: list[Path], results: dict) -> list[dict]:
                    "floor_ms": f["wall_ms"], "kernel_ms": f["kernel_ms"],
                    "floor_x": wall / f["wall_ms"]}
             for v in ("ours", "ours-graphs", "compile", "liger"):
-                m = best.get((model, w["key"], v))
+                m = measured.get((model, w["key"], v))
                 row[v] = m["over_eager"] if m else None
                 row[f"{v}_ms"] = m["ms"] if m else None
             out.append(row)

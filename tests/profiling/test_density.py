@@ -134,10 +134,11 @@ def test_the_floor_pass_is_the_compute_kernels_alone_on_the_gpu():
            {"name": "aten::mul", "shapes": [[4096, 2048]], "device_us": 80.0, "kernels": []}] * 8
     f = floor(ops, seconds=0.3)
     with_fills = measure(ops, 4000.0, scales=(1.0,), seconds=0.3)[0]
-    # eight GEMMs and no copies: at most the kernels of the pass with its fills, and the replay's
-    # wall holds its kernels
+    # eight GEMMs and no copies: at most the kernels of the pass with its fills
     assert 0 < f["kernel_ms"] * 1e3 < with_fills["compute_us"] + with_fills["copy_us"]
-    assert f["wall_ms"] >= f["kernel_ms"] * 0.98
+    # the replay's wall and its profiled kernels time the same pass, but the profiler slows a
+    # dense one (Qwen2.5-0.5B b8's floor on the H200: kernels 15.55-16.03 ms, replays 14.72-14.95)
+    assert 0.8 < f["kernel_ms"] / f["wall_ms"] < 1.2
 
 
 @pytest.mark.gpu
