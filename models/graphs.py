@@ -313,10 +313,25 @@ class StaticDecoder:
         self.position: int = 0
         self.pool_bytes: int = 0
         self._filled = False
+        # a left-padded batch: its 2D padding mask over every slot and each row's position,
+        # static buffers a captured step reads (None for a batch without padding, whose step
+        # passes neither, as the profiled step does)
+        self._padded = False
+        self._mask = self._pos = self._pos0 = None  # allocated once: a graph reads them
+        self._prompt_len = 0
+        self._captured_padded: bool | None = None
+        self._logits_kw = ({"logits_to_keep": 1}
+                           if "logits_to_keep" in inspect.signature(model.forward).parameters
+                           else {})
 
-    def _forward(self, ids: torch.Tensor, model=None) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, model=None, last_only: bool = False,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
         model = self._model if model is None else model
-        return model(ids, use_cache=True, **{self._cache_arg: self.cache}).logits
+        extra = dict(self._logits_kw) if last_only else {}
+        if self._padded:
+            extra["attention_mask"] = self._mask
+            extra["position_ids"] = self._pos if positions is None else positions
+        return model(ids, use_cache=True, **{self._cache_arg: self.cache}, **extra).logits
 
     def _step_forward(self) -> torch.Tensor:
         return self._forward(self._ids, self._step_model)
@@ -337,17 +352,42 @@ class StaticDecoder:
                 t.fill_(position)
         self.position = position
 
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """Eager; fills positions [0, ids.shape[1]); returns logits."""
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Eager; fills positions [0, ids.shape[1]); returns logits (of the last position
+        alone with `last_only`, as transformers' generate asks for them).
+
+        attention_mask: [batch, n], 0 on padding (a left-padded batch). Where it holds a 0,
+        every later step passes the padding mask over all slots and each row's own position
+        (the count of its real tokens so far), as transformers' generate derives them; a
+        mask of ones is the same as none."""
         if ids.dim() != 2 or ids.shape[0] != self.batch or not 0 < ids.shape[1] <= self.max_len:
             raise ValueError(f"prefill takes [{self.batch}, n] ids with 0 < n <= {self.max_len}; "
                              f"got {list(ids.shape)}")
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(ids.shape):
+            raise ValueError(f"attention_mask {list(attention_mask.shape)} does not match the "
+                             f"ids {list(ids.shape)}")
         if self._filled:
             self._set_position(0)
+        positions = None
+        self._padded = attention_mask is not None and not bool(attention_mask.all())
+        if self._padded:
+            n = ids.shape[1]
+            mask = attention_mask.to(device=self._device, dtype=torch.long)
+            if self._mask is None:
+                self._mask = torch.empty(self.batch, self.max_len, dtype=torch.long,
+                                         device=self._device)
+                self._pos0 = torch.empty(self.batch, 1, dtype=torch.long, device=self._device)
+                self._pos = torch.empty_like(self._pos0)
+            # slots past the prompt: ones; the causal mask hides those not yet written
+            self._mask.fill_(1)
+            self._mask[:, :n] = mask
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            self._pos0.copy_(mask.sum(-1, keepdim=True))
         with torch.no_grad():
-            logits = self._forward(ids)
+            logits = self._forward(ids, last_only=last_only, positions=positions)
         self._filled = True
-        self.position = ids.shape[1]
+        self._prompt_len = self.position = ids.shape[1]
         return logits
 
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
@@ -360,12 +400,16 @@ class StaticDecoder:
         if tuple(next_ids.shape) != (self.batch, 1):
             raise ValueError(f"step takes [{self.batch}, 1] ids; got {list(next_ids.shape)}")
         self._load(next_ids)
+        if self._padded:  # each row's position: its real tokens so far
+            torch.add(self._pos0, self.position - self._prompt_len, out=self._pos)
         if not self.graph:
             with torch.no_grad():
                 logits = self._step_forward()
         else:
-            if self._graph is None:
+            if self._graph is None or self._captured_padded != self._padded:
+                self._graph = self._logits = None
                 self._capture_step()
+                self._captured_padded = self._padded
             self._graph.replay()
             logits = self._logits
         self.position += 1
@@ -420,6 +464,7 @@ class StaticDecoder:
 
     def close(self) -> None:
         self._graph = self._logits = self._ids = self._model = self._step_model = None
+        self._mask = self._pos = self._pos0 = None
         self.cache = None
         self.pool_bytes = 0
         _release(self._device)

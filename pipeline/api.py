@@ -42,6 +42,15 @@ use_interpreter_without_gpu()
 DECODE_HEADROOM = 256
 
 
+def generation_cache_len(prompt: int, new: int) -> int:
+    """Static cache slots `generate` gives a prompt of `prompt` tokens and `new` new ones: the
+    slots a decode workload at KV length prompt + new steps over (`models.graphs.static_len`),
+    so that the kernels accepted for `pipeline profile --generation` serve every step of it."""
+    from models.graphs import static_len
+
+    return static_len(prompt + new)
+
+
 @dataclass
 class KernelHandle:
     families: list[str]
@@ -49,6 +58,12 @@ class KernelHandle:
     model: object = None
     graph: object = None  # models.graphs.GraphedPrefill of the profiled prefill shape
     decoder: object = None  # models.graphs.StaticDecoder(graph=True) of a decode workload
+    graphed: bool = False  # generate's steps replay a CUDA graph (graphs shipped and asked)
+    # each family's kernel calls since patching, and the cases it had no kernel for (those
+    # calls ran the original code): which kernels served a generation
+    calls: dict[str, int] = field(default_factory=dict)
+    declined: dict[str, list[str]] = field(default_factory=dict)
+    _generator: object = None  # the StaticDecoder `generate` steps over, kept between calls
 
     def __call__(self, input_ids):
         """Logits of `input_ids`: a graph replay for the profiled prefill shape (a static
@@ -58,11 +73,47 @@ class KernelHandle:
             return self.graph(input_ids)
         return self.model(input_ids).logits
 
+    def generate(self, input_ids, max_new_tokens: int | None = None, attention_mask=None,
+                 on_token=None, **kwargs):
+        """`model.generate(input_ids, max_new_tokens=..., attention_mask=..., **kwargs)` as
+        transformers does it (greedy or sampling: `do_sample`, `temperature`, `top_k`, `top_p`,
+        `eos_token_id`, `pad_token_id`, repetition penalty and the other logits processors its
+        generation config names; left-padded batches through `attention_mask`), over a static
+        KV cache sized for the call (prompt + new tokens, rounded up to 16): one CUDA graph
+        replay per step where graphs shipped for the workload (`graphs=True`), eager steps
+        elsewhere. Returns the prompt and the new tokens, as transformers does.
+
+        The cache and its graph are kept for the next call of the same batch and length; a
+        call of another shape builds (and captures) its own, freeing the last. `on_token(i)`
+        runs once token i is chosen (enqueued on the GPU, not waited for): a timing hook."""
+        from models.generation import GenerationError, decode, plan
+
+        try:
+            p = plan(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                     **kwargs)
+        except GenerationError as e:
+            raise UserError(str(e)) from None
+        decoder = self._generation_decoder(input_ids.shape[0],
+                                           generation_cache_len(input_ids.shape[1],
+                                                                p.new_tokens))
+        return decode(decoder, p, input_ids, attention_mask, on_token)
+
+    def _generation_decoder(self, batch: int, max_len: int):
+        from models.graphs import StaticDecoder
+
+        dec = self._generator
+        if dec is None or (dec.batch, dec.max_len) != (batch, max_len):
+            if dec is not None:
+                dec.close()
+            self._generator = None
+            self._generator = StaticDecoder(self.model, batch, max_len, graph=self.graphed)
+        return self._generator
+
     def undo(self) -> None:
-        for g in (self.graph, self.decoder):
+        for g in (self.graph, self.decoder, self._generator):
             if g is not None:
                 g.close()
-        self.graph = self.decoder = None
+        self.graph = self.decoder = self._generator = None
         while self._undo:
             self._undo.pop()()
 
@@ -73,10 +124,12 @@ class KernelHandle:
         self.undo()
 
 
-def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
+def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None = None,
                   graphs: bool = False, max_len: int | None = None,
                   graph_set: bool = False) -> KernelHandle:
-    """Patch `model` with the run's accepted kernels (kept for `workload`, if given).
+    """Patch `model` with the run's accepted kernels (kept for `workload`, if given; a list
+    of workloads takes each one's kernels, each dispatched by shape: a generation's prefill
+    and decode workloads together).
 
     `graphs=True` needs `workload`, and CUDA graphs shipped there (integration.json
     workloads[key]["graphs"]["shipped"]): then the patched model is captured, a prefill
@@ -93,7 +146,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
     capturing anything (to capture it yourself, as benchmarks/head_to_head.py does)."""
     use_interpreter_without_gpu()  # in case the environment changed since the import
     from codegen.registry import get_family
-    from pipeline.patching import make_chooser
+    from pipeline.patching import counting_chooser, make_chooser
 
     run_dir = Path(run_dir)
     summary = read_json(run_dir / "verification" / "summary.json", "verification summary")
@@ -103,43 +156,61 @@ def apply_kernels(model, run_dir: str | Path, workload: str | None = None,
         raise UserError(f"{run_dir} has no integration.json: run `pipeline optimize` first")
     integ = read_json(integ_path, "integration")
     measured = integ["workloads"]
-    if workload is not None and workload not in measured:
-        raise UserError(f"workload {workload!r} not measured in {run_dir}; measured: "
-                        f"{', '.join(measured)}")
-    if graphs:
-        _graphs_shipped(measured, workload)
-    if graph_set and workload is None:
-        raise UserError("graph_set=True needs a workload: a graph's set is chosen per workload")
+    keys = [workload] if isinstance(workload, str) else workload
+    for key in keys or []:
+        if key not in measured:
+            raise UserError(f"workload {key!r} not measured in {run_dir}; measured: "
+                            f"{', '.join(measured)}")
+    if (graphs or graph_set) and not keys:
+        raise UserError(f"{'graphs' if graphs else 'graph_set'}=True needs a workload: a graph "
+                        "is captured for one shape, its set chosen per workload")
+    in_graph = _graph_key(measured, keys) if graphs or graph_set else None
+    graphed = _shipped(measured, in_graph) if graphs else None
     allowed: dict[str, set[str]] = {}
     for key, w in measured.items():
-        if workload is None or key == workload:
+        if keys is None or key in keys:
             fams = w["kept"]
-            if graphs or graph_set:
+            if key == in_graph:
                 fams = (w.get("graphs") or {}).get("families", fams)
             for fam in fams:
                 allowed.setdefault(fam, set()).update(w["cases"].get(fam, []))
-    handle = KernelHandle(sorted(allowed), model=model)
+    handle = KernelHandle(sorted(allowed), model=model, graphed=graphed is not None,
+                          calls={f: 0 for f in allowed}, declined={})
     try:
         for name in handle.families:
-            chooser = make_chooser(accepted, name, allowed[name], run_dir=run_dir)
+            chooser = counting_chooser(make_chooser(accepted, name, allowed[name],
+                                                    run_dir=run_dir),
+                                       handle.calls, name, handle.declined)
             handle._undo.append(get_family(name).patch(model, chooser))
-        if graphs:
-            _capture(handle, model, measured[workload]["workload"], max_len)
+        if graphed is not None:
+            _capture(handle, model, measured[graphed]["workload"], max_len)
     except BaseException:
         handle.undo()
         raise
     return handle
 
 
-def _graphs_shipped(measured: dict, workload: str | None) -> None:
-    if workload is None:
-        raise UserError("graphs=True needs a workload: a graph is captured for one shape")
-    rec = measured[workload].get("graphs") or {}
+def _graph_key(measured: dict, keys: list[str]) -> str:
+    """The workload whose graph (and graph set) `graphs=True` takes: the one named, or among
+    several the decode workload (a generation's prefill runs eagerly, its steps replay the
+    graph)."""
+    if len(keys) == 1:
+        return keys[0]
+    decode = [k for k in keys if measured[k]["workload"]["mode"] == "decode"]
+    if len(decode) != 1:
+        raise UserError("a graph over several workloads needs exactly one decode workload "
+                        f"among them; got {', '.join(keys)}")
+    return decode[0]
+
+
+def _shipped(measured: dict, key: str) -> str:
+    rec = measured[key].get("graphs") or {}
     if not rec.get("shipped"):
         why = rec.get("skipped") or rec.get("decision") or rec.get("error") or \
             "the run has no graphs record (optimized before the graphs stage existed)"
-        raise UserError(f"CUDA graphs did not ship for {workload}: {why}; use graphs=False "
+        raise UserError(f"CUDA graphs did not ship for {key}: {why}; use graphs=False "
                         "for the kernels alone")
+    return key
 
 
 def _capture(handle: KernelHandle, model, spec: dict, max_len: int | None) -> None:

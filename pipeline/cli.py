@@ -24,9 +24,9 @@ WORKLOAD_OPTIONS = [
     click.option("--dtype", default=None, help="fp32, fp16 or bf16 [default: bf16 on cuda, "
                                                "fp32 on cpu]."),
     click.option("--device", default=None, help="cpu or cuda [default: cuda if available]."),
-    click.option("--mode", default="prefill", show_default=True,
+    click.option("--mode", default=None,
                  help="prefill, decode (one token against a KV cache of --seq), or both "
-                      "(prefill,decode)."),
+                      "(prefill,decode) [default: prefill; with profile --generation, both]."),
 ]
 
 
@@ -68,7 +68,13 @@ def cli(ctx, debug):
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Where artifacts go [default: ./runs/<model>-<UTC time>].")
 @click.option("--top", default=10, show_default=True, help="Rows shown in the summary.")
-def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top):
+@click.option("--generation", default=None, metavar="BxP+N,...",
+              help="Profile what a generation of batch B, a prompt of P tokens and N new ones "
+                   "runs, instead of the --batch x --seq x --mode grid: its prefill (b B, s P) "
+                   "and its decode step at the KV length it ends at (b B, s P+N), whose static "
+                   "cache is the one `pipeline e2e` and `handle.generate` step over. "
+                   "E.g. 1x1024+128,8x128+128.")
+def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top, generation):
     """Profile one forward pass of MODEL_ID per workload, then rank.
 
     MODEL_ID is a hub id (e.g. meta-llama/Llama-3.2-1B), a local folder with config.json,
@@ -86,7 +92,8 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top)
     from profiling.loader import resolve
 
     dtype, device = _defaults(dtype, device)
-    workloads = wl.expand(batch, seq, dtype, device, _modes(mode))
+    workloads = (wl.for_generation(generation, dtype, device, _modes(mode or "both"))
+                 if generation else wl.expand(batch, seq, dtype, device, _modes(mode)))
     check_device(device)
     spec = resolve(model_id, pretrained)
     for note in spec.notes:
@@ -99,8 +106,9 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top)
     console.print(f"artifacts: {run_dir}")
 
 
-def _modes(mode: str) -> str:
-    """`--mode both` is prefill and decode."""
+def _modes(mode: str | None) -> str:
+    """`--mode both` is prefill and decode; none given is prefill."""
+    mode = mode or "prefill"
     return ",".join("prefill,decode" if m.strip() == "both" else m for m in mode.split(","))
 
 
@@ -168,9 +176,12 @@ def rank(run_dir):
                    "started for the run].")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Run directory for a new profile (when TARGET is a model id).")
+@click.option("--e2e", "then_e2e", is_flag=True,
+              help="Then `pipeline e2e` on the run: generation end to end, on the "
+                   "generations it was profiled for (--generation), else the default grid.")
 def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer,
              llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume,
-             max_configs, pairs, workers, ray_address, run_dir):
+             max_configs, pairs, workers, ray_address, run_dir, then_e2e):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
     a model id. TARGET defaults to the latest run under ./runs.
 
@@ -239,6 +250,8 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
     print_optimize(run)
     console.print(f"report: {out['markdown']}")
+    if then_e2e:
+        _e2e(run, None, None, None, None, None, resume)
 
 
 def _resumed(run: Path, **given) -> tuple:
@@ -264,12 +277,12 @@ def _profile_first(model_id, batch, seq, dtype, device, mode, run_dir) -> None:
     if not _defaults(dtype, device)[1].startswith("cuda"):
         click.get_current_context().invoke(
             profile, model_id=model_id, batch=batch, seq=seq, dtype=dtype, device=device,
-            mode=mode, pretrained=False, run_dir=run_dir, top=5)
+            mode=mode, pretrained=False, run_dir=run_dir, top=5, generation=None)
         return
     import subprocess
 
     args = [sys.executable, "-m", "pipeline", "profile", model_id, "--batch", batch, "--seq",
-            seq, "--mode", mode, "--top", "5"]
+            seq, *(["--mode", mode] if mode else []), "--top", "5"]
     for flag, value in (("--dtype", dtype), ("--device", device), ("--run-dir", run_dir)):
         if value is not None:
             args += [flag, str(value)]
@@ -289,6 +302,72 @@ def _family_list(text: str | None) -> list[str] | None:
         raise UserError(f"unknown kernel family {', '.join(unknown) or text!r}; known: "
                         f"{', '.join(sorted(families()))}")
     return names
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--batch", default=None, help="Batch sizes, comma-separated [default: 1,8].")
+@click.option("--prompt", default=None,
+              help="Prompt lengths in tokens, comma-separated [default: 128,1024].")
+@click.option("--new", "new_tokens", default=None,
+              help="New tokens per generation, comma-separated [default: 128].")
+@click.option("--variants", default=None, metavar="A,B",
+              help="Of hf-eager, hf-static, graph, ours, ours-graphs [default: all; hf-eager "
+                   "always, as the baseline].")
+@click.option("--rounds", type=int, default=None,
+              help="Timed calls per variant and grid point, in rotating order, after one "
+                   "untimed call [default: 3 on a GPU, 1 on the CPU].")
+@click.option("--resume", is_flag=True, help="Keep the grid points e2e.json already holds.")
+def e2e(run_dir, batch, prompt, new_tokens, variants, rounds, resume):
+    """Generation end to end: time to first token, time per output token (p50, p99), tokens/s,
+    for every batch x prompt x new combination, against what a user has without us.
+
+    \b
+    Variants, all in one process over the same weights, rotating order:
+      hf-eager     model.generate(ids, max_new_tokens=N)       (transformers, dynamic cache)
+      hf-static    ... cache_implementation="static"           (compiles its step on CUDA)
+      graph        the unpatched model, one CUDA graph per step (our generate loop)
+      ours         the run's kernels, then model.generate(...)  (eager)
+      ours-graphs  the run's kernels + CUDA graph: handle.generate(...), the shipped path
+
+    Every batch x prompt x new combination is a grid point. With none of the three given, the
+    grid is the generations the run was profiled for (`pipeline profile --generation`), else
+    1,8 x 128,1024 x 128. Greedy, EOS ignored. Writes e2e.json (after every grid point: an
+    interrupted run keeps what it measured) and the report's "Generation end to end" section.
+    The run's decode
+    workloads should be profiled at the generation's final KV length
+    (`pipeline profile MODEL --generation 1x1024+128`); without a decode workload of a batch
+    the run's variants are skipped there and the transformers ones still run.
+
+    \b
+    Example:
+      pipeline e2e runs/llama-3.2-1b-... --batch 1 --prompt 1024 --new 128
+    """
+    from pipeline.rundir import load_run
+
+    run = load_run(str(run_dir)) if run_dir else latest_run()
+    _e2e(run, batch, prompt, new_tokens, variants, rounds, resume)
+
+
+def _e2e(run: Path, batch, prompt, new_tokens, variants, rounds, resume) -> None:
+    from pipeline.e2e import DEFAULT_GRID, grid, parse_variants, run_e2e, run_grid
+    from pipeline.e2e_report import print_e2e
+    from pipeline.report import write_report
+    from pipeline.summary import console
+
+    if batch is prompt is new_tokens is None and run_grid(run):
+        points = run_grid(run)
+    else:
+        points = grid(*(given or default for given, default in
+                        zip((batch, prompt, new_tokens), DEFAULT_GRID)))
+    chosen = parse_variants(variants)
+    if rounds is not None and rounds < 1:
+        raise UserError("--rounds must be at least 1")
+    with progress(console, "e2e") as say:
+        result = run_e2e(run, points, chosen, rounds, say, resume=resume)
+    print_e2e(result)
+    out = write_report(run)
+    console.print(f"e2e: {run / 'e2e.json'}; report: {out['markdown']}")
 
 
 @cli.command()

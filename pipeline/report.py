@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
+from pipeline import e2e_report
 from pipeline import report_plots as rp
 from pipeline.projection_gap import gap
 from pipeline.report_acceptance import (  # noqa: F401 - the report's public names
@@ -66,12 +67,30 @@ def write_report(run_dir: Path) -> dict:
     data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
     data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
     blocks = rp.document(data, records) + source_tables(arts, data)
+    generation = e2e_report.read(run_dir)
+    if generation is not None:
+        data["e2e"] = generation.model_dump()
+        blocks = _with_generation(blocks, e2e_report.verdict_lines(generation),
+                                  e2e_report.blocks(run_dir, generation))
     md = write_text(run_dir / "report.md", rp.to_markdown(blocks))
     html = write_text(run_dir / "report.html",
                       rp.to_html(blocks, f"Kernel report: {data['model'].get('id')}"))
     js = write_json(run_dir / "report.json", data)
     return {"markdown": md, "html": html, "json": js, "plots": list(plots.values()),
             "acceptance": list(acceptance.values())}
+
+
+def _with_generation(blocks: list[tuple], lines: list[str], section: list[tuple]
+                     ) -> list[tuple]:
+    """The downstream result first: its lines lead the verdict, its section follows it."""
+    out = []
+    for b in blocks:
+        if b[0] == "ul" and out and out[-1] == ("h", 2, "Verdict"):
+            out.append(("ul", lines + list(b[1])))
+            out += section
+        else:
+            out.append(b)
+    return out
 
 
 def collect(arts: dict) -> dict:

@@ -1,0 +1,93 @@
+"""The run's frozen projections carried to a generation: Amdahl over its prefill and its steps.
+
+A generation of N tokens is one prefill (time to the first token) and N - 1 decode steps. The
+run froze, before integration, a projection per profiled workload from kernel numbers alone
+(`pipeline.projection`): the eager pass's replay with the kernels in, and the CUDA-graph
+projection of the step. Composed over hf-eager's measured call:
+
+- prefill: the profiled pass saves wall * (1 - 1 / S) of the time to the first token, S the
+  replay gain of the prefill workload's kernels (1 where the run has no prefill workload of
+  that batch and prompt length, or no kernel of it served the call);
+- a step of `ours` (transformers' loop, eager) saves wall * (1 - 1 / S) of hf-eager's time
+  per output token, the rest of the loop's work unchanged; a step of `graph` and
+  `ours-graphs` (our loop: the host queues the next replay while the GPU runs this one) takes
+  the projected graphed step, the graph projection's pass time;
+- end to end: hf-eager's measured call less the time saved on the first token and on each of
+  the N - 1 steps; the speedup is hf-eager's call over that.
+
+A family whose kernel did not serve every call of the generation (a case it had no kernel for
+ran the original code, `e2e_variants.Ledger`, prefill and steps apart) or was never called
+is priced at the original code's time: the projection is re-run for the families that did
+(`project_set`, `project_graphs`, the same frozen kernel numbers that `project_kept` uses).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.artifacts import read_json
+from core.records import GenerationProjection, TokenTimes
+from pipeline.projection import host_of, project_graphs, project_set
+
+
+def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
+            prefill_key: str | None, decode_key: str | None,
+            prefill_served: set[str], steps_served: set[str]
+            ) -> GenerationProjection | None:
+    """The projection of `variant` for one grid point, or None where the run cannot give one
+    (a CPU run, no decode workload of this batch, no trace)."""
+    profile = read_json(run_dir / "profile.json", "profile")
+    walls = {w["key"]: w["wall"]["median_ms"] for w in profile["workloads"]}
+    if decode_key is None or base.tpot_p50 is None:
+        return None
+    proj = read_json(run_dir / "projection.json", "projection")
+    integ = read_json(run_dir / "integration.json", "integration")
+    ranked = {w["key"]: w for w in read_json(run_dir / "ranking.json", "ranking")["workloads"]}
+    notes = []
+
+    def set_for(key: str, graphed: bool) -> list[str]:
+        w = integ["workloads"][key]
+        fams = (w.get("graphs") or {}).get("families", w["kept"]) if graphed else w["kept"]
+        served = steps_served if key == decode_key else prefill_served
+        missing = sorted(set(fams) - served)
+        if missing:
+            notes.append(f"{key}: {', '.join(missing)} priced at the original code (its "
+                         "kernel did not serve every call of the generation's "
+                         f"{'steps' if key == decode_key else 'prefill'})")
+        return [f for f in fams if f in served]
+
+    def replay(key: str, only: list[str]) -> float | None:
+        if not only:
+            return 1.0
+        return project_set(run_dir, ranked[key], proj["kernel_speedups"], host_of(proj, key),
+                           True, only=only, cases=proj.get("case_speedups"))["replay"]
+
+    s_pre = 1.0
+    if variant != "graph" and prefill_key is not None:
+        s_pre = replay(prefill_key, set_for(prefill_key, False))
+    elif variant != "graph":
+        notes.append("no prefill workload of this batch and prompt in the run: the prefill is "
+                     "priced at the original code")
+    if variant == "ours":
+        s_step = replay(decode_key, set_for(decode_key, False))
+        if s_step is None or s_pre is None:
+            return None
+        tpot = base.tpot_p50 - walls[decode_key] * (1 - 1 / s_step)
+    else:
+        only = [] if variant == "graph" else set_for(decode_key, True)
+        g = project_graphs(run_dir, ranked[decode_key], proj.get("graph_kernel_speedups")
+                           or proj["kernel_speedups"], True, only=only,
+                           cases=proj.get("graph_case_speedups"))
+        pass_us = g.get("unpatched_pass_us" if variant == "graph" else "kept_pass_us")
+        if pass_us is None or s_pre is None:
+            return None
+        tpot = pass_us / 1e3
+    ttft = base.ttft_p50 - walls.get(prefill_key, 0.0) * (1 - 1 / s_pre) \
+        if prefill_key else base.ttft_p50
+    e2e = base.e2e_p50 - (base.ttft_p50 - ttft) - (new - 1) * (base.tpot_p50 - tpot)
+    return GenerationProjection(
+        ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, speedup=base.e2e_p50 / e2e,
+        prefill_speedup=base.ttft_p50 / ttft, decode_speedup=base.tpot_p50 / tpot,
+        prefill_share=min(1.0, walls.get(prefill_key, 0.0) / base.ttft_p50)
+        if prefill_key else 0.0,
+        step_share=min(1.0, walls[decode_key] / base.tpot_p50), notes=notes)
