@@ -76,17 +76,9 @@ def expand(batch: str, seq: str, dtype: str, device: str, mode: str) -> list[Wor
     ]
 
 
-def for_generation(text: str, dtype: str, device: str,
-                   mode: str = "prefill,decode") -> list[Workload]:
-    """`--generation 1x1024+128,8x128+128`: per generation of batch B, prompt P and N new
-    tokens, its prefill (B, P) and its decode step at the KV length it ends at (B, P + N);
-    `mode` keeps one of the two."""
-    modes = [m.strip() for m in mode.split(",") if m.strip()]
-    for m in modes:
-        if m not in MODES:
-            raise UserError(f"unknown mode {m!r}; use prefill, decode or prefill,decode")
-    out: list[Workload] = []
-    dt = parse_dtype(dtype)
+def parse_generations(text: str) -> list[tuple[int, int, int]]:
+    """`1x1024+128,8x128+128` -> [(1, 1024, 128), (8, 128, 128)]: batch x prompt + new."""
+    out = []
     for item in (x.strip() for x in str(text).split(",") if x.strip()):
         try:
             b, rest = item.lower().split("x")
@@ -98,9 +90,25 @@ def for_generation(text: str, dtype: str, device: str,
         if min(b, p, n) <= 0:
             raise UserError(f"--generation {item!r}: batch, prompt and new tokens must be "
                             "positive")
+        out.append((b, p, n))
+    if not out:
+        raise UserError("--generation names no generation; e.g. 1x1024+128")
+    return out
+
+
+def for_generation(text: str, dtype: str, device: str,
+                   mode: str = "prefill,decode") -> list[Workload]:
+    """`--generation 1x1024+128,8x128+128`: per generation of batch B, prompt P and N new
+    tokens, its prefill (B, P) and its decode step at the KV length it ends at (B, P + N);
+    `mode` keeps one of the two."""
+    modes = [m.strip() for m in mode.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            raise UserError(f"unknown mode {m!r}; use prefill, decode or prefill,decode")
+    out: list[Workload] = []
+    dt = parse_dtype(dtype)
+    for b, p, n in parse_generations(text):
         for w in (Workload(b, p, dt, device, "prefill"), Workload(b, p + n, dt, device, "decode")):
             if w.mode in modes and w not in out:
                 out.append(w)
-    if not out:
-        raise UserError("--generation names no generation; e.g. 1x1024+128")
     return out

@@ -100,7 +100,8 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top,
         console.print(f"[yellow]note:[/yellow] {note}")
     run_dir = run_dir or new_run_dir(spec.model_id)
     with progress(console, "profiling") as say:
-        prof = run_profile(spec, workloads, run_dir, say)
+        prof = run_profile(spec, workloads, run_dir, say,
+                           wl.parse_generations(generation) if generation else None)
     print_profile(prof, top)
     _rank_and_print(run_dir)
     console.print(f"artifacts: {run_dir}")

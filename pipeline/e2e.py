@@ -58,13 +58,9 @@ DEFAULT_GRID = ("1,8", "128,1024", "128")
 
 
 def run_grid(run_dir: Path) -> list[tuple[int, int, int]]:
-    """The generations the run was profiled for (`pipeline profile --generation`): each
-    prefill (b, p) with a decode of the same batch at a longer KV length s, as (b, p, s - p)."""
+    """The generations the run was profiled for (`pipeline profile --generation`)."""
     profile = read_json(run_dir / "profile.json", "profile")
-    specs = [w["workload"] for w in profile["workloads"]]
-    return sorted({(p["batch"], p["seq"], d["seq"] - p["seq"]) for p in specs for d in specs
-                   if p["mode"] == "prefill" and d["mode"] == "decode"
-                   and d["batch"] == p["batch"] and d["seq"] > p["seq"]})
+    return [tuple(g) for g in profile.get("generations") or []]
 
 
 def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str | None,

@@ -78,8 +78,12 @@ def print_e2e(result: E2E) -> None:
         for c in COLUMNS:
             t.add_column(c, overflow="fold")
         for v in point.variants:
-            t.add_row(*row(v))
+            if not v.skipped:
+                t.add_row(*row(v))
         console.print(t)
+        for v in point.variants:
+            if v.skipped:
+                console.print(f"  {v.name}: skipped ({v.skipped})")
     for line in verdict_lines(result):
         console.print(line)
 

@@ -183,8 +183,11 @@ def _hta(trace_path: Path) -> dict:
 
 
 def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
-                say: Callable[[str], None] = lambda s: None) -> dict:
-    """Profile every workload (each its own model build only when dtype/device change)."""
+                say: Callable[[str], None] = lambda s: None,
+                generations: list[tuple[int, int, int]] | None = None) -> dict:
+    """Profile every workload (each its own model build only when dtype/device change).
+    `generations`: the (batch, prompt, new tokens) the workloads were chosen for
+    (`--generation`), kept for `pipeline e2e`'s default grid."""
     for w in workloads:
         check_device(w.device)
     built: dict[tuple, torch.nn.Module] = {}
@@ -214,6 +217,7 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
         "environment": environment(workloads[0].device),
         "ceilings": ceilings(workloads[0].device),
         "workloads": results,
+        **({"generations": [list(g) for g in generations]} if generations else {}),
     }
     write_json(run_dir / PROFILE, profile)
     return profile
