@@ -71,7 +71,10 @@ def plan(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = N
     if refused:
         raise GenerationError(f"generate here does not take {', '.join(refused)}; use the "
                               "model's own generate for that")
-    prepared = model._prepare_generation_config(None, **kwargs)
+    try:
+        prepared = model._prepare_generation_config(None, **kwargs)
+    except ValueError as e:  # transformers' own validation: its message, on one line
+        raise GenerationError(" ".join(str(e).split())) from None
     config, rest = prepared if isinstance(prepared, tuple) else (prepared, {})
     rest = {k: v for k, v in rest.items() if v is not None}
     if rest:
