@@ -19,9 +19,9 @@ patched model:
     logits = handle(input_ids)   # [1, 128] replays the graph; any other shape runs eagerly
     handle.undo()                # frees the graph, then restores the model
 
-    handle = apply_kernels(model, run_dir, workload="decode-b1-s1024-bf16", graphs=True)
-    new_ids = handle.decoder.generate(prompt_ids, 64)   # N tokens over a static KV cache,
-                                                        # each step one graph replay
+    handle = apply_kernels(model, run_dir, workload="decode-b1-s1152-bf16", graphs=True)
+    out = handle.generate(prompt_ids, max_new_tokens=128)  # transformers' generate, over a
+                                                           # static cache, one replay a step
 """
 
 from __future__ import annotations
