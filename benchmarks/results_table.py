@@ -6,7 +6,9 @@
         # card than PATH's is refused (give it its own PATH, e.g. results/latest-h100.json)
     python3 benchmarks/results_table.py [PATH] --contender OUT.json --commit C
         # upsert the row of one contenders.py run (Liger: eager then Liger, its own process)
-
+    python3 benchmarks/results_table.py [PATH] --e2e RUN_DIR --commit C
+        # upsert the rows of one `pipeline e2e` run: workload generate-b{B}-p{P}-n{N}-bf16,
+        # ms = TPOT p50, over_eager = end to end over hf-eager
 
 From another script: `upsert(path, rows)` replaces the rows with the same (model, workload,
 variant) and adds the others; the file is written atomically (temp file, then os.replace).
@@ -23,7 +25,7 @@ LATEST = Path(__file__).resolve().parent / "results" / "latest.json"
 MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
            "transformers 5.17.0")
 VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
-            "eager-static", "liger")
+            "eager-static", "liger", "hf-eager", "hf-static")
 
 
 def key(row: dict) -> tuple:
@@ -135,6 +137,35 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
     return rows
 
 
+def rows_from_e2e(e2e: dict, commit: str, date: str) -> list[dict]:
+    """One row per (grid point, measured variant) of a `pipeline e2e` record: `ms` the time
+    per output token at p50, `over_eager` the whole call against hf-eager's (its CI from the
+    per-round pairs), beside them the time to first token, TPOT p99, tokens/s, the decode
+    step's weight-read floor, and on graph and ours rows the composed projection."""
+    def r(x, n=4):
+        return None if x is None else round(x, n)
+
+    rows = []
+    for p in e2e["points"]:
+        for v in p["variants"]:
+            t = v.get("times")
+            if v.get("skipped") or not t:
+                continue
+            proj = v.get("projected") or {}
+            rows.append({
+                "model": e2e["model"], "workload": p["key"], "variant": v["name"],
+                "ms": r(t.get("tpot_p50")), "over_eager": r(v.get("over_eager")),
+                "ci": [r(c) for c in v["over_eager_ci"]] if v.get("over_eager_ci") else None,
+                "projected": r(proj.get("speedup")),
+                "projection_error": r(proj.get("error")), "kernels_per_pass": None,
+                "floor_ms": r(p.get("floor_ms")), "ttft_ms": r(t["ttft_p50"], 3),
+                "tpot_p99_ms": r(t.get("tpot_p99")), "tok_s": r(t["tok_s"], 1),
+                "first_call_s": r(v.get("first_call_s"), 2),
+                "same_tokens": v.get("same_tokens"), "families": v.get("families") or [],
+                "commit": commit, "date": date, "source": "pipeline e2e"})
+    return rows
+
+
 def row_from_contender(c: dict, commit: str, date: str) -> dict:
     """The row of one contenders.py result: a ratio of medians, so no CI."""
     return {"model": c["model"], "workload": c["workload"], "variant": c["contender"],
@@ -154,6 +185,7 @@ if __name__ == "__main__":
     ap.add_argument("--commit")
     ap.add_argument("--run", type=Path)
     ap.add_argument("--contender", type=Path)
+    ap.add_argument("--e2e", type=Path, metavar="RUN_DIR")
     args = ap.parse_args()
     today = datetime.date.today().isoformat()
     new, machine = [], None
@@ -162,6 +194,13 @@ if __name__ == "__main__":
         new = rows_from_h2h(h2h, args.model, args.commit, today, args.run)
         machine = h2h.get("device") and ", ".join(
             [h2h["device"]] + ([f"torch {h2h['torch']}"] if h2h.get("torch") else []))
+    elif args.e2e:
+        e2e = json.loads((args.e2e / "e2e.json").read_text())
+        env = json.loads((args.e2e / "profile.json").read_text())["environment"]
+        new = rows_from_e2e(e2e, args.commit, today)
+        machine = ", ".join(x for x in (env.get("gpu"), f"torch {env.get('torch')}",
+                                        f"triton {env.get('triton')}",
+                                        f"transformers {env.get('transformers')}") if x)
     elif args.contender:
         c = json.loads(args.contender.read_text())
         new = [row_from_contender(c, args.commit, today)]

@@ -140,6 +140,7 @@ class TokenTimes(Record):
     e2e_p50: float  # the whole call, synchronised
     tok_s: float  # new tokens of the whole batch per second at the median call
     samples: int  # timed calls
+    calls_ms: list[float] = []  # each timed call's wall, in round order
 
 
 class GenerationVariant(Record):
@@ -149,6 +150,9 @@ class GenerationVariant(Record):
     note: str | None = None
     times: TokenTimes | None = None
     over_eager: float | None = None  # end-to-end speedup over hf-eager (median call)
+    # 95 % bootstrap interval of the per-round ratios hf-eager's call / this one's (the rounds
+    # rotate the order, each pairs two calls minutes apart at most)
+    over_eager_ci: list[float] | None = None
     ttft_over_eager: float | None = None
     tpot_over_eager: float | None = None
     floor_multiple: float | None = None  # TPOT p50 over the decode step's weight-read floor

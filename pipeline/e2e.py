@@ -112,7 +112,8 @@ def times_of(calls: list[tuple[float, list[float], float]], batch: int, new: int
         ttft_p50=float(np.percentile(ttft, 50)), ttft_p99=float(np.percentile(ttft, 99)),
         tpot_p50=float(np.percentile(gaps, 50)) if gaps else None,
         tpot_p99=float(np.percentile(gaps, 99)) if gaps else None,
-        e2e_p50=e2e, tok_s=batch * new / (e2e / 1e3), samples=len(calls))
+        e2e_p50=e2e, tok_s=batch * new / (e2e / 1e3), samples=len(calls),
+        calls_ms=[c[2] for c in calls])
 
 
 def _synchronise(device: str) -> None:
@@ -309,9 +310,13 @@ def _build(name: str, model, run_dir: Path, pre: str | None, dec: str | None, ne
 
 
 def _against(t: TokenTimes, eager: TokenTimes | None) -> dict:
+    from verify.stats import bootstrap_ci
+
     if eager is None:
         return {}
+    ratios = [a / b for a, b in zip(eager.calls_ms, t.calls_ms)]
     return {"over_eager": eager.e2e_p50 / t.e2e_p50,
+            "over_eager_ci": list(bootstrap_ci(ratios)[1:]) if len(ratios) > 1 else None,
             "ttft_over_eager": eager.ttft_p50 / t.ttft_p50,
             "tpot_over_eager": eager.tpot_p50 / t.tpot_p50
             if eager.tpot_p50 and t.tpot_p50 else None}
