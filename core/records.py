@@ -165,6 +165,9 @@ class GenerationVariant(Record):
     # the cases it had no kernel for (those calls ran the original code)
     kernel_calls: dict[str, dict[str, int]] = {}
     declined: dict[str, dict[str, list[str]]] = {}
+    # per phase, the families whose kernel served every call of it (a graphed step's kernels
+    # are called while it is captured: a replay runs no Python and counts no call)
+    served: dict[str, list[str]] = {}
     projected: GenerationProjection | None = None
 
 

@@ -90,13 +90,10 @@ def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str
 def weight_bytes(model) -> int:
     """Bytes a decode step reads of the weights: every parameter once (tied ones once), the
     input embedding left out unless the LM head reads it."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
+    # parameters() yields a tied weight once: tying shares the Parameter
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if emb is not None and (head is None or head.weight.data_ptr() != emb.weight.data_ptr()):
+    if emb is not None and (head is None or head.weight is not emb.weight):
         total -= emb.weight.numel() * emb.weight.element_size()
     return total
 
@@ -167,10 +164,12 @@ def run_e2e(run_dir: Path, points: list[tuple[int, int, int]], variants: list[st
             results.append(done[key])
             continue
         say(f"[{key}]")
+
+        def save(point: GenerationPoint, before=tuple(results)) -> None:
+            write_json(path, out.model_copy(update={"points": [*before, point]}).model_dump())
+
         results.append(_point(run_dir, model, batch, prompt, new, dtype, device, variants,
-                              rounds, bandwidth, say))
-        out = out.model_copy(update={"points": list(results)})
-        write_json(path, out.model_dump())
+                              rounds, bandwidth, say, save))
     out = out.model_copy(update={"points": results})
     write_json(path, out.model_dump())
     return out
@@ -178,7 +177,10 @@ def run_e2e(run_dir: Path, points: list[tuple[int, int, int]], variants: list[st
 
 def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, device: str,
            variants: list[str], rounds: int, bandwidth: float | None,
-           say: Callable[[str], None]) -> GenerationPoint:
+           say: Callable[[str], None],
+           save: Callable[[GenerationPoint], None] = lambda p: None) -> GenerationPoint:
+    """One grid point, measured; `save` gets its record before the variants' graphs and twins
+    are freed (an 8B model's take seconds), so a step limit there loses nothing."""
     from pipeline.e2e_projection import compose
 
     key = point_key(batch, prompt, new, dtype)
@@ -252,6 +254,8 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
                 families=list(getattr(v.handle, "families", []) or []),
                 kernel_calls=ledgers[name].calls if name in ledgers else {},
                 declined=ledgers[name].declined if name in ledgers else {},
+                served={ph: sorted(ledgers[name].served(ph)) for ph in ("prefill", "steps")}
+                if name in ledgers else {},
                 **_against(t, eager), **_same_tokens(tokens[name], tokens["hf-eager"], prompt))
             if name in ("graph", "ours", "ours-graphs") and eager is not None and \
                     device.startswith("cuda"):
@@ -271,7 +275,9 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
             say(f"  {name}: TTFT {t.ttft_p50:.2f} ms, TPOT {t.tpot_p50 or 0:.3f} ms, "
                 f"{t.tok_s:.1f} tok/s" + (f", {rec.over_eager:.2f}x over hf-eager"
                                           if rec.over_eager else ""))
-        return base.model_copy(update={"variants": out})
+        point = base.model_copy(update={"variants": out})
+        save(point)
+        return point
     finally:
         for v in built.values():
             v.close()

@@ -8,12 +8,12 @@ projection of the step. Composed over hf-eager's measured call:
 - prefill: the profiled pass saves wall * (1 - 1 / S) of the time to the first token, S the
   replay gain of the prefill workload's kernels (1 where the run has no prefill workload of
   that batch and prompt length, or no kernel of it served the call);
-- a step of `ours` (transformers' loop, eager) saves wall * (1 - 1 / S) of hf-eager's time
-  per output token, the rest of the loop's work unchanged; a step of `graph` and
-  `ours-graphs` (our loop: the host queues the next replay while the GPU runs this one) takes
-  the projected graphed step, the graph projection's pass time;
-- end to end: hf-eager's measured call less the time saved on the first token and on each of
-  the N - 1 steps; the speedup is hf-eager's call over that.
+- a step of `ours` (transformers' loop, eager) saves wall * (1 - 1 / S) of hf-eager's mean
+  time per output token (its call less its first token, over N - 1), the rest of the loop's
+  work unchanged; a step of `graph` and `ours-graphs` (our loop: the host queues the next
+  replay while the GPU runs this one) takes the projected graphed step, the graph
+  projection's pass time;
+- end to end: the first token and N - 1 steps; the speedup is hf-eager's call over that.
 
 A family whose kernel did not serve every call of the generation (a case it had no kernel for
 ran the original code, `e2e_variants.Ledger`, prefill and steps apart) or was never called
@@ -68,11 +68,14 @@ def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
     elif variant != "graph":
         notes.append("no prefill workload of this batch and prompt in the run: the prefill is "
                      "priced at the original code")
+    # hf-eager's mean time per token over the call, not its median: its loop's host work
+    # stalls some steps (p99 several times p50), and the call pays for every one of them
+    step = (base.e2e_p50 - base.ttft_p50) / (new - 1)
     if variant == "ours":
         s_step = replay(decode_key, set_for(decode_key, False))
         if s_step is None or s_pre is None:
             return None
-        tpot = base.tpot_p50 - walls[decode_key] * (1 - 1 / s_step)
+        tpot = step - walls[decode_key] * (1 - 1 / s_step)
     else:
         only = [] if variant == "graph" else set_for(decode_key, True)
         g = project_graphs(run_dir, ranked[decode_key], proj.get("graph_kernel_speedups")
@@ -84,10 +87,10 @@ def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
         tpot = pass_us / 1e3
     ttft = base.ttft_p50 - walls.get(prefill_key, 0.0) * (1 - 1 / s_pre) \
         if prefill_key else base.ttft_p50
-    e2e = base.e2e_p50 - (base.ttft_p50 - ttft) - (new - 1) * (base.tpot_p50 - tpot)
+    e2e = ttft + (new - 1) * tpot
     return GenerationProjection(
         ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, speedup=base.e2e_p50 / e2e,
-        prefill_speedup=base.ttft_p50 / ttft, decode_speedup=base.tpot_p50 / tpot,
+        prefill_speedup=base.ttft_p50 / ttft, decode_speedup=step / tpot,
         prefill_share=min(1.0, walls.get(prefill_key, 0.0) / base.ttft_p50)
         if prefill_key else 0.0,
-        step_share=min(1.0, walls[decode_key] / base.tpot_p50), notes=notes)
+        step_share=min(1.0, walls[decode_key] / step), notes=notes)

@@ -141,9 +141,9 @@ def blocks(run_dir: Path, result: E2E) -> list[tuple]:
             b.append(("p", f"skipped: {p.skipped}"))
             continue
         served = [f"{v.name}, {phase}: " + (", ".join(
-            f"{f} ({n} calls)" for f, n in v.kernel_calls.get(phase, {}).items() if n)
-            or "no kernel") + ("; original code for " + "; ".join(
-                f"{f} {', '.join(c)}" for f, c in v.declined[phase].items())
+            f"{f} ({v.kernel_calls.get(phase, {}).get(f) or 'in the graph'} calls)"
+            for f in v.served.get(phase, [])) or "no kernel") + ("; original code for "
+            + "; ".join(f"{f} {', '.join(c)}" for f, c in v.declined[phase].items())
             if v.declined.get(phase) else "")
             for v in p.variants if v.families for phase in ("prefill", "steps")]
         b.append(("p", f"kernels from {p.prefill_workload or 'no prefill workload'} and "

@@ -96,12 +96,14 @@ class Variant:
 class Ledger:
     """Which kernels served a generation, its prefill and its steps apart: each family's calls
     in one call, and the cases it had no kernel for (run by the original code). Adapters ask
-    their chooser once per call signature, so what was declined is read off the first call,
-    the call counts off the last."""
+    their chooser once per call signature, and a graphed step calls its kernels while it is
+    captured, in the first call (a replay runs no Python): which families served is read off
+    the first call, the call counts (`calls`) off the last."""
 
     def __init__(self, handle):
         self.handle = handle
         self.calls = {"prefill": {}, "steps": {}}
+        self.first_calls: dict[str, dict[str, int]] = {}
         self.declined: dict[str, dict[str, list[str]]] = {"prefill": {}, "steps": {}}
         self._first = True
 
@@ -118,6 +120,7 @@ class Ledger:
         done = self.calls["prefill"]
         self.calls["steps"] = {f: n - done.get(f, 0) for f, n in self.handle.calls.items()}
         if self._first:
+            self.first_calls = {k: dict(v) for k, v in self.calls.items()}
             before = self.declined["prefill"]
             self.declined["steps"] = {
                 f: [c for c in cases if c not in before.get(f, [])]
@@ -127,7 +130,7 @@ class Ledger:
 
     def served(self, phase: str) -> set[str]:
         """Families whose kernel ran in `phase` and served every call of it."""
-        return {f for f, n in self.calls[phase].items()
+        return {f for f, n in self.first_calls.get(phase, {}).items()
                 if n > 0 and f not in self.declined[phase]}
 
 

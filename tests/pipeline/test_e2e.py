@@ -120,6 +120,8 @@ def test_the_report_leads_with_the_generation(generated):
     assert md.index("## Generation end to end") < md.index("## Model and environment")
     assert "### generate-b1-p8-n4-fp32" in md and (run / "plots" / "e2e_tpot.png").exists()
     assert "ours, steps: rmsnorm (15 calls)" in md
+    assert load(run / "e2e.json", E2E, "e2e").points[0].variants[3].served == {
+        "prefill": ["rmsnorm"], "steps": ["rmsnorm"]}
 
 
 def test_a_run_without_decode_workloads_still_times_transformers(profiled_only):
@@ -143,8 +145,10 @@ def test_an_interrupted_e2e_keeps_its_points_and_resume_measures_the_rest(
         measured.append(prompt)
         if prompt == 6 and len(measured) == 2:
             raise KeyboardInterrupt
-        return GenerationPoint(key=e2e.point_key(batch, prompt, new, dtype), batch=batch,
-                               prompt=prompt, new=new)
+        rec = GenerationPoint(key=e2e.point_key(batch, prompt, new, dtype), batch=batch,
+                              prompt=prompt, new=new)
+        rest[-1](rec)  # save, as the real one does before freeing its variants
+        return rec
 
     monkeypatch.setattr(e2e, "_point", point)
     with pytest.raises(KeyboardInterrupt):
@@ -185,7 +189,7 @@ def test_the_ledger_tells_prefill_from_steps():
 
     h = Handle()
     ledger, clock = Ledger(h), Clock("cpu")
-    ledger.begin(clock)
+    ledger.begin(clock)  # the first call: a graphed step is captured in it
     clock.start()
     h.calls["rmsnorm"] += 5
     h.declined["decode_attention"] = ["prefill-case"]
@@ -196,6 +200,13 @@ def test_the_ledger_tells_prefill_from_steps():
     ledger.end()
     assert ledger.calls == {"prefill": {"rmsnorm": 5, "decode_attention": 0},
                             "steps": {"rmsnorm": 10, "decode_attention": 4}}
+    ledger.begin(clock)  # a timed call whose steps replay the graph: no Python, no counts
+    clock.start()
+    h.calls["rmsnorm"] += 5
+    clock.token()
+    clock.token()
+    ledger.end()
+    assert ledger.calls["steps"] == {"rmsnorm": 0, "decode_attention": 0}
     assert ledger.served("prefill") == {"rmsnorm"}
     assert ledger.served("steps") == {"rmsnorm", "decode_attention"}
 
