@@ -16,7 +16,7 @@ ALLOWED = {
     "models": set(),
     "core": set(),
     "profiling": {"core", "models"},
-    "verify": {"core", "models"},
+    "verify": {"core"},
     "codegen": {"core", "models", "profiling", "verify"},
     "pipeline": {"core", "models", "profiling", "verify", "codegen"},
 }
