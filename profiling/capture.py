@@ -145,7 +145,7 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
     upper bound when it does): a pass whose host needs most of the wall to enqueue it turns
     host-bound once kernels shrink the device time (Qwen2.5-0.5B at batch 8 on a slow
     host). On the CPU the two agree. The replay takes it as a bound on the host's speed
-    (`pipeline.stages.rank_replay.workload_graph`)."""
+    (`pipeline.projection.replay.workload_graph`)."""
     times, enqueues = [], []
     with torch.no_grad():
         for i in range(warmup + reps):

@@ -14,7 +14,7 @@ other op's profiled time scaled by k, captured as one CUDA graph and replayed in
 (the cap acts over hundreds of ms) for several k. Each point is the compute kernels' time
 relative to k = 1 (and their share of the synthetic pass). `slowdown` reads the curve at a
 pass's k, its other work per unit of compute over the profiled pass's; the rank stage applies
-it to the compute kernels of every projected pass (`rank_replay.clocked`).
+it to the compute kernels of every projected pass (`pipeline.projection.replay.clocked`).
 """
 
 from __future__ import annotations

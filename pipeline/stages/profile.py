@@ -19,7 +19,7 @@ from core.artifacts import write_json
 from core.env import environment
 from core.errors import UserError
 from core.workload import Workload
-from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
+from pipeline.projection.replay import LAUNCH_BOUND_BUSY
 from profiling import density
 from profiling.attribution import attribute
 from profiling.capture import capture, make_runner, make_static_runner, module_names, wall_time
@@ -77,7 +77,7 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
         static_ms = capture(static, workload.device, run_dir / static_rel)
         result["static_trace"] = static_rel
         # its ops, attributed to patterns like the dynamic step's: the graph projection credits
-        # each kernel's saving where the graph runs it (rank_replay.graph_projection)
+        # each kernel's saving where the graph runs it (projection.replay.graph_projection)
         result["static"] = summarise(run_dir / static_rel, workload, timed["static_wall"],
                                      static_names, static_ms)
     if workload.device.startswith("cuda"):

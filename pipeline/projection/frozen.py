@@ -7,6 +7,8 @@ from pathlib import Path
 
 from core.artifacts import read_json, write_json
 from pipeline.policy import fallbacks, integrable
+from pipeline.projection.host import host_of, rescaled_host, spread_set_share
+from pipeline.projection.workload import project_graphs, project_set
 
 
 def kernel_speedups(summary: dict, key: str = "speedup") -> dict[str, float]:
@@ -55,10 +57,8 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
     """Re-rank with measured kernel times (not rooflines) and freeze the projection.
     `in_model`: per workload, the host deltas measured in the model (`host_stage`); they
     replace the search's per-kernel ones for that workload. `in_model_set`: per workload, the
-    host share the families save together (`host_delta.set_host_share`); what it saves beyond
-    their own deltas is spread over their calls (`host_delta.spread_set_share`)."""
-    from pipeline.host_delta import spread_set_share
-
+    host share the families save together (`stages.host.set_host_share`); what it saves beyond
+    their own deltas is spread over their calls (`projection.host.spread_set_share`)."""
     ranking = read_json(run_dir / "ranking.json", "ranking")
     # only what will reach the model: a family skipped before any measurement (one that
     # cannot win, or one superseded by another replacing the same ops) is not projected
@@ -95,88 +95,6 @@ def freeze_projection(run_dir: Path, summary: dict, families: list[str], on_gpu:
         }
     write_json(run_dir / "projection.json", out)
     return out
-
-
-def rescaled_host(ranked: dict, measured: dict, basis: str | None = None) -> dict:
-    """family -> the in-model host delta per call (`basis`: which of host_delta's readings,
-    default HOST_BASIS) at the host speed of the profile: its share of the unpatched pass's
-    host time, pair by pair, times the profile's host time; for deltas measured before shares
-    were recorded, the delta rescaled by `host_drift`."""
-    from pipeline.host_delta import HOST_BASIS
-
-    basis = basis or HOST_BASIS
-    share = basis.replace("us_per_call", "share_per_call")
-    then = ranked.get("enqueue_ms")
-    return {f: d[share] * then * 1e3 if then and d.get(share) is not None
-            else d[basis] * host_drift(ranked, d)
-            for f, d in measured.items() if d.get(basis) is not None}
-
-
-def host_drift(ranked: dict, measured: dict) -> float:
-    """The profile's enqueue time over the one measured with the in-model delta: the same
-    host, minutes apart, ran the unpatched Qwen2.5-0.5B decode step at 46 ms and at 22 ms within
-    one call (H200 host), and the replay's host chain is calibrated to the profile's
-    moment. 1 when either is unknown."""
-    then = ranked.get("enqueue_ms")
-    now = measured.get("base_enqueue_ms")
-    return then / now if then and now else 1.0
-
-
-def host_of(proj: dict, key: str) -> dict:
-    """The host deltas a workload's projection used (per workload since they are measured in
-    the model; projections frozen before that have one set for all)."""
-    return (proj["workloads"].get(key) or {}).get("host_delta_us") or proj["host_delta_us"]
-
-
-def project_set(run_dir: Path, ranked: dict, speed: dict, host: dict, on_gpu: bool,
-                only: list[str] | None = None, cases: dict[str, list] | None = None,
-                host_scale: float = 1.0) -> dict:
-    """Amdahl and replay projection of one workload for the families in `speed` (or `only`),
-    from kernel-level numbers alone: no whole-model measurement enters it. `cases`
-    (`case_speedups`): the replay speeds up each occurrence by its own case where the family
-    matches occurrences to cases; without it (projections frozen before it was) every
-    occurrence takes the family's median. `host_scale`: as in `rank.project_with`."""
-    from pipeline.stages.rank import amdahl, replay_projection
-
-    rows = [r for r in ranked["rows"] if r["family"] in speed
-            and (only is None or r["family"] in only)]
-    parts = [(r["share"], speed[r["family"]]) for r in rows]
-    replayed = replay_projection(
-        run_dir, ranked["key"], {r["pattern"]: speed[r["family"]] for r in rows},
-        {r["pattern"]: host.get(r["family"]) for r in rows},
-        {r["pattern"]: (cases or {}).get(r["family"]) for r in rows},
-        host_scale) if on_gpu and rows else None
-    if not on_gpu:
-        replay = None
-    elif not rows:
-        replay = 1.0
-    else:  # None without a trace to replay
-        replay = replayed["gain"] if replayed else None
-    return {
-        "amdahl": amdahl(parts) if parts else 1.0,
-        "replay": replay,
-        # each pattern's GPU time as the replay gives it (ms): the report's per-family table
-        "row_ms": {k: v / 1e3 for k, v in replayed["row_us"].items()} if replayed else None,
-        "patterns": [r["pattern"] for r in rows],
-    }
-
-
-def project_graphs(run_dir: Path, ranked: dict, speed: dict, on_gpu: bool,
-                   only: list[str] | None = None, cases: dict[str, list] | None = None) -> dict:
-    """The CUDA-graph projection of one workload, frozen with the families' (kernel numbers
-    alone): `unpatched`, the unpatched model replayed as one graph, and `kept`, the families in
-    `speed` (or `only`) at their measured kernel speedups, then graphed ("kernels + graph");
-    gains over the eager unpatched pass (`rank.project_graphs_with`)."""
-    from pipeline.stages.rank import project_graphs_with
-
-    if not on_gpu:
-        return {"unpatched": None, "kept": None, "patterns": [],
-                "note": "CPU run: no GPU trace to replay"}
-    rows = [r for r in ranked["rows"] if r["family"] in speed
-            and (only is None or r["family"] in only)]
-    return project_graphs_with(run_dir, ranked["key"],
-                               {r["pattern"]: speed[r["family"]] for r in rows},
-                               {r["pattern"]: (cases or {}).get(r["family"]) for r in rows})
 
 
 def project_kept(run_dir: Path, on_gpu: bool) -> None:
