@@ -28,9 +28,9 @@ def _occurrence_case(family: str | None):
 def launch_ceilings(w: dict, ceil: dict) -> dict:
     """The ceilings a fused kernel's floor is priced with: on a launch-bound pass, where the
     graphs stage captures the pass, a launch costs what a tiny kernel takes inside a graph
-    (`graph_tiny_kernel_us`, about 1 us on the H200) rather than an eager launch (10.7 us),
-    which capped every decode GEMM's floor at its profiled time (gemv's row 1.00x on Llama-3.2-1B
-    decode, where the family took the graphed step from 1.62 to 1.37 ms)."""
+    (`graph_tiny_kernel_us`, about a tenth of an eager launch) rather than an eager launch,
+    which would cap every decode GEMM's floor at its profiled time and hide what a GEMV
+    saves inside the graph."""
     busy = w.get("gpu_busy_share")
     tiny = ceil.get("graph_tiny_kernel_us")
     if busy is None or busy >= LAUNCH_BOUND_BUSY or tiny is None:

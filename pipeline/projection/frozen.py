@@ -42,8 +42,8 @@ def case_speedups(summary: dict, speed: dict[str, float],
     """family -> [(case, kernel speedup by events; `graphed`: inside a graph where timed so)]
     of its accepted cases, for the families in `speed`. The replays speed up each occurrence
     by its own case and leave an occurrence no accepted case covers alone, as the patch does:
-    GPT-2 b8's matmul family covers only the LM head (6.8x), and its median applied to all 49
-    linears (the 48 Conv1D GEMMs too) projected 1.925x for a measured 1.712x."""
+    a family's median applied to occurrences it never patches over-projects
+    (benchmarks/results/README.md, "Per-case speedups in the replay")."""
     out: dict[str, list] = {}
     for acc in summary["accepted"].values():
         if acc["family"] in speed and acc.get("case") is not None:
@@ -137,14 +137,10 @@ def timing_host_projection(run_dir: Path, ranked: dict | None, proj: dict, key: 
     over the profile's (`enqueue_ms`). Not the projection, which stays frozen at the profile's
     moment: a reading of how much of its error is the host's drift between the two. A
     device-bound pass does not feel it; one that the kernels leave waiting on the host does.
-    On an H100 host, GPT-2 b8's unpatched pass took 11 % more host time at the timing than
-    at the profile minutes before (replay 2.621x frozen, 2.394x at the timing's host speed,
-    2.317x measured), Qwen2.5-0.5B b8's 2.06x more on another (1.686x, 1.148x, 1.304x: that
-    host's speed moved within the timing too). The families' host deltas stay at the
-    profile's speed: scaled with the chain they did worse on the H200 of 2026-12-06 (Qwen b8
-    at 0.77x the profile's host time 5.3 % off against 2.5 %, GPT-2 b8 at 1.88x 5.0 % against
-    0.9 %; Llama and Gemma the same either way). None off the GPU, with nothing kept, or where
-    either host time is missing (records from before they were kept)."""
+    The families' host deltas stay at the profile's speed: scaled with the chain they land
+    further from the measurement (benchmarks/results/README.md, "Timing-host replay"). None off
+    the GPU, with nothing kept, or where either host time is missing (records from before they
+    were kept)."""
     kept = list(w.get("kept") or [])
     then = (ranked or {}).get("enqueue_ms")
     now = (((w.get("combined") or {}).get("bound") or {}).get("unpatched") or {}).get("host_ms")

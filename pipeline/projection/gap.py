@@ -67,8 +67,8 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
     timed = combined or {}
     wall_patched = median(timed["times_b_ms"]) if timed.get("times_b_ms") else None
     wall_unpatched = median(timed["times_a_ms"]) if timed.get("times_a_ms") else None
-    # the host's speed moves between the profile and the timing (up to 2x on the lent H200
-    # host, benchmarks/results/README.md), so the projected wall is the unpatched pass timed
+    # the host's speed moves between the profile and the timing (benchmarks/results/README.md,
+    # "Host speed moves"), so the projected wall is the unpatched pass timed
     # beside the patched one, over the projection
     now = wall_unpatched or profile["wall_ms"]
     wall = {"part": "wall (timed, no profiler)", "kernels": [],
@@ -86,9 +86,9 @@ def gap(rows: list[dict], speed: dict[str, float], reprofile: dict | None,
 def slower_in_both(before: dict[str, float], after: dict[str, float], ours: set[str],
                    n: int = 3) -> list[dict]:
     """The kernels both passes ran (no family's) that took the longest extra time patched (at
-    least 10 us and 2 % more): what the projection held constant and the model did not. On
-    the H200, Llama-3.2-1B b8, in one of two calls: cuBLAS's GEMMs 4-11 % slower in
-    the patched pass; in the other they matched to 1 %."""
+    least 10 us and 2 % more): what the projection held constant and the model did not (the
+    library's GEMMs can run slower beside fused kernels, under the power cap:
+    `profiling.density`)."""
     grew = sorted(((after[k] - before[k], k) for k in before.keys() & after.keys()
                    if k not in ours and after[k] - before[k] >= max(10.0, 0.02 * before[k])),
                   reverse=True)[:n]

@@ -10,7 +10,7 @@ HOST_BASIS = "us_per_call"
 
 
 def rescaled_host(ranked: dict, measured: dict, basis: str | None = None) -> dict:
-    """family -> the in-model host delta per call (`basis`: which of host_delta's readings,
+    """family -> the in-model host delta per call (`basis`: which of the host stage's readings,
     default HOST_BASIS) at the host speed of the profile: its share of the unpatched pass's
     host time, pair by pair, times the profile's host time; for deltas measured before shares
     were recorded, the delta rescaled by `host_drift`."""
@@ -24,9 +24,9 @@ def rescaled_host(ranked: dict, measured: dict, basis: str | None = None) -> dic
 
 def host_drift(ranked: dict, measured: dict) -> float:
     """The profile's enqueue time over the one measured with the in-model delta: the same
-    host, minutes apart, ran the unpatched Qwen2.5-0.5B decode step at 46 ms and at 22 ms within
-    one call (H200 host), and the replay's host chain is calibrated to the profile's
-    moment. 1 when either is unknown."""
+    host, minutes apart, can run the same pass at twice the time (benchmarks/results/README.md,
+    "Host speed moves"), and the replay's host chain is calibrated to the profile's moment. 1
+    when either is unknown."""
     then = ranked.get("enqueue_ms")
     now = measured.get("base_enqueue_ms")
     return then / now if then and now else 1.0
@@ -54,10 +54,8 @@ def spread_set_share(host_us: dict, alone: dict, together: dict | None,
     set saves beyond its families' own deltas (`set_host_share` minus `summed_share`) spread
     evenly over the set's kernel calls, and that extra per call; unchanged, None, where the
     set or a family's share was not measured. Evenly, because the pass does not say which
-    family the interaction belongs to. Replayed this way with the timing's own set saving, the
-    22 committed batch-1 rows with traces came within 1.9 %; with this reading, taken before
-    integration, the four of one session within 4.9 %, against 5.9 % without it
-    (benchmarks/host_share_check.py)."""
+    family the interaction belongs to (benchmarks/results/README.md, "The set's host saving";
+    benchmarks/probes/host_share_check.py)."""
     fams = (together or {}).get("families") or []
     summed = summed_share(alone, fams)
     if not fams or together.get("share") is None or summed is None or not enqueue_ms \

@@ -31,21 +31,18 @@ def replay_gain(graph, rows: list[dict]) -> float:
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
     reps = []
     for r, corrs, scales in disjoint(rows):
-        # a measured kernel may be slower than the code it replaces: project that too (our
-        # attention at 0.19x of SDPA replayed as 1.00x, and measured 0.85x)
+        # a measured kernel may be slower than the code it replaces: project that too, not 1.00x
         kept = [(c, f) for c, f in zip(corrs, scales) if any(x in dur for x in c)]
         occ = [c for c, _ in kept]
-        # Each row's saving stays on its own removed launches. Spread over every row's
+        # Each row's saving stays on its own removed launches: spread over every row's
         # launches, a saving the row's own segments cannot hold (capped at their length)
-        # moved onto other patterns' launches and over-projected the set (Qwen2.5-0.5B b1
-        # prefill: 1.423x projected for four families, 1.314x measured).
+        # moves onto other patterns' launches and over-projects the set.
         # The measured delta (per call, one call per occurrence) already pays for the launch
         # calls the fused call removes: their nodes leave the replay with their own traced
         # durations, and only the rest of the occurrence's delta comes off the host segments
-        # before them, pooled over those segments. (Subtracting the mean launch of the whole
-        # pass from each removed launch, and capping the rest at the one segment before it,
-        # lost 7 % of the delta on Llama-3.2-1B b1 prefill: its rows' launches are shorter
-        # than the mean, and some of their segments shorter than one launch's share.)
+        # before them, pooled over those segments (a row's launches can be shorter than the
+        # pass's mean launch, and some segments shorter than one launch's share).
+        # Evidence for both: benchmarks/results/README.md, "Host savings per row".
         removed = max(0, r["launches"] - len(occ))
         total = None
         if occ and r.get("host_delta_us") is not None and removed:
@@ -68,11 +65,10 @@ def clocked(graph, reps: list, pass_us: float) -> tuple[float, float]:
 
     A paired timing alternates the two passes pass by pass, so both are priced at the clock
     their mix would set: the curve is read at the mix's other work per unit of compute,
-    against the profiled pass's. Priced as if each ran alone, Gemma-2B b8's patched passes
-    matched the graphs stage in absolute time (eager kept 68.7 ms, graphed 66.1, against 69.7
-    and 67.2 priced, 61.9 and 59.5 unpriced), but its eager pass also ran slower there (85.7 ms
-    against the profile's replayed 80.4), and the ratio priced that way missed by 8 %. A
-    replacement of compute kernels counts as compute, its fused memory work included."""
+    against the profiled pass's: priced as if each ran alone, the patched pass matches in
+    absolute time while the ratio misses, because the eager pass beside it runs slower too
+    (benchmarks/results/README.md, "The power cap in the replay"). A replacement of compute
+    kernels counts as compute, its fused memory work included."""
     from profiling.density import slowdown
 
     base = replayed_once(graph)
@@ -131,8 +127,8 @@ def disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]], list[float]]
 def row_times(graph, rows: list[dict]) -> dict[str, float]:
     """Each row's GPU time (us) with the occurrences it replaces at their target: an
     occurrence no accepted case covers, or one a fused alternative takes (`disjoint`), keeps
-    its time. The family's median over the whole row said GPT-2 b8's 49 linears would take
-    1.21 ms where only the LM head is patched."""
+    its time, as the patch leaves it (benchmarks/results/README.md, "Per-case speedups in the
+    replay")."""
     from profiling.replay import kernel_table
 
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
@@ -145,9 +141,9 @@ def scales(row: dict) -> list[float | None]:
     """Per occurrence, its target over its time: the row's, or where the row carries measured
     speedups per case (`case_speedups`: [(case, speedup)], with `occurrence_cases`) the
     speedup of the first case whose keys the occurrence's match; None where none does: the
-    family's patch leaves that module alone, so it is not replaced (GPT-2 decode's matmul
-    patched only the LM head while its 1.27x was applied to every Conv1D, projecting 0.451 ms
-    for a measured 0.538)."""
+    family's patch leaves that module alone, so it is not replaced (a family's median applied
+    to occurrences it never patches over-projects: benchmarks/results/README.md, "Per-case
+    speedups in the replay")."""
     n = len(row["kernel_correlations"])
     by_case, cases = row.get("case_speedups"), row.get("occurrence_cases")
     if by_case is None or cases is None or len(cases) != n:
@@ -173,12 +169,12 @@ def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
     `static`: for decode, the replay graph of the step over a static KV cache, which is what
     the graph captures (`profiling.capture.make_static_runner`); the pass is then that step
     graphed. The static cache reads and masks all its slots, so the dynamic step's device work
-    undercounts the graph's (Llama-3.2-1B b1 KV 1024 on the H200: projected 2.92 ms from the
-    dynamic trace, measured 3.31). A row is replaced where the static step has its pattern
+    undercounts the graph's. A row is replaced where the static step has its pattern
     (`static_graph` attributes that step), at the row's own target over time: there HF's
-    attention runs repeat_kv's copies and cuDNN's SDPA over every slot, 274 us of Llama's
-    step against 72 us in the dynamic step, and crediting decode_attention with the dynamic
-    step's saving projected 1.648 ms for a measured 1.374. A row the static step lacks saves
+    attention runs repeat_kv's copies and cuDNN's SDPA over every slot, several times its
+    dynamic step's time, and crediting decode_attention with the dynamic step's saving
+    over-projects (benchmarks/results/README.md, "Static-cache decode graphs"). A row the
+    static step lacks saves
     what it saves in the dynamic step graphed. The gain stays over the user's eager call, the
     dynamic step."""
     from profiling.replay import graphed_with
@@ -252,20 +248,17 @@ def workload_graph(w: dict, trace_path: Path | None):
     # calibrate_host gives the slowest host consistent with the wall time; a device-bound pass
     # hides how fast its host really is, which the profile's host-bound probe measured. A
     # launch-bound pass hides nothing: its wall is its host chain, and the probe (another,
-    # tiny pass, timed minutes before its capture) may only misread it. Qwen2.5-0.5B b1
-    # prefill on the H200: the probe's factor 0.275 against the wall's 0.464 replayed
-    # the unpatched 16.1 ms pass in 9.6 ms and projected 1.496x for a measured 1.371x; from
-    # the wall, 1.375x. Over the 34 committed workloads (benchmarks/probes/probe_rule_ab.py) the
-    # mean error is 4.3 % either way; the batch-1 errors, both ways before, then sat about 3 %
-    # under the measurement (18 of 20 rows), which the set's host saving now accounts for
-    # (host_delta.spread_set_share).
+    # tiny pass, timed minutes before its capture) may only misread it, and would make the
+    # projection depend on another moment's host speed (benchmarks/probes/README.md,
+    # `probe_rule_ab.py`). What batch 1 still missed is the set's host saving, which
+    # projection.host.spread_set_share accounts for.
     probe = w.get("host_factor")
     launch_bound = (w.get("gpu_busy_share") or 1.0) < LAUNCH_BOUND_BUSY
     if probe is not None and probe < factor and not launch_bound:
         graph, factor = scale_host(traced, probe), probe
     # the host's own unprofiled time for the pass, when the profile timed it: the call returns
     # after its last launch, so it bounds the host chain directly, where a device-bound wall
-    # only bounds it from above (Qwen2.5-0.5B b8 on the H200: 17.8 ms of a 26.6 ms wall)
+    # only bounds it from above (a device-bound pass's host chain can be two thirds of its wall)
     enqueue = enqueue_factor(traced, (w.get("wall") or {}).get("enqueue_ms"))
     if enqueue is not None and enqueue < factor:
         graph, factor = scale_host(traced, enqueue), enqueue
@@ -292,9 +285,9 @@ def graph_gains(w: dict, rows: list[dict], graph, ceil: dict, static, host: dict
     """On a launch-bound pass with a graph projection, each family row's `graph_gain`: the
     graphed pass over the graphed pass with that row's kernels at their target, the gain the
     row brings once the graphs stage has removed the host (which it does on such a pass). Eager
-    replay gains there are host savings of a few percent, which ranked Llama-3.2-1B decode's
-    decode_attention, kv_cache and add_rmsnorm below the top 5 though they are part of the
-    1.37 ms graphed step. True when the rows were given one (the ranking then orders by it)."""
+    replay gains there are host savings of a few percent, which would rank the kernels of a
+    decode step (attention, KV cache, norms) below rows the graph makes irrelevant. True when
+    the rows were given one (the ranking then orders by it)."""
     busy = w.get("gpu_busy_share")
     if (host is None or host.get("graphed_pass_us") is None or busy is None
             or busy >= LAUNCH_BOUND_BUSY):

@@ -6,7 +6,7 @@ Why in the model: the search times a kernel call against the family's reference 
 alone. In the model the patched code is the module's whole replaced forward: the adapter, its
 allocations, the module calls it adds or removes (gate_proj and up_proj become one GEMM).
 Those differ, and once a pass's kernels are faster it turns nearly host-bound, so these deltas
-decide its projection (benchmarks/results/README.md, "Host deltas").
+decide its projection (benchmarks/results/README.md, "Host deltas in the model").
 
 How: the modules whose forward the family's patch replaces get a pre- and a post-hook; the
 pre-hook synchronises the device, so each window times host work only (a full launch queue
@@ -26,9 +26,9 @@ the median unhooked unpatched pass of the pairs, is recorded for the report and 
 rescaling (`projection.host.host_drift`).
 
 Neither the share nor the delta carries over whole between host speeds (benchmarks/results/
-README.md, "Host deltas"). So, given the profile's host time, a family measured more than
-DRIFT_TOLERANCE away from it is measured again, up to ATTEMPTS times, and the attempt nearest
-the profile's host speed is kept (every attempt's `base_enqueue_ms` is recorded under
+README.md, "Host deltas in the model"). So, given the profile's host time, a family measured
+more than DRIFT_TOLERANCE away from it is measured again, up to ATTEMPTS times, and the attempt
+nearest the profile's host speed is kept (every attempt's `base_enqueue_ms` is recorded under
 `attempts_ms`).
 """
 
@@ -209,9 +209,8 @@ def set_host_share(model, workload, accepted: dict, families: list[str],
     """The host time `families` save patched together, as a share of the unpatched pass: per
     pair, each pass's time to return (no hooks, alternating which runs first), the median
     over pairs; or {"error"}. On batch 1 the deltas, each measured alone, add up to less than
-    the set saves in the paired timing (25 of 26 committed rows, by 2.8 points of the pass;
-    benchmarks/host_share_check.py); the projection spreads the difference over the set's
-    calls (`spread_set_share`)."""
+    the set saves together (benchmarks/results/README.md, "The set's host saving"); the
+    projection spreads the difference over the set's calls (`spread_set_share`)."""
     try:
         with patched(twin(model), accepted, families, workload_cases) as variant:
             runners = (make_runner(model, workload), make_runner(variant, workload))

@@ -42,9 +42,8 @@ def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict
     """Everything a workload's profile times without the profiler: the wall time, and on a GPU
     the host-bound probe's. Done for every workload before any profiler session, since Kineto
     leaves CUPTI attached after one (pytorch/pytorch#144455) and later launches of the process
-    may pay for it: on the H200 a one-element add took 10.3 us per launch before a session
-    and 14.6 us after one, though 9.2 us after a second; the host drifts that much on its own
-    (benchmarks/results/cupti_probe). With workloads of several dtypes each model is
+    may pay for it, though the host drifts about as much on its own (benchmarks/probes/
+    README.md, `cupti_probe.py`). With workloads of several dtypes each model is
     built twice, once per phase."""
     runner = make_runner(model, workload)
     say("timing without the profiler")
