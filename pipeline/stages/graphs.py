@@ -15,8 +15,8 @@ Which kernels go into the graph is the stage's own choice between two sets: the 
 set, and the integrable set (every family that passed verification and the whole-model check
 for the workload, including those the eager timing rolled back). Eager integration decides by
 wall time, which at batch 1 is host time: a family that costs host time per call is rolled
-back there (Llama-3.2-1B decode on the H200: matmul_epilogue and add_rmsnorm, leaving rmsnorm
-alone), while inside a graph the host is gone and kernel count and kernel time decide. Where
+back there (a decode step can end up with one family of several), while inside a graph the
+host is gone and kernel count and kernel time decide. Where
 the two sets differ, the integrable one is captured and verified too and the two graphs are
 timed against each other (one extra capture and one paired timing, not a search over subsets);
 it is kept only where the paired 95 % interval says it is faster, else the eager set stays.
