@@ -1,7 +1,7 @@
 """Where a patched forward spends its host time: cProfile of the unpatched and the patched
 pass, function by function, per family.
 
-Why: the in-model host deltas (pipeline/host_delta.py) say how much host time a family's patch
+Why: the in-model host deltas (pipeline/stages/host.py) say how much host time a family's patch
 adds or saves per call (kv_cache and matmul_epilogue cost Qwen2.5-0.5B b8 about 75 and 33 us
 per call on the H200 host), not where. A pass that waits on the host is as fast as its
 Python, so that is what decides batch 1 and a slow host at batch 8.

@@ -30,8 +30,8 @@ SPEEDS = ("profile", "fresh", "measured")
 
 @contextmanager
 def host_scaled(scale: float):
-    """rank_stage's replay graph with its calibrated host time multiplied by `scale`."""
-    import pipeline.stages.rank as rank_stage
+    """The projection's replay graph with its calibrated host time multiplied by `scale`."""
+    import pipeline.projection.workload as rank_stage
     from profiling.replay import scale_host
 
     original = rank_stage.workload_graph
@@ -60,7 +60,8 @@ def reproject_at(results: Path) -> dict:
     speed of SPEEDS (None where the run did not record it)."""
     from reproject import unpack_run
 
-    from pipeline.projection import host_of, project_set, rescaled_host
+    from pipeline.projection.host import host_of, rescaled_host
+    from pipeline.projection.workload import project_set
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -55,7 +55,7 @@ def frozen_cases(results: Path, proj: dict) -> dict | None:
     """The per-case kernel speedups the eager replay uses: frozen in projection.json, or for
     runs frozen before they were, read from the run's verification summary (the same
     kernel-level numbers); None where neither is there."""
-    from pipeline.projection import case_speedups
+    from pipeline.projection.frozen import case_speedups
 
     if "case_speedups" in proj:
         return proj["case_speedups"]
@@ -68,9 +68,10 @@ def frozen_cases(results: Path, proj: dict) -> dict | None:
 
 def reproject(results: Path, basis: str | None = None) -> dict:
     """Per workload: the kept set's projection, frozen and now; with `basis` (a reading of
-    pipeline.host_delta, e.g. "pass_us_per_call"), the in-model host deltas of that reading
+    pipeline.stages.host, e.g. "pass_us_per_call"), the in-model host deltas of that reading
     replace the frozen ones, and each family measured alone is re-projected alone too."""
-    from pipeline.projection import host_of, project_set, rescaled_host
+    from pipeline.projection.host import host_of, rescaled_host
+    from pipeline.projection.workload import project_set
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)

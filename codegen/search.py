@@ -172,8 +172,8 @@ def _host_call_us(call, reps: int = 50) -> float:
 
 def spread(configs: list[dict], budget: int | None) -> list[dict]:
     """At most `budget` configs, evenly spaced over the family's list. Spaces are listed from
-    small tiles to large; the first N alone would never try a large tile (the first H200 run
-    searched rope's four smallest and reached 36 % of the copy ceiling)."""
+    small tiles to large; the first N alone would never try a large tile (rope's four smallest
+    reach about a third of the copy ceiling)."""
     if not budget or budget >= len(configs):
         return list(configs)
     if budget == 1:

@@ -191,9 +191,9 @@ def causal_prefill_mask():
     Why: under capture transformers 5.17 assumes the worst twice, since `is_tracing` counts
     stream capture with torch.export. It keeps the packed-sequence mask it derives from the
     position ids (it cannot check them on the host), and it refuses the `is_causal` shortcut;
-    so a captured prefill builds an explicit [s, s] mask. On the H200, Llama-3.2-1B b8 s1024
-    captured that way ran cuDNN's masked attention at 2.75x the causal one (4963 vs 1803 us
-    over 16 layers) plus 2.1 ms of mask kernels: the graph was slower than eager. Both answers
+    so a captured prefill builds an explicit [s, s] mask, and runs cuDNN's masked attention,
+    several times the causal kernel's time, plus the mask's own kernels: the graph comes out
+    slower than eager (benchmarks/probes/README.md, `graph_kernels.py`). Both answers
     are right for GraphedPrefill's call, which passes ids alone, so the model's position ids
     are an arange (one sequence per row) and there is no padding: shapes decide, and a graph
     is captured per shape. A no-op where transformers has no such functions."""

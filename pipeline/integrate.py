@@ -358,9 +358,9 @@ def fall_back(model, workload, accepted: dict, measured: dict, family: str, inst
     """`family` was set aside before any measurement for `instead_of`, which replaces the same
     ops; `instead_of` did not ship on this workload (`measured`, from `measure`), so `family`
     is tried in its place under the same rules: alone against the baseline, in the shipped set
-    against the set without it, and the set with it against the baseline. One run (Qwen2.5-0.5B
-    b8 on a slow H200 host): matmul_epilogue was rolled back at 0.964x alone, and gated_act,
-    set aside for it, never reached the model. Updates `measured` in place."""
+    against the set without it, and the set with it against the baseline. Without this, a
+    family rolled back on a slow host takes the one set aside for it out of the model too.
+    Updates `measured` in place."""
     kept = list(measured["kept"])
     if reach(model, workload, accepted, kept + [family], workload_cases)[family] == 0:
         measured.setdefault("unreached", {})[family] = UNREACHED
@@ -391,16 +391,13 @@ def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
               per_family: dict) -> list[str]:
     """A family that speeds the model up alone can still slow the set down: once the others
     have shrunk the device time, the pass waits on the host, and a kernel whose launch costs
-    more host time than the code it replaced then costs more than its device time saves
-    (Qwen2.5-0.5B b8 on the H200: kv_cache 1.008x alone, 73 us more host per
-    call in the model, and the set of five measured 1.260x against compile's 1.314x; the set
-    without it was not timed).
+    more host time than the code it replaced then costs more than its device time saves (a
+    kernel that barely wins alone while adding tens of microseconds of host per call).
     Each family, the least useful alone first, is timed in the set against the set without it
     (`compare(rest, with)`, a paired ratio with / without); where the 95 % CI shows the set
     slower with it, it is rolled back for this workload. Records go into per_family[f]
     ["in_set"]; returns the families kept. Up to k - 1 tests per workload: a family that makes
-    no difference is rolled back by chance about 2.5 % of the time per test. On the H200 it
-    has run once (Qwen2.5-0.5B b8) and kept all four families it tested."""
+    no difference is rolled back by chance about 2.5 % of the time per test."""
     for f in sorted(kept, key=lambda f: -alone_ratio[f]):
         if len(kept) < 2:
             break
@@ -423,11 +420,10 @@ def pass_bound(ratio: dict) -> dict | None:
     returned) against median wall time. A forward that synchronises inside, or blocks on a
     full launch queue, also returns late, so this reads host-bound then too. Kept sets only
     (a rolled-back set ships nothing to describe). The shipped set can leave a device-bound
-    pass waiting on the host: Qwen2.5-0.5B b8 on the H200, unpatched 17.3 ms
-    host of 27.2 ms wall, patched 13.7 of 17.0 ms; in call 2, on a slower host, the patched
-    pass took 25.1 ms and lost to torch.compile's 21.5 ms (host times not yet recorded there).
-    None off the GPU (no synchronise: host and wall time are one) and where the record has no
-    host times (recorded before they were)."""
+    pass waiting on the host: once its kernels are faster, the patched pass's host time is
+    most of its wall, and on a slower host it loses what the kernels saved. None off the GPU
+    (no synchronise: host and wall time are one) and where the record has no host times
+    (recorded before they were)."""
     import statistics
 
     if not ratio.get("meaningful") or not ratio.get("host_b_ms") or not ratio.get("times_b_ms"):

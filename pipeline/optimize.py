@@ -13,7 +13,9 @@ that will run in the model on them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from codegen.cuda_build import resolve_backend
 from core.artifacts import read_json
@@ -21,7 +23,7 @@ from core.errors import UserError
 from core.workload import Workload
 from pipeline.interpreter import use_interpreter_without_gpu
 from pipeline.policy import backfill, choose_families
-from pipeline.projection import freeze_projection, project_kept
+from pipeline.projection.frozen import freeze_projection, project_kept
 from pipeline.report import write_report
 from pipeline.rundir import write_options
 from pipeline.stages.generate import generate_stage
@@ -30,8 +32,39 @@ from pipeline.stages.host import host_stage
 from pipeline.stages.integrate import integrate_stage
 from pipeline.stages.rank import run_rank
 from pipeline.stages.verify import verify_stage
-from profiling.loader import build, resolve
+from profiling.loader import ModelSpec, build, resolve
 from verify.workers import make_workers
+
+
+@dataclass
+class Run:
+    """One `optimize` run, as its stages need it: where it writes, the model and workloads it
+    profiled, the options it was given, and where candidates are screened and verified."""
+
+    dir: Path
+    spec: ModelSpec
+    workloads: list[Workload]
+    say: Callable[[str], None]
+    resume: bool
+    top: int
+    only: list[str] | None  # exactly these families, instead of the top `top`
+    max_configs: int | None
+    pairs: int | None
+    proposer: str | None
+    backend: str
+    pool: Any  # verify.workers: LocalWorkers or RayWorkers
+
+    @property
+    def device(self) -> str:
+        return self.workloads[0].device
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def timing_pairs(self) -> int:
+        return self.pairs or (30 if self.on_gpu else 3)
 
 
 def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bool = False,
@@ -64,69 +97,76 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     if pool.name == "ray":
         say(f"workers: Ray tasks, each with {pool.resources}")
     try:
-        return _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only,
-                       profile, workloads, device, on_gpu, pool)
+        # on the CPU the interpreter makes timings meaningless: one config per case is enough
+        run = Run(dir=run_dir, spec=resolve(profile["model"]["id"]), workloads=workloads,
+                  say=say, resume=resume, top=top, only=only,
+                  max_configs=max_configs or (None if on_gpu else 1), pairs=pairs,
+                  proposer=proposer, backend=backend, pool=pool)
+        return _stages(run)
     finally:
         pool.close()
 
 
-def _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only, profile,
-            workloads, device, on_gpu, pool) -> dict:
-    ranking = _ranking(run_dir, resume, say)
-    families = _chosen(ranking, top, only)
-    spec = resolve(profile["model"]["id"])
-    model = build(spec, workloads[0].torch_dtype(), device)
-    # on the CPU the interpreter makes timings meaningless: one config per case is enough
-    max_configs = max_configs or (None if on_gpu else 1)
-
-    def search(fams: list[str], again: bool, propose: bool) -> tuple[dict, dict]:
-        log = generate_stage(run_dir, fams, model, workloads, device, say, again, max_configs,
-                             backend, workers=pool)
-        if proposer and propose:
-            from codegen.proposer import run_proposer
-
-            log = run_proposer(proposer, run_dir, log, device, say)
-        return log, verify_stage(run_dir, log, device, say, again, workers=pool)
-
-    verified_before = _read_if(resume, run_dir / "verification" / "summary.json",
+def _stages(run: Run) -> dict:
+    ranking = _ranking(run.dir, run.resume, run.say)
+    families = _chosen(ranking, run.top, run.only)
+    model = build(run.spec, run.workloads[0].torch_dtype(), run.device)
+    verified_before = _read_if(run.resume, run.dir / "verification" / "summary.json",
                                "verification summary")
-    _, summary = search(families, resume, propose=True)
-    if not only:
-        families, summary = backfill(ranking, families, top, device, say, summary,
-                                     lambda more: search(more, True, propose=False))
+    _, summary = _search(run, model, families, run.resume, propose=True)
+    if not run.only:
+        families, summary = backfill(ranking, families, run.top, run.device, run.say, summary,
+                                     lambda more: _search(run, model, more, True, propose=False))
 
     # Whole-model timings (host, integrate, graphs) run on the driver's GPU with nothing else
     # on it: on a one-GPU node a Ray task may hold that same GPU, so every task, cancelled
     # ones too, must have ended first. Families of one workload are integrated one after
     # another on that GPU, not spread over Ray: each decision (rolled back or kept, the next
     # family backfilled) is measured in the model with the families kept before it.
-    pool.drain()
+    run.pool.drain()
     # later stages are skipped on --resume only if what they read did not change in this run
     # (an edited kernel, verified again, must reach the projection and the model)
-    integ = _read_if(resume, run_dir / "integration.json", "integration")
+    integ = _read_if(run.resume, run.dir / "integration.json", "integration")
     unchanged = verified_before == summary and integ is not None \
         and integ.get("chosen") == families
-    if not (unchanged and (run_dir / "projection.json").exists()):
-        enqueue = {w["key"]: w.get("enqueue_ms") for w in ranking["workloads"]}
-        in_model, in_model_set = host_stage(model, workloads, summary, families, say,
-                                            enqueue) if on_gpu else (None, None)
-        freeze_projection(run_dir, summary, families, on_gpu, in_model, in_model_set)
+    if not (unchanged and (run.dir / "projection.json").exists()):
+        _freeze(run, model, ranking, summary, families)
     if not unchanged:
-        integrate_stage(run_dir, spec, workloads, summary, families, say,
-                        pairs or (30 if on_gpu else 3),
-                        built={(workloads[0].dtype, device): model})
+        integrate_stage(run.dir, run.spec, run.workloads, summary, families, run.say,
+                        run.timing_pairs, built={(run.workloads[0].dtype, run.device): model})
     model = None  # integration freed its copy; the graphs stage builds its own
     # integration.json is written before the graphs stage runs: a run cut off in that stage
     # resumes with its measured workloads that have no "graphs" record yet
-    measured = read_json(run_dir / "integration.json", "integration")["workloads"]
-    pending = [w for w in workloads if w.key in measured and "graphs" not in measured[w.key]]
+    measured = read_json(run.dir / "integration.json", "integration")["workloads"]
+    pending = [w for w in run.workloads if w.key in measured and "graphs" not in measured[w.key]]
     if pending:
-        graphs_stage(run_dir, spec, pending, summary, say, pairs or (30 if on_gpu else 3))
+        graphs_stage(run.dir, run.spec, pending, summary, run.say, run.timing_pairs)
     # cheap (replays of the frozen numbers) and idempotent, so always: a resumed run that was
     # cut off before it gets the kept set's projection too
-    project_kept(run_dir, on_gpu)
-    say("report")
-    return write_report(run_dir)
+    project_kept(run.dir, run.on_gpu)
+    run.say("report")
+    return write_report(run.dir)
+
+
+def _search(run: Run, model, families: list[str], again: bool,
+            propose: bool) -> tuple[dict, dict]:
+    """Generate and verify `families` (`again`: keep what an earlier attempt did); the search
+    log and the verification summary."""
+    log = generate_stage(run.dir, families, model, run.workloads, run.device, run.say, again,
+                         run.max_configs, run.backend, workers=run.pool)
+    if run.proposer and propose:
+        from codegen.proposer import run_proposer
+
+        log = run_proposer(run.proposer, run.dir, log, run.device, run.say)
+    return log, verify_stage(run.dir, log, run.device, run.say, again, workers=run.pool)
+
+
+def _freeze(run: Run, model, ranking: dict, summary: dict, families: list[str]) -> None:
+    """The host deltas measured in the model (on a GPU), then the projection frozen."""
+    enqueue = {w["key"]: w.get("enqueue_ms") for w in ranking["workloads"]}
+    in_model, in_model_set = host_stage(model, run.workloads, summary, families, run.say,
+                                        enqueue) if run.on_gpu else (None, None)
+    freeze_projection(run.dir, summary, families, run.on_gpu, in_model, in_model_set)
 
 
 def _ranking(run_dir: Path, resume: bool, say: Callable[[str], None]) -> dict:

@@ -56,8 +56,8 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
     """Families no workload can gain from by their own kernel-level numbers: every accepted
     case is slower on the device than the code it replaces and saves the host nothing per
     call, nor faster inside a CUDA graph (`graph_speedup`). Integrating one would only spend
-    measurement time on a certain rollback (the attention kernel at 0.19x of cuDNN's SDPA on
-    the H200)."""
+    measurement time on a certain rollback (an attention kernel at a fraction of cuDNN's
+    SDPA's speed)."""
     out = {}
     for fam in families:
         accs = [a for a in accepted.values() if a["family"] == fam]
@@ -81,8 +81,7 @@ def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dic
     ranking's order) is kept, and the reason says so and what a GPU would decide on.
     Decided once per run, before any in-model measurement: where each family wins on another
     workload, only one is kept for all of them; gated_act's number leaves out its in-model
-    gate/up GEMM fusion. (H200: matmul_epilogue saved more at prefill b8 on both
-    models; at batch 1 on Llama gated_act was not among the top 5.) Where the winner does not
+    gate/up GEMM fusion. Where the winner does not
     ship on a workload, the loser is tried there in its place (`integrate.fall_back`)."""
     saved = _device_saved_us(accepted)
     if not device.startswith("cuda"):

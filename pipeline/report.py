@@ -16,7 +16,8 @@ from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
 from pipeline import e2e_report
 from pipeline import report_plots as rp
-from pipeline.projection_gap import gap
+from pipeline.projection.gap import gap
+from pipeline.projection.replay import LAUNCH_BOUND_BUSY
 from pipeline.report_acceptance import (  # noqa: F401 - the report's public names
     ROLLBACK_RULE,
     acceptance_fields,
@@ -27,7 +28,6 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
 from pipeline.report_render import NOT_MEANINGFUL, host_drift_told
 from pipeline.report_sources import source_tables
 from pipeline.stages.rank import floor_line, top_level
-from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
              "search": "candidates/search_log.json", "verification": "verification/summary.json",

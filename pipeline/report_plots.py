@@ -71,7 +71,7 @@ def _in_set_cell(m: dict | None) -> str:
 
 
 def _host_set_cell(together: dict, alone: dict) -> str:
-    from pipeline.host_delta import summed_share
+    from pipeline.projection.host import summed_share
 
     fams = together.get("families") or []
     if together.get("error"):

@@ -80,8 +80,8 @@ def make_static_runner(model, workload: Workload, seed: int = 0) -> Runner:
     (`models.graphs.StaticDecoder(graph=False)`) prefilled with `seq` positions; each call
     writes position `seq` and `reset` rewinds to it. Its trace is what the graph projection
     replays for decode: the static cache reads and masks all its slots each step, work the
-    dynamic cache's step does not do (Llama-3.2-1B b1 KV 1024 on the H200: 17.4 ms eager over
-    the static cache against 13.9 over the dynamic one)."""
+    dynamic cache's step does not do (benchmarks/results/README.md, "Static-cache decode
+    graphs")."""
     from models.graphs import StaticDecoder, static_len
 
     if workload.mode != "decode":
@@ -145,7 +145,7 @@ def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> d
     upper bound when it does): a pass whose host needs most of the wall to enqueue it turns
     host-bound once kernels shrink the device time (Qwen2.5-0.5B at batch 8 on a slow
     host). On the CPU the two agree. The replay takes it as a bound on the host's speed
-    (`pipeline.stages.rank_replay.workload_graph`)."""
+    (`pipeline.projection.replay.workload_graph`)."""
     times, enqueues = [], []
     with torch.no_grad():
         for i in range(warmup + reps):
@@ -194,8 +194,8 @@ def capture(runner: Runner, device: str, trace_path: Path) -> float:
 
     On a GPU this leaves CUPTI attached to the process, and later launches may cost more:
     time before capturing, never after. (Kineto detaches it with TEARDOWN_CUPTI=1, which the
-    pipeline does not set: on the H200, torch 2.11, three of the five pipeline processes that
-    set it once hung at exit after their last session.)"""
+    pipeline does not set: processes with it set hung at exit after their last session;
+    benchmarks/probes/README.md, `cupti_probe.py`.)"""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     cuda = device.startswith("cuda")

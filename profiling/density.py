@@ -1,12 +1,11 @@
 """How a pass's compute-bound kernels slow down as the pass gets denser in them (the power cap).
 
 A fused pass runs the same GEMMs as the unpatched one with less memory-bound work between them.
-Under the H200's 700 W cap that draws the board to its limit at a lower SM clock, and every
-compute-bound kernel slows by as much: on Phi-3-mini b8 the same-name cuBLAS GEMMs ran 10.5-11 %
-longer patched (clock 1830 -> 1545 MHz), on Llama-3.2-1B 5 % eagerly and 9-10 % as a graph, on
-Qwen2.5-0.5B, whose narrow GEMMs draw less, -2 % eagerly and +3 % as a graph (benchmarks/results,
-2026-12-02 to 03).
-A projection that keeps untouched work at its profiled time misses by that much.
+Under a 700 W cap that draws the board to its limit at a lower SM clock, and every
+compute-bound kernel slows by as much: the same cuBLAS GEMMs run up to about a tenth longer in
+a patched pass, less on models whose narrow GEMMs draw less (benchmarks/probes/README.md,
+`gemm_clocks.py`, `gemm_density.py`, `power_classes.py`). A projection that keeps untouched
+work at its profiled time misses by that much.
 
 `measure` prices it on the device for one workload: a synthetic pass of the profile's own GEMMs
 and attention calls, in order and at their shapes, with device copies standing in for every
@@ -14,7 +13,7 @@ other op's profiled time scaled by k, captured as one CUDA graph and replayed in
 (the cap acts over hundreds of ms) for several k. Each point is the compute kernels' time
 relative to k = 1 (and their share of the synthetic pass). `slowdown` reads the curve at a
 pass's k, its other work per unit of compute over the profiled pass's; the rank stage applies
-it to the compute kernels of every projected pass (`rank_replay.clocked`).
+it to the compute kernels of every projected pass (`pipeline.projection.replay.clocked`).
 """
 
 from __future__ import annotations
@@ -72,9 +71,8 @@ def slowdown(curve: list[dict] | None, scale: float) -> float:
     """Compute time of a pass whose other work takes `scale` x the profiled pass's, over the
     profiled pass's (scale 1): the curve read piecewise linearly in its copies' scale, held
     flat beyond its ends; 1.0 without a curve. Read by scale rather than by compute share: the
-    synthetic pass's copies ran longer than the time they stand for (Llama-3.2-1B b8 on the
-    H200: 27.4 ms against 16.8 at scale 1), so its share sits under the profiled pass's
-    (Gemma-2B b8: 0.59 against 0.69)."""
+    synthetic pass's copies run longer than the time they stand for, so its compute share
+    sits under the profiled pass's."""
     if not curve:
         return 1.0
     pts = sorted((p["scale"], p["compute_ratio"]) for p in curve)
@@ -109,11 +107,11 @@ def floor(ops: list[dict], seconds: float = STEADY_S, reps: int = 20) -> dict:
     at its shapes, back to back in one CUDA graph, timed in steady state. While they run at the
     library's rate, no fusion can make the pass shorter than this, and it is measured
     at the clock such a pass runs at under the power cap, which a FLOPs-over-peak floor is not
-    (issue 29 had put Llama-3.2-1B b8 at 28 ms that way). Being the densest pass, it runs at
+    (that reads several milliseconds short on a b8 pass). Being the densest pass, it runs at
     the lowest clock the cap allows, so a pass that keeps a little memory-bound work between its
     GEMMs can come out level with it, not under it by much. `wall_ms`: one replay, launch gaps
-    included; `kernel_ms`: its kernels' profiled time (the profiler slows a dense pass: Qwen2.5-
-    0.5B b8's read 15.74 ms against a 15.08 ms replay on an H100)."""
+    included; `kernel_ms`: its kernels' profiled time (the profiler slows a dense pass, so
+    this can read longer than the replay)."""
     from profiling.roofline import median_time
 
     g = _steady(_synthetic(floor_steps(ops), 0.0, 0.0), seconds)
@@ -124,9 +122,9 @@ def floor(ops: list[dict], seconds: float = STEADY_S, reps: int = 20) -> dict:
 
 def floor_steps(ops: list[dict]) -> list[tuple]:
     """The floor's steps: the pass's compute steps, each GEMM's columns rounded up to a multiple
-    of `ALIGN`, as the matmul family pads an odd vocabulary (GPT-2's LM head at 50257 columns ran
-    cuBLAS at a fraction of its rate and put GPT-2 b8's floor at 1.70x over eager on an H100,
-    where its kernels and a graph ran 3.45x)."""
+    of `ALIGN`, as the matmul family pads an odd vocabulary (GPT-2's LM head at 50257 columns
+    runs cuBLAS at a fraction of its rate: unrounded, the floor would sit above what the
+    family's padded GEMM and a graph reach)."""
     return [("gemm", s[1], s[2], -(-s[3] // ALIGN) * ALIGN) if s[0] == "gemm" else s
             for s in plan(ops) if s[0] != "fill"]
 

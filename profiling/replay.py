@@ -432,8 +432,8 @@ def scale_host(graph: nx.DiGraph, factor: float) -> nx.DiGraph:
 def calibrate_host(graph: nx.DiGraph, target_us: float) -> tuple[nx.DiGraph, float]:
     """Scale host time so the replay matches an unprofiled wall time.
 
-    with_stack profiling slows the host (a 48.6 ms Llama-3.2-1B prefill replays as 55.7 ms
-    with 88 % host on its critical path), which would make a device-bound pass look
+    with_stack profiling slows the host (a device-bound prefill replays longer than its wall,
+    with host work on most of its critical path), which would make a device-bound pass look
     host-bound; the unprofiled wall time tells how fast the host really is. Device events
     keep their traced durations. Returns (graph, factor); factor 1 when the trace is already
     no longer than the target.

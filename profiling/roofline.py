@@ -106,10 +106,9 @@ def graph_costs(device: str, nodes: int = GRAPH_NODES) -> dict:
     GEMM, gelu, a residual add; `chain_node_us`), replayed as one graph, less the launch and
     the durations the same chain's kernels have when profiled eagerly, per kernel. Priced
     from `nodes` 1-element adds instead (the slope less the tiny kernel's own run, kept as
-    `graph_node_tiny_us`), a node cost 0.07-0.23 us on the H200, while the unpatched graphs of
-    four workloads implied -2.6 to +0.9 us and GPT-2's batch-1 prefill, whose kernels are
-    short, +0.55 us (benchmarks/results, 2026-12-03): the 1-element add is the one kernel
-    whose profiled run is nearly all launch."""
+    `graph_node_tiny_us`), the node cost comes out a fraction of what real graphs of short
+    kernels imply: the 1-element add is the one kernel whose profiled run is nearly all
+    launch."""
     import torch
 
     tiny = torch.zeros(1, device=device)

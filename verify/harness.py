@@ -7,11 +7,11 @@ family's edge cases, judged by verify/checks.py, recorded as
 as a rejected VerificationResult; only mistakes of the caller (an unknown family, no cases) raise.
 
 Cost note, large cases. The LM head of GPT-2 (x 8192 x 768 @ w 768 x 50257 bf16, padded to
-50304) took 93 s to verify on the H200. Per full-size input set (3 random trials, 2 memo
+50304) is the largest case a family verifies. Per full-size input set (3 random trials, 2 memo
 probes, 4 stress kinds, 1 non-finite: 10, plus 3 timing buffers judged afterwards), counted
 with a dispatch-mode counter at 1/64 of the rows and scaled (rows scale everything but the
 weight): the bf16 baseline, 0.63 TFLOP (6.7 ms at the unpadded 94 TFLOP/s); the float64
-reference, 0.63 TFLOP (about 13 ms at the ~50 TFLOP/s of the H200's FP64 tensor cores); the
+reference, 0.63 TFLOP (about 13 ms at the ~50 TFLOP/s of Hopper's FP64 tensor cores); the
 order bound, |x| @ |w| in float64 (13 ms) and, before, the exact product a second time (13 ms,
 now `reference=` reused) plus 157 GB of elementwise traffic (~45 ms); the candidate twice (2
 ms); two comparisons of 370-395 GB each (~0.1 s each at ~4 TB/s). The largest item was none
@@ -21,7 +21,7 @@ set at full size) and a pageable 0.8 GB copy; it is drawn on the device now
 (`integrity.GuardedOut.random`). Estimate: before, 10 x (4-8 s) + ~1 s of GPU work; after,
 13 x ~0.3 s + the timing (~1 s) + start-up, under 10 s (`tests/codegen/test_matmul.py`'s GPU
 test holds it under 20 s). Every check still runs at full size: float32 references would
-not help here (the H200's fp32 and fp64 GEMM rates are alike) and smaller stand-in cases
+not help here (Hopper's fp32 and fp64 GEMM rates are alike) and smaller stand-in cases
 would not show what cuBLAS picks at 8192 rows.
 """
 

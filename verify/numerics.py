@@ -42,8 +42,7 @@ def repeat_in_part(kind: str, previous: Sequence, fresh: Sequence,
     the others (tables, weights) come whole from the fresh draw. A spliced table can be an input
     no model passes: rope's cos and sin repeat their first half (HF's rotary embedding), and a
     kernel that reads only that half, as ours does, is right on every model's input and wrong on
-    a table whose halves differ (both Llama-3.2-1B decode rope candidates were rejected so on
-    the H200). A cache keyed on a prefix of the data is still exposed."""
+    a table whose halves differ. A cache keyed on a prefix of the data is still exposed."""
     out = []
     for i, (old, new) in enumerate(zip(previous, fresh)):
         if kind == "same_prefix" and data is not None and i not in data:

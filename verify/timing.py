@@ -139,8 +139,8 @@ def bench_graphed(fn: Callable[[], object], *, device: str | torch.device, calls
                   reps: int = 15) -> tuple[float | None, str | None]:
     """fn's device time per call as a CUDA graph replays it: (ms, None), or (None, why) when
     fn cannot be captured. `bench` times a call between events, which costs about 3 us more
-    than the kernel takes inside a graph (Llama-3.2-1B decode on the H200: rmsnorm 4.54 us by
-    `bench`, 1.58 us in the graphed step), so a ratio of two `bench` times misstates what a
+    than the kernel takes inside a graph (a few-microsecond kernel reads about three times its
+    graphed time), so a ratio of two `bench` times misstates what a
     replacement saves in a graph. Here `calls` copies of (L2 flush, fn) are captured in one
     graph and `calls` flushes alone in another; the difference of their median replays, per
     call, is fn's time, with its inputs evicted from L2 as in `bench`."""
@@ -266,10 +266,10 @@ def paired_ratio(fn_a: Callable[[], object], fn_b: Callable[[], object], n: int 
     injectable so the statistics can be tested on synthetic timings.
 
     `max_n`: while the confidence interval is wider than `max_width` of the estimate, run up
-    to n more pairs at a time, until max_n pairs in all. The lent H200 host's speed can drop
-    by a third for a stretch of a measurement (one Qwen2.5-0.5B measurement's baseline
-    went from 27 to 42 ms and back, and its 20 pairs gave a 1.167-1.311x interval); more pairs
-    then narrow the interval instead of leaving a verdict to one stretch.
+    to n more pairs at a time, until max_n pairs in all. A lent host's speed can drop by a
+    third for a stretch of a measurement (benchmarks/results/README.md, "Host speed moves"),
+    which widens the interval; more pairs then narrow it instead of leaving a verdict to one
+    stretch.
     """
     if n < 2:
         raise ValueError("paired_ratio needs n >= 2 pairs")

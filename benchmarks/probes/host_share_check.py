@@ -1,6 +1,6 @@
 """Do the families' in-model host deltas add up to the set's? Offline, over committed runs.
 
-The host-delta stage (`pipeline.host_delta`) measures each family patched alone, as a share of
+The host-delta stage (`pipeline.stages.host`) measures each family patched alone, as a share of
 the unpatched pass's host time. The paired whole-model timing records both passes' host time
 (time until the forward returns) with every kept family patched together. This sets the sum of
 the kept families' shares (each times its calls per pass, as measured alone: where rmsnorm and
@@ -31,7 +31,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (rep
 
 
 def rows_of(results: Path) -> list[dict]:
-    from pipeline.host_delta import summed_share
+    from pipeline.projection.host import summed_share
 
     try:
         proj = json.loads((results / "projection.json").read_text())
@@ -64,8 +64,8 @@ def _replays(results: Path, rows: list[dict]) -> None:
 
     from reproject import unpack_run
 
-    from pipeline.host_delta import spread_set_share
-    from pipeline.projection import host_of, project_set
+    from pipeline.projection.host import host_of, spread_set_share
+    from pipeline.projection.workload import project_set
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)

@@ -1,6 +1,6 @@
 """The host probe for launch-bound passes, on and off: re-project every committed run both ways.
 
-`pipeline.stages.rank_replay.workload_graph` scales the replay's host chain to the unprofiled wall,
+`pipeline.projection.replay.workload_graph` scales the replay's host chain to the unprofiled wall,
 then, before run 14, also to the profile's host-bound probe (a tiny pass) wherever that was
 faster. Since run 14 the probe is used for device-bound passes only. This re-projects the set
 each committed workload shipped, from its frozen inputs (`reproject.py`), with the probe
@@ -29,7 +29,7 @@ def probe_everywhere(workload_graph, w: dict, trace_path):
 
 
 def main() -> None:
-    import pipeline.stages.rank as rs
+    import pipeline.projection.workload as rs
 
     out, folders = out_and_folders(__doc__)
     current, rows = rs.workload_graph, []

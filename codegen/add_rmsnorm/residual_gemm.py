@@ -2,14 +2,11 @@
 
 After add_rmsnorm's kernel the layer still ran `total + mlp(normed)`: a pass that reads two
 (tokens, hidden) tensors and writes a third. cuBLAS's addmm with beta = 1 adds C while it
-writes the product, in place when C is the output (`total.addmm_(h, W_down^T)`): on an H100
-at the b8 s1024 prefill shapes, down_proj's GEMM plus the add against the GEMM alone with
-`total` as C (us, benchmarks/probes/residual_addmm.py, results in
-benchmarks/results/probes-1206a-h100): Llama-3.2-1B 446.5 against 366.3 (the plain GEMM
-366.6), Qwen2.5-0.5B 142.2 against 114.1, Phi-3-mini 626.4 against 584.0, Gemma-2B 781.0
-against 777.0. Not bit for bit the unfused code: cuBLAS adds C to the fp32 accumulator and
-rounds once, where HF rounds the product and then the sum; the whole-model check holds both to
-the fp32 reference.
+writes the product, in place when C is the output (`total.addmm_(h, W_down^T)`), and at the
+b8 s1024 prefill shapes the GEMM with `total` as C takes what the plain GEMM takes, so the add
+comes free (benchmarks/probes/README.md, `residual_addmm.py`). Not bit for bit the unfused
+code: cuBLAS adds C to the fp32 accumulator and rounds once, where HF rounds the product and
+then the sum; the whole-model check holds both to the fp32 reference.
 
 The add happens inside the MLP's call, so it is done only where the MLP returns down_proj's
 output as it is: the class's forward ends in `return self.down_proj(...)` (read from its

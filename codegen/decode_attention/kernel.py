@@ -125,8 +125,8 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_G: tl.constexpr, SPLITS: tl.constexpr):
     # One program per query head, every split's partial in one [SPLITS, BLOCK_D] load: a loop
-    # over the splits per (batch, kv head) took 9.7 us a call at 32 splits on the H200 (more
-    # than the split kernel's 5.3 us), one dependent load after another.
+    # over the splits per (batch, kv head) took longer than the split kernel itself, one
+    # dependent load after another (benchmarks/probes/README.md, `decode_kernels.py`).
     bk = tl.program_id(0)
     g = tl.program_id(1)
     b = (bk // kv_heads).to(tl.int64)

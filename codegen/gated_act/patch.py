@@ -30,14 +30,11 @@ from core.family import Case, kernel_by_signature
 from models.patching import code_shape, needs_graph, set_instance_forwards
 
 MLP_CLASS = re.compile(r"MLP$")
-# The one [gate; up] GEMM (`GateUp`) runs only on calls of at most this many tokens. On the H200
-# (bf16, benchmarks/probes/gate_up_gemm.py, results in benchmarks/results/b8-1202d/) it beats
-# the two GEMMs up to 1024 tokens on every measured shape (0.74-0.98x of their time: a launch
-# fewer, a wider GEMM), and from 2048-4096 tokens cuBLAS runs the wider product in another
-# kernel that loses on Llama-3.2-1B (1.075x at 8192 tokens; 3.6 % more GEMM time in the
-# patched b8 s1024 pass) and Gemma-2B (1.024x; 10.1 % in the pass, where the clock also fell),
-# while Qwen2.5-0.5B's narrower product still won (0.93x). Above the cut the MLP runs HF's own
-# two GEMMs, so the patch never slows the GEMMs it does not replace.
+# The one [gate; up] GEMM (`GateUp`) runs only on calls of at most this many tokens: up to
+# 1024 tokens it beats the two GEMMs on every measured shape (a launch fewer, a wider GEMM),
+# and from 2048-4096 tokens cuBLAS runs the wider product in another kernel that loses on the
+# wider models (benchmarks/probes/README.md, `gate_up_gemm.py`). Above the cut the MLP runs
+# HF's own two GEMMs, so the patch never slows the GEMMs it does not replace.
 GATE_UP_MAX_TOKENS = 1024
 _SILU_CLASSES = ("SiLUActivation",)
 _GELU_TANH_CLASSES = ("GELUTanh", "PytorchGELUTanh")

@@ -64,9 +64,8 @@ def case_of(shape: torch.Size, dtype: torch.dtype) -> Case:
 
 
 def _dispatching_forward(original: Callable, forward_by_case: Callable) -> Callable:
-    # the case (and its key's hash) once per input signature, not on every call: on the H200
-    # the host stage measured this adapter at +42 us per call on GPT-2 b8 when it rebuilt the
-    # case each time
+    # the case (and its key's hash) once per input signature, not on every call: rebuilding it
+    # each time costs tens of microseconds of host per call, which a host-bound pass pays
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 
     def forward(input):

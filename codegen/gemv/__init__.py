@@ -1,13 +1,13 @@
 """GEMV family: the projections of a decode step (a few rows times an nn.Linear's weight, the
 LM head included) as one Triton kernel that streams the weight once.
 
-Why it exists: Llama-3.2-1B decode b1 graphed on the H200 spends about 1030 us of its 1.88 ms
-step in cuBLAS GEMMs at one row, against a weight-read floor near 600 us: k/v_proj at 0.39 TB/s,
-q/o_proj at 1.5, gate/up at 2.9, down at 2.9 plus a split-K reduce (issue 25, the census in
-benchmarks/results/call-2026-12-02/decode_kernels.json). The kernel (kernel.py) splits the
-weight into enough programs, split-K where n alone gives too few, to keep the H200's memory busy.
-Its search space starts with cuBLAS itself, so a shape where no GEMV config wins (the lead's
-cold-weight probe lost 10-20 % on Llama's gate/up, down and LM head) keeps cuBLAS's time.
+Why it exists: a graphed decode step spends most of its time in cuBLAS GEMMs at one row,
+well above the time reading their weights takes: the narrow k/v projections read theirs at a
+fraction of the memory's bandwidth (benchmarks/probes/README.md, `decode_kernels.py`). The
+kernel (kernel.py) splits the weight into enough programs, split-K where n alone gives too
+few, to keep the memory busy. Its search space starts with cuBLAS itself, so a shape where no
+GEMV config wins (with cold weights, the wide projections and the LM heads:
+benchmarks/probes/README.md, `gemv.py`) keeps cuBLAS's time.
 
 A family of its own rather than configs of `matmul`: that family acts on the widths it pads
 and declines the aligned ones, where cuBLAS is near its roofline at prefill; at a few rows it

@@ -142,8 +142,8 @@ def k_chunk(k: int, block_k: int, split_k: int) -> int:
 
 # cuBLAS itself, as F.linear runs it: first, so every search budget of two or more measures it
 # (codegen.search.spread keeps both ends) and a case no GEMV config beats keeps cuBLAS's
-# speed (the lead's cold-weight probe: Llama's gate/up, down and LM head ran 10-20 % slower
-# as the probe's GEMV; benchmarks/results/call-2026-12-02b/gemv-cold.json)
+# speed (with cold weights a GEMV lost to cuBLAS on the wide projections and the LM heads:
+# benchmarks/probes/README.md, `gemv.py`)
 CUBLAS = {"impl": "cublas"}
 
 

@@ -183,8 +183,8 @@ def predicted_states(module: nn.Module) -> list[tuple[str, str]]:
     """The layouts (reference.STATE_LAYOUTS) of the new keys and values this attention may hand
     the cache: column blocks of GPT-2's fused c_attn; for Phi-3's fused qkv_proj, the keys out
     of HF's rotary (its cat) and the values a column block, and both column blocks where the
-    rope family's in-place kernel runs (Phi-3-mini b8 s1024 on the H200: with only the first
-    case verified, the patched set made 0 kv_cache calls and cat kept 10.3 ms of the pass);
+    rope family's in-place kernel runs (predicting only the first, the patched set would make
+    no kv_cache call and leave HF's cat in the pass);
     contiguous keys out of a partial rotary's cat (Phi-2, StableLM: `rotary_ndims` below the
     head); else transposed views of the projections (the rotary keeps the keys' layout)."""
     if hasattr(module, "c_attn"):

@@ -7,8 +7,8 @@ accumulators on chip and applies the activation in its epilogue never writes the
 saves 2 x tokens x intermediate of writes and as much of reads, and two launches. Whether that
 pays depends on how close a Triton GEMM comes to cuBLAS: with pointer loads the best tile was
 1-6 % slower than cuBLAS's projections plus gated_act's kernel (H200, bf16 prefill); with TMA
-loads and one program per SM it is 7-10 % faster (benchmarks/probes/epilogue_probe.py), and
-in the pipeline Llama-3.2-1B b8 went from 1.423x to 1.455x. A third kernel ("WIDE" configs)
+loads and one program per SM it is 7-10 % faster (benchmarks/probes/README.md,
+`epilogue_probe.py`). A third kernel ("WIDE" configs)
 reads both weights through one descriptor and issues one dot per K step into a (BM, 2 BN)
 accumulator, as cuBLAS's widest tiles do (kernel.py says why). The search and the integrate
 stage still decide per workload, by measurement.

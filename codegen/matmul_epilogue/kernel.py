@@ -123,12 +123,10 @@ def _gated_gemm_tma_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, n_rows, x_row_stride,
     # arithmetic in the loop, and the copy engine zero-fills past the edges, so no masks); the
     # store is clipped at the edges the same way. The descriptors are made here, on the device,
     # so the host launches plain pointers through codegen.launch (host-made descriptors went
-    # through Triton's JIT on every call: 115 us more host time per MLP call than HF's code in
-    # Qwen2.5-0.5B b8 on the H200; a kernel 1.26x faster than HF's code measured 0.926x of the
-    # unpatched model with it alone). `programs` programs (one per SM) walk the output tiles in
-    # grouped order (`_tile`): on the H200 this
-    # was 7.6 % faster than cuBLAS's gate and up GEMMs plus gated_act at Llama-3.2-1B's prefill
-    # shape (benchmarks/probes/epilogue_probe.py).
+    # through Triton's JIT on every call, about a hundred microseconds of host per MLP call:
+    # enough to make a faster kernel slow the model). `programs` programs (one per SM) walk the
+    # output tiles in grouped order (`_tile`), which beats cuBLAS's gate and up GEMMs plus
+    # gated_act at prefill shapes (benchmarks/probes/README.md, `epilogue_probe.py`).
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[n_rows, HIDDEN], strides=[x_row_stride, 1],
                                        block_shape=[BM, BK])
     wg_desc = tl.make_tensor_descriptor(wg_ptr, shape=[COLS, HIDDEN],

@@ -17,20 +17,17 @@ kernel spent its extra instructions (297 against Liger's 161 per program); the v
 tolerance, which counts the HF code's own rounding as slack, decides whether the result is
 acceptable. CI checks NATIVE in fp16 only: Triton's CPU interpreter gets bf16 arithmetic
 wrong. NATIVE launches without FMA contraction: contracted, x1 * c1 - x2 * s1 rounds once
-where HF rounds twice, and the verifier rejected NATIVE candidates on the H200 (the
-fastest screened one for Llama-1B b1 prefill in bf16; the fp16 test case on a stress input,
--1156 against HF's -1160 and a float64 -1159.3, outside the allowed 3.01).
+where HF rounds twice, and the verifier rejects such candidates (on a stress input the
+contracted result lands outside the tolerance HF's own rounding allows).
 Uncontracted, each product and the difference round as HF's do. The pass-through dims of
 partial rotary are copied without conversion.
 
 Where the case says `equal_halves` (the model's rotary embedding is HF's, which builds each
 table row as cat(freqs, freqs)), the kernels read the first half of each cos/sin row and use it
-for both halves, as Liger-Kernel's does. The gain is small and near the timing's noise. On the
-H200 (`benchmarks/probes/rope_probe.py`, bf16 b8 s1024, in place, two calls, best over 1-4
-warps) a probe kernel went from 13.66/13.66 to 13.47/13.22 us on Qwen2.5-0.5B and from
-25.38/25.38 to 25.09/25.47 us on Llama-3.2-1B; same-byte copies took 12.8 and 24.6 us. With it
-in the search, `benchmarks/kernel_table.py` measured ours at 13.50 us against Liger's 13.70 (Qwen)
-and 25.63 against 25.02 (Llama). It is not a search axis, since reading less costs nothing.
+for both halves, as Liger-Kernel's does. The gain is small and near the timing's noise: every
+variant is within about 1 us of a same-byte copy, and reading half of each row was the one flag
+in the best rows (benchmarks/probes/README.md, `rope_probe.py`). It is not a search axis, since
+reading less costs nothing.
 """
 
 from __future__ import annotations
@@ -198,14 +195,13 @@ def search_space(case: Case) -> list[dict]:
     """Two layouts, listed together from small tiles to large.
     Joint: BLOCK_S positions x BLOCK_H heads of one head axis (q's heads, then k's). Few
     positions and heads per program suit decode (parallelism must come from heads); a prefill
-    wants big programs (the first H200 run, one position per program, reached only 36 % of the
-    copy ceiling on Llama-1B's rotary). Head blocks that leave more than a quarter of the last
+    wants big programs (one position per program reaches about a third of the copy ceiling on
+    Llama-1B's rotary). Head blocks that leave more than a quarter of the last
     block's slots empty are skipped (Llama's 32 + 8 heads: 8 or 16, not 32).
     Split (SPLIT=1): every head of BLOCK_S positions, q and k as separate power-of-two tiles,
     Liger-Kernel's layout (one position per program there; Liger's kernel was 10 % faster than
-    our joint layout's best). On the H200 (all configs timed in one call) the
-    split layout's best was 27.3 us against the joint's 27.8 on Llama-1B b8, and tied at
-    14.5 us on Qwen2.5-0.5B b8."""
+    our joint layout's best). Timed side by side, neither layout wins everywhere (within 2 %
+    of each other at b8 prefill), so the search measures both."""
     block_half, _ = block_sizes(case["head_dim"], case["rot_dim"])
     total = case["heads"] + case["kv_heads"]
     most = triton.next_power_of_2(total)

@@ -71,9 +71,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
                 say(f"{f} on {w.key}: {ig.DECLINED.format(n=len(keys))}: {', '.join(keys)}")
             measured[w.key] = (cases, allowed, m)
         # after the timing: its GPU re-profile is a profiler session, which leaves CUPTI
-        # attached, and later launches of this process may cost more (profiling.capture).
-        # (Llama-3.2-1B b1 prefill measured 1.501x timed after it, 1.270x and 1.358x timed
-        # before it, on other hosts: not a controlled comparison, so time first.)
+        # attached, and later launches of this process may cost more (profiling.capture;
+        # benchmarks/probes/README.md, `cupti_probe.py`), so time first.
         # the families some workload's set calls (`integrate.reach`); the others were not timed
         reached = [k for k in kept if any(k not in m.get("unreached", {})
                                           for _, _, m in measured.values())]

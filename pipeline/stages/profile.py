@@ -19,7 +19,7 @@ from core.artifacts import write_json
 from core.env import environment
 from core.errors import UserError
 from core.workload import Workload
-from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
+from pipeline.projection.replay import LAUNCH_BOUND_BUSY
 from profiling import density
 from profiling.attribution import attribute
 from profiling.capture import capture, make_runner, make_static_runner, module_names, wall_time
@@ -42,9 +42,8 @@ def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict
     """Everything a workload's profile times without the profiler: the wall time, and on a GPU
     the host-bound probe's. Done for every workload before any profiler session, since Kineto
     leaves CUPTI attached after one (pytorch/pytorch#144455) and later launches of the process
-    may pay for it: on the H200 a one-element add took 10.3 us per launch before a session
-    and 14.6 us after one, though 9.2 us after a second; the host drifts that much on its own
-    (benchmarks/results/cupti_probe). With workloads of several dtypes each model is
+    may pay for it, though the host drifts about as much on its own (benchmarks/probes/
+    README.md, `cupti_probe.py`). With workloads of several dtypes each model is
     built twice, once per phase."""
     runner = make_runner(model, workload)
     say("timing without the profiler")
@@ -77,7 +76,7 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
         static_ms = capture(static, workload.device, run_dir / static_rel)
         result["static_trace"] = static_rel
         # its ops, attributed to patterns like the dynamic step's: the graph projection credits
-        # each kernel's saving where the graph runs it (rank_replay.graph_projection)
+        # each kernel's saving where the graph runs it (projection.replay.graph_projection)
         result["static"] = summarise(run_dir / static_rel, workload, timed["static_wall"],
                                      static_names, static_ms)
     if workload.device.startswith("cuda"):

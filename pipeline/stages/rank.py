@@ -10,163 +10,25 @@ a GPU trace exists, else by the Amdahl gain.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 from core.artifacts import read_json, write_json
-from pipeline.stages.rank_replay import (
+from pipeline.pattern_rows import pattern_rows
+from pipeline.projection.replay import (
     LAUNCH_BOUND_BUSY,
     graph_gains,
     graph_projection,
     replay_gain,
     workload_graph,
 )
-from pipeline.summary import console, module_pattern
-from profiling.patterns import BASE_PATTERNS, Occurrence, alternatives, match
-from profiling.roofline import op_cost, roofline_us
+from pipeline.projection.workload import amdahl, static_graph
+from pipeline.summary import console
 
 RANKING = "ranking.json"
 # A device-bound pass lists the CUDA-graph row only when the replay projects more than this:
 # below it the graph's own node and launch costs are within the replay's error of its saving.
 GRAPH_MIN_GAIN = 1.02
 GRAPH_PATTERN = "host: CUDA graph capture"
-
-
-def amdahl(parts: list[tuple[float, float]]) -> float:
-    """Whole-model speedup when each share p runs s times faster: 1/((1-sum p)+sum p/s)."""
-    rest = 1.0 - sum(p for p, _ in parts)
-    return 1.0 / (rest + sum(p / max(s, 1e-12) for p, s in parts))
-
-
-def _patterns():
-    from codegen.registry import family_patterns
-
-    return list(BASE_PATTERNS) + family_patterns()
-
-
-def _occurrence_case(family: str | None):
-    from codegen.registry import get_family
-
-    return get_family(family).occurrence_case if family else None
-
-
-def launch_ceilings(w: dict, ceil: dict) -> dict:
-    """The ceilings a fused kernel's floor is priced with: on a launch-bound pass, where the
-    graphs stage captures the pass, a launch costs what a tiny kernel takes inside a graph
-    (`graph_tiny_kernel_us`, about 1 us on the H200) rather than an eager launch (10.7 us),
-    which capped every decode GEMM's floor at its profiled time (gemv's row 1.00x on Llama-3.2-1B
-    decode, where the family took the graphed step from 1.62 to 1.37 ms)."""
-    busy = w.get("gpu_busy_share")
-    tiny = ceil.get("graph_tiny_kernel_us")
-    if busy is None or busy >= LAUNCH_BOUND_BUSY or tiny is None:
-        return ceil
-    return {**ceil, "launch_us": tiny + (ceil.get("graph_node_us") or 0.0)}
-
-
-def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = None) -> list[dict]:
-    """Aggregate one workload's ops into pattern rows with roofline numbers."""
-    ceil = launch_ceilings(w, ceil)
-    ops = w["ops"]
-    pats = _patterns()
-    by_name = {p.name: p for p in pats}
-    occ, unclaimed = match(ops, pats)
-    groups: dict[str, dict] = defaultdict(lambda: {"occ": [], "extends": set()})
-    owner = {i: o.pattern for o in occ for i in o.ops}
-    for o in occ + alternatives(occ, pats, ops):
-        g = groups[o.pattern]
-        g["family"], g["occ"] = o.family, g["occ"] + [o]
-        if o.extends:
-            g["primary"] = o.extends  # the row it is shown beneath, an option of
-            # every row whose ops it repeats, the absorbed children's (a gated MLP's gate and
-            # up `linear` occurrences) as well as the extended pattern's
-            g["extends"].update({o.extends} | {owner[i] for i in o.ops if i in owner}
-                                - {o.pattern})
-    for i in unclaimed:
-        op = ops[i]
-        key = f"op:{op['name']} @ {op['module_class'] or '(top)'}"
-        g = groups[key]
-        g["family"] = None
-        g["occ"].append(Occurrence(key, None, op["module"], op["module_class"], [i]))
-    gpu = w["time_basis"] == "device"
-    wall_us = w["wall"]["median_ms"] * 1e3
-    op_sets = {name: {i for o in g["occ"] for i in o.ops} for name, g in groups.items()}
-    rows = []
-    for name, g in groups.items():
-        pat = by_name.get(name)
-        time_us = share = host = 0.0
-        nbytes = flops = launches = n_ops = 0
-        floor_us = 0.0
-        corr: list[list[int]] = []
-        cases: list[dict | None] = []
-        case_of = _occurrence_case(g["family"])
-        modules = set()
-        for o in g["occ"]:
-            o_ops = [ops[i] for i in o.ops]
-            n_ops += len(o_ops)
-            t = sum(op["time_us"] for op in o_ops)
-            time_us += t
-            share += sum(op["share"] for op in o_ops)
-            host += sum(op["cpu_us"] for op in o_ops)
-            n_launch = sum(op.get("launches", 0) for op in o_ops)
-            launches += n_launch
-            if pat is not None and pat.cost is not None:
-                b, f = pat.cost(o_ops)
-                fused = roofline_us(b, f, ceil, launches=1 if n_launch else 0)
-            else:  # no fused model: each op at its own roofline, launches kept
-                b = f = 0
-                fused = 0.0
-                for op in o_ops:
-                    ob, of = op_cost(op)
-                    b, f = b + ob, f + of
-                    fused += roofline_us(ob, of, ceil, launches=1 if op.get("launches") else 0)
-            nbytes, flops = nbytes + b, flops + f
-            floor_us += min(fused, t) if t > 0 else 0.0
-            corr.append([k["correlation"] for op in o_ops for k in op.get("kernels", [])])
-            if case_of is not None:
-                cases.append(case_of(o_ops))
-            modules.add(module_pattern(o.module))
-        measured_kernel = (kernel_times or {}).get(name)
-        target = measured_kernel if measured_kernel is not None else floor_us
-        if not gpu:  # host time of aten ops has no roofline: rank CPU profiles by share alone
-            target = time_us
-        rows.append({
-            "pattern": name, "family": g["family"], "occurrences": len(g["occ"]),
-            "modules": sorted(modules)[:6], "time_us": time_us, "share": share,
-            "host_us": host, "launches": launches, "op_calls": n_ops, "min_bytes": nbytes,
-            "flops": flops,
-            "roofline_us": floor_us, "target_us": target,
-            "target_source": "measured kernel" if measured_kernel is not None else "roofline",
-            "attainable_speedup": (time_us / target) if target > 0 else 1.0,
-            "achieved_GBps": nbytes / time_us / 1e3 if time_us > 0 else None,
-            "kernel_correlations": corr if gpu else [],
-            # per occurrence, the case keys its ops give (`Family.occurrence_case`)
-            "occurrence_cases": cases if gpu and case_of is not None else None,
-            "host_share": host / wall_us,
-            # the rows this one overlaps (same ops): at most one of them is ever replaced
-            "alternative_to": sorted(g["extends"]),
-            "extends": g.get("primary"),
-            # the rows of the partition whose ops an alternative holds too (gated_mlp_gemm:
-            # swiglu_mlp and the gate/up GEMMs of `linear`)
-            "overlaps": sorted(n for n, ops_n in op_sets.items() if n != name
-                               and not groups[n]["extends"] and ops_n & op_sets[name])
-            if g["extends"] else [],
-        })
-    for r in rows:
-        _apply_decline(r)
-    return rows
-
-
-def _apply_decline(row: dict) -> None:
-    """A family that declines its row (`Family.declines`: GEMMs already at their roofline,
-    a kernel measured slower than the library everywhere) leaves it without a family, so it is
-    never chosen or generated; the row says which family and why."""
-    from codegen.registry import families
-
-    fam = families().get(row["family"]) if row["family"] else None
-    reason = fam.declines(row) if fam is not None and fam.declines is not None else None
-    if reason:
-        row["declined"] = {"family": row["family"], "reason": reason}
-        row["family"] = None
 
 
 NO_REMEDY_MIN = 1.2  # attainable speedup from which a row nothing acts on is reported
@@ -240,24 +102,6 @@ def project(w: dict, rows: list[dict], graph=None) -> None:
             r["replay_gain"] = replay_gain(graph, [r])
 
 
-def static_graph(w: dict, run_dir: Path | None, ceil: dict | None = None):
-    """The replay graph of a decode workload's static-cache step trace, None without one; with
-    `ceil` and a profile that attributed that step (`w["static"]`), its pattern rows by
-    pattern, as `graph.graph["pattern_rows"]`."""
-    rel = w.get("static_trace")
-    if not rel or run_dir is None or w["time_basis"] != "device" or not (run_dir / rel).exists():
-        return None
-    from profiling.replay import build_graph
-    from profiling.trace import load_trace
-
-    step = w.get("static")
-    graph = build_graph(load_trace(run_dir / rel), (step or {}).get("step_index", -1))
-    if step and ceil is not None:
-        graph.graph["pattern_rows"] = {r["pattern"]: r for r in pattern_rows(step, ceil)
-                                       if r["family"]}
-    return graph
-
-
 def graph_row(w: dict, graph, ceil: dict, candidates: list[dict], static=None) -> dict | None:
     """The host's remedy row: CUDA graph capture of the whole pass. Its share is the rest
     row's (host, launches, idle over the wall time), its gain the replay with every host edge
@@ -302,68 +146,6 @@ def graph_row(w: dict, graph, ceil: dict, candidates: list[dict], static=None) -
         "with_kernels": [r["pattern"] for r in candidates], "why": why,
         "note": alone["note"], "graph_basis": alone.get("basis"),
     }
-
-
-def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float],
-                        case_speedups: dict[str, list] | None = None) -> dict:
-    """The frozen "graphs" projection of one profiled workload: the unpatched model graphed,
-    and the patterns in `speedups` sped up (measured kernel speedups) then graphed. Gains over
-    the replayed eager pass; None with a note where there is no trace or no calibration.
-    `case_speedups`: per pattern, [(case, speedup)] of its accepted cases; a pattern whose
-    family matches occurrences to cases (`Family.occurrence_case`) is sped up per case."""
-    profile = read_json(run_dir / "profile.json", "profile")
-    w = next(x for x in profile["workloads"] if x["key"] == key)
-    graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
-    ceil = profile["ceilings"]
-    static = static_graph(w, run_dir, ceil)
-    rows = [r for r in pattern_rows(w, ceil) if r["pattern"] in speedups]
-    for r in rows:
-        r["target_us"] = r["time_us"] / speedups[r["pattern"]]
-        r["case_speedups"] = (case_speedups or {}).get(r["pattern"])
-    alone = graph_projection(graph, ceil, static=static)
-    kept = (graph_projection(graph, ceil, rows, static=static) if rows and graph is not None
-            else alone)
-    return {"unpatched": alone["gain"], "kept": kept["gain"], "patterns": sorted(speedups),
-            "note": alone["note"], "basis": alone.get("basis"),
-            "unpatched_pass_us": alone["pass_us"], "kept_pass_us": kept["pass_us"]}
-
-
-def project_with(run_dir: Path, key: str, speedups: dict[str, float],
-                 host_delta_us: dict[str, float | None] | None = None,
-                 case_speedups: dict[str, list | None] | None = None,
-                 host_scale: float = 1.0) -> float | None:
-    """Replay gain of one profiled workload with the given patterns sped up (measured), each
-    fused call saving (or adding) its measured host time when given; `case_speedups` as in
-    `project_graphs_with`. `host_scale`: the host chain, as calibrated to the profile, taken
-    that many times as long (a host that ran slower, > 1, at another moment)."""
-    out = replay_projection(run_dir, key, speedups, host_delta_us, case_speedups, host_scale)
-    return out["gain"] if out else None
-
-
-def replay_projection(run_dir: Path, key: str, speedups: dict[str, float],
-                      host_delta_us: dict[str, float | None] | None = None,
-                      case_speedups: dict[str, list | None] | None = None,
-                      host_scale: float = 1.0) -> dict | None:
-    """`project_with`'s gain, and `row_us`: each pattern's GPU time as the replay gives it
-    (`rank_replay.row_times`), for the report's per-family table."""
-    from pipeline.stages.rank_replay import row_times
-
-    profile = read_json(run_dir / "profile.json", "profile")
-    w = next(x for x in profile["workloads"] if x["key"] == key)
-    graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)
-    if graph is None:
-        return None
-    if host_scale != 1.0:
-        from profiling.replay import scale_host
-
-        graph = scale_host(graph, host_scale)
-        graph.graph["host_scale"] *= host_scale
-    rows = [r for r in pattern_rows(w, profile["ceilings"]) if r["pattern"] in speedups]
-    for r in rows:
-        r["target_us"] = r["time_us"] / speedups[r["pattern"]]
-        r["host_delta_us"] = (host_delta_us or {}).get(r["pattern"])
-        r["case_speedups"] = (case_speedups or {}).get(r["pattern"])
-    return {"gain": replay_gain(graph, rows), "row_us": row_times(graph, rows)}
 
 
 def rank_workload(w: dict, ceil: dict, trace_path: Path | None,

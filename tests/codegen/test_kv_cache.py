@@ -479,7 +479,7 @@ def test_a_profiled_update_is_matched_to_its_kind_of_case():
     assert of(dynamic) == {"layout": None, "past": 512}
     s_case = {"batch": 1, "kv_heads": 12, "head_dim": 64, "new": 1, "layout": "static"}
     d_case = {"batch": 1, "kv_heads": 12, "head_dim": 64, "new": 1, "past": 512}
-    from pipeline.stages.rank_replay import scales as _scales
+    from pipeline.projection.replay import scales as _scales
 
     row = {"kernel_correlations": [[1], [2], [3]], "target_us": 1.0, "time_us": 1.0,
            "occurrence_cases": [of(static), of(dynamic), {"layout": None, "past": 128}],

@@ -9,8 +9,8 @@ import torch
 from codegen.rmsnorm import FAMILY as RMSNORM
 from codegen.search import case_key
 from core.workload import Workload
-from pipeline.host_delta import in_model_host_deltas, patched_modules
 from pipeline.patching import twin
+from pipeline.stages.host import in_model_host_deltas, patched_modules
 from profiling.loader import build, resolve
 
 EXTRA_S = 0.004
@@ -71,7 +71,7 @@ def test_patched_modules_are_the_ones_given_an_instance_forward():
 def test_deltas_are_rescaled_to_the_host_speed_the_profile_saw():
     """Measured while the host ran the unpatched pass in 20 ms, projected onto a profile that
     saw 30 ms: the same patch saves 1.5x the host time in the profile's units."""
-    from pipeline.projection import host_drift
+    from pipeline.projection.host import host_drift
 
     assert host_drift({"enqueue_ms": 30.0}, {"base_enqueue_ms": 20.0}) == 1.5
     assert host_drift({"enqueue_ms": None}, {"base_enqueue_ms": 20.0}) == 1.0
@@ -94,7 +94,8 @@ def test_a_kernel_that_fails_in_the_model_leaves_the_search_number(tmp_path):
 
 def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
     from core.artifacts import read_json, write_json
-    from pipeline.projection import freeze_projection, host_of
+    from pipeline.projection.frozen import freeze_projection
+    from pipeline.projection.host import host_of
 
     write_json(tmp_path / "ranking.json", {"stage": "ranking", "workloads": [
         {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
@@ -114,7 +115,7 @@ def test_the_frozen_projection_carries_the_in_model_deltas_rescaled(tmp_path):
 def test_what_the_set_saves_beyond_its_families_is_spread_over_their_calls():
     """The set saves 25 % of a 20 ms pass; its families, alone, 20 %: the other 1 ms goes
     evenly to the set's 100 calls (10 us each); a family outside the set keeps its delta."""
-    from pipeline.host_delta import spread_set_share
+    from pipeline.projection.host import spread_set_share
 
     alone = {"rmsnorm": {"share_per_call": 0.002, "calls_per_pass": 50},
              "rope": {"share_per_call": 0.002, "calls_per_pass": 50}}
@@ -130,7 +131,8 @@ def test_what_the_set_saves_beyond_its_families_is_spread_over_their_calls():
 
 def test_the_frozen_projection_uses_the_sets_saving(tmp_path):
     from core.artifacts import read_json, write_json
-    from pipeline.projection import freeze_projection, host_of
+    from pipeline.projection.frozen import freeze_projection
+    from pipeline.projection.host import host_of
 
     write_json(tmp_path / "ranking.json", {"stage": "ranking", "workloads": [
         {"key": "w", "rows": [], "enqueue_ms": 30.0}]})
@@ -148,7 +150,7 @@ def test_the_frozen_projection_uses_the_sets_saving(tmp_path):
 def test_the_set_reads_its_extra_host_time_from_whole_passes(tmp_path):
     """Every norm patched together with a candidate 4 ms slower per call: the set's share of
     the unpatched pass is minus the norms' extra time over that pass."""
-    from pipeline.host_delta import set_host_share
+    from pipeline.stages.host import set_host_share
 
     torch.manual_seed(0)
     model = build(resolve("tiny-llama"), torch.float32, "cpu")
@@ -189,7 +191,7 @@ def test_the_report_sets_the_sets_saving_beside_the_families_sum():
 def test_a_share_of_the_pass_is_projected_at_the_profiles_host_time():
     """Pair by pair the patch saved 0.1 % of the unpatched pass's host time per call: 30 us of
     the profile's 30 ms, whatever host speed the single reading before the pairs caught."""
-    from pipeline.projection import rescaled_host
+    from pipeline.projection.host import rescaled_host
 
     measured = {"rmsnorm": {"us_per_call": 10.0, "share_per_call": 1e-3,
                             "pass_us_per_call": 12.0, "pass_share_per_call": None,
@@ -216,8 +218,8 @@ def test_a_measurement_far_from_the_profiles_host_speed_is_taken_again():
     """The profile's unpatched pass took 12 ms. Readings at 20.6 and 21.1 ms are more than
     20 % off it, so the family is measured again; 12.5 ms is near enough and ends it. Without
     a profile time, or when no attempt comes near, the nearest of what was measured is kept."""
-    from pipeline.host_delta import ATTEMPTS, _nearest
     from pipeline.report_plots import _host_cell
+    from pipeline.stages.host import ATTEMPTS, _nearest
 
     def reader(*hosts):
         it = iter(hosts)
@@ -240,7 +242,7 @@ def test_each_pair_gives_its_saving_as_a_share_of_its_own_unpatched_pass():
     of these times one sleep's jitter on CI's shared 2 cores threw a pair out of the bounds.)"""
     import time as _time
 
-    from pipeline.host_delta import _paired
+    from pipeline.stages.host import _paired
 
     class Sleep(torch.nn.Module):
         def __init__(self, s):

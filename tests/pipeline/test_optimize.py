@@ -1224,7 +1224,7 @@ def test_a_family_that_cannot_win_is_not_integrated():
 
 
 def test_the_graph_projection_takes_each_familys_in_graph_speedup_where_measured():
-    from pipeline.projection import in_graph_speedups
+    from pipeline.projection.frozen import in_graph_speedups
     from pipeline.stages.verify import _graph_speedup
 
     assert _graph_speedup({"graph_ms": 0.006}, {"graph_ms": 0.002}) == pytest.approx(3.0)
@@ -1292,8 +1292,8 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     gated_act (set aside for it); gated_act's numbers are kept so that a workload where it
     ships in matmul_epilogue's place gets the projection of that set (`project_kept`)."""
     from core.artifacts import write_json
-    from pipeline import projection
-    from pipeline.stages import rank as rank_stage
+    from pipeline.projection import frozen as projection
+    from pipeline.projection import workload
 
     def acc(fam, base_ms, kernel_ms):
         return accepted_entry(fam, base_ms, kernel_ms, host_us=2.0)
@@ -1309,12 +1309,12 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
             {"pattern": "act", "family": "gated_act", "share": 0.1}]
     write_json(tmp_path / "ranking.json", {"workloads": [{"key": "w", "rows": rows}]})
     replays, replay_cases, graph_cases = [], [], []
-    monkeypatch.setattr(rank_stage, "replay_projection", lambda run_dir, key, speed, host,
+    monkeypatch.setattr(workload, "replay_projection", lambda run_dir, key, speed, host,
                         cases, host_scale=1.0: (replays.append(speed)
                                                 or replay_cases.append(cases)
                                                 or {"gain": 1.1, "row_us": {"rms": 7.0}}))
     graphed = []
-    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: (
+    monkeypatch.setattr(workload, "project_graphs_with", lambda run_dir, key, speed, cases: (
         graphed.append(speed) or graph_cases.append(cases)
         or {"unpatched": 3.0, "kept": 3.5, "patterns": sorted(speed), "note": None}))
     fams = ["rmsnorm", "matmul_epilogue", "gated_act"]
@@ -1325,7 +1325,7 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     assert set(proj["kernel_speedups"]) == set(fams)
     pw = proj["workloads"]["w"]
     assert pw["patterns"] == ["rms", "mlp_gemm"] and replays == [{"rms": 5.0, "mlp_gemm": 1.5}]
-    assert pw["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.3, 1.5)]))
+    assert pw["amdahl"] == pytest.approx(workload.amdahl([(0.2, 5.0), (0.3, 1.5)]))
     assert pw["replay"] == 1.1 and pw["row_ms"] == {"rms": pytest.approx(0.007)}
     assert replay_cases == [{"rms": [[{"rows": 8}, 5.0]], "mlp_gemm": None}]
     assert graph_cases == [{"rms": [[{"rows": 8}, 4.0]], "mlp_gemm": None}]
@@ -1339,7 +1339,7 @@ def test_the_projection_counts_what_goes_on_and_keeps_the_set_asides_numbers(tmp
     kept = integrated["projection_for_kept"]
     assert kept["patterns"] == ["rms", "act"]
     assert replay_cases[-1] == {"rms": [[{"rows": 8}, 5.0]], "act": None}
-    assert kept["amdahl"] == pytest.approx(rank_stage.amdahl([(0.2, 5.0), (0.1, 2.0)]))
+    assert kept["amdahl"] == pytest.approx(workload.amdahl([(0.2, 5.0), (0.1, 2.0)]))
 
 
 def test_the_kept_set_is_replayed_again_at_the_host_speed_the_timing_found(tmp_path,
@@ -1348,18 +1348,18 @@ def test_the_kept_set_is_replayed_again_at_the_host_speed_the_timing_found(tmp_p
     pass's host time there over the profile's (6.0 against 5.0 ms: 1.2x), from the frozen
     kernel numbers; no reading where the timing recorded no host time."""
     from core.artifacts import write_json
-    from pipeline import projection
-    from pipeline.stages import rank as rank_stage
+    from pipeline.projection import frozen as projection
+    from pipeline.projection import workload
 
     summary = {"accepted": {"rmsnorm/a": accepted_entry("rmsnorm", 0.5, 0.1, host_us=2.0)}}
     rows = [{"pattern": "rms", "family": "rmsnorm", "share": 0.2}]
     write_json(tmp_path / "ranking.json", {"workloads": [
         {"key": "w", "rows": rows, "enqueue_ms": 5.0}]})
     scales = []
-    monkeypatch.setattr(rank_stage, "replay_projection", lambda run_dir, key, speed, host,
+    monkeypatch.setattr(workload, "replay_projection", lambda run_dir, key, speed, host,
                         cases, host_scale=1.0: scales.append(host_scale)
                         or {"gain": 2.0 / host_scale, "row_us": {}})
-    monkeypatch.setattr(rank_stage, "project_graphs_with", lambda run_dir, key, speed, cases: {
+    monkeypatch.setattr(workload, "project_graphs_with", lambda run_dir, key, speed, cases: {
         "unpatched": 1.0, "kept": 1.0, "patterns": sorted(speed), "note": None})
     projection.freeze_projection(tmp_path, summary, ["rmsnorm"], on_gpu=True)
     bound = {"unpatched": {"host_ms": 6.0, "wall_ms": 9.0, "host_bound": False}}

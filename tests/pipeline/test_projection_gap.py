@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.source import kernel_names
-from pipeline.projection_gap import gap
+from pipeline.projection.gap import gap
 
 TRITON = '''
 import triton
@@ -144,7 +144,7 @@ def test_gpu_kernel_times_sum_one_pass_per_kernel_name():
 
 
 def test_slower_in_both_names_the_untouched_kernels_that_grew():
-    from pipeline.projection_gap import slower_in_both
+    from pipeline.projection.gap import slower_in_both
 
     before = {"gemm_a": 1000.0, "gemm_b": 2000.0, "mean": 500.0, "ours": 10.0, "copy": 80.0,
               "tiny": 2.0, "big": 9000.0}

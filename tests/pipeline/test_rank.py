@@ -13,10 +13,13 @@ import torch
 from codegen.registry import family_patterns
 from core.artifacts import SCHEMA_VERSION, read_json
 from core.workload import Workload
+from pipeline.pattern_rows import pattern_rows
 from pipeline.policy import choose_families
+from pipeline.projection import replay as proj_replay
+from pipeline.projection import workload as proj_workload
+from pipeline.projection.workload import amdahl
 from pipeline.stages import rank as rank_stage
-from pipeline.stages import rank_replay
-from pipeline.stages.rank import amdahl, pattern_rows, rank_workload, run_rank
+from pipeline.stages.rank import rank_workload, run_rank
 from profiling.attribution import attribute
 from profiling.patterns import BASE_PATTERNS, match
 from profiling.roofline import op_cost, roofline_us
@@ -146,7 +149,7 @@ def test_pattern_rows_attainable_speedup_is_measured_over_roofline(factor):
     assert head["attainable_speedup"] == pytest.approx(factor)
     if factor == 1.0:  # at the roofline: nothing to gain, exactly
         assert mlp["attainable_speedup"] == pytest.approx(1.0, abs=1e-12)
-        assert rank_stage.amdahl([(mlp["share"], mlp["attainable_speedup"])]) == \
+        assert proj_workload.amdahl([(mlp["share"], mlp["attainable_speedup"])]) == \
             pytest.approx(1.0, abs=1e-12)
     assert sum(r["share"] for r in rows.values()) + w["rest_share"] == pytest.approx(1.0)
 
@@ -460,7 +463,7 @@ def test_cumulative_curve(which, request):
 def test_decode_is_launch_bound_and_kernels_gain_little(decode):
     w, ranked = decode
     assert ranked["launch_bound"] is True
-    assert w["gpu_busy_share"] < rank_replay.LAUNCH_BOUND_BUSY
+    assert w["gpu_busy_share"] < proj_replay.LAUNCH_BOUND_BUSY
     regime = ranked["regime"]
     assert regime.startswith("launch-bound")
     if "largest host costs" in regime:
@@ -481,15 +484,15 @@ def test_replay_host_delta_already_pays_for_the_removed_launches(decode):
     included: with no kernel speedup, a zero delta projects no gain (the removed launch nodes
     come back as host time), and a negative one a slowdown, in a launch-bound pass."""
     w, _ = decode
-    graph = rank_replay.workload_graph(w, DECODE)
-    rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
+    graph = proj_replay.workload_graph(w, DECODE)
+    rows = [r for r in pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
     assert rows
     for r in rows:
         r["target_us"] = r["time_us"]
-    base = rank_replay.replay_gain(graph, [dict(r, host_delta_us=None) for r in rows])
-    even = rank_replay.replay_gain(graph, [dict(r, host_delta_us=0.0) for r in rows])
-    worse = rank_replay.replay_gain(graph, [dict(r, host_delta_us=-20.0) for r in rows])
-    better = rank_replay.replay_gain(graph, [dict(r, host_delta_us=20.0) for r in rows])
+    base = proj_replay.replay_gain(graph, [dict(r, host_delta_us=None) for r in rows])
+    even = proj_replay.replay_gain(graph, [dict(r, host_delta_us=0.0) for r in rows])
+    worse = proj_replay.replay_gain(graph, [dict(r, host_delta_us=-20.0) for r in rows])
+    better = proj_replay.replay_gain(graph, [dict(r, host_delta_us=20.0) for r in rows])
     assert base > 1.0  # merging launches, as the rank stage assumes before a kernel exists
     assert even == pytest.approx(1.0, abs=0.01)
     assert worse < 1.0 < better
@@ -500,8 +503,8 @@ def test_replay_speeds_up_only_the_occurrences_an_accepted_case_covers(prefill):
     head, not the 48 Conv1D GEMMs) projects what replaying that occurrence alone projects, its
     measured host delta paid once, not once per occurrence of the row."""
     w, _ = prefill
-    graph = rank_replay.workload_graph(w, PREFILL)
-    row = next(r for r in rank_stage.pattern_rows(w, H200) if r["pattern"] == "kv_cache")
+    graph = proj_replay.workload_graph(w, PREFILL)
+    row = next(r for r in pattern_rows(w, H200) if r["pattern"] == "kv_cache")
     n = len(row["kernel_correlations"])
     assert n > 1
     covered = dict(row, target_us=row["time_us"] / 4.0,
@@ -511,10 +514,10 @@ def test_replay_speeds_up_only_the_occurrences_an_accepted_case_covers(prefill):
                  target_us=row["time_us"] / 4.0, occurrence_cases=None, case_speedups=None)
     every = dict(covered, occurrence_cases=None, case_speedups=None)
     for host in (None, -20.0):
-        got = rank_replay.replay_gain(graph, [dict(covered, host_delta_us=host)])
-        want = rank_replay.replay_gain(graph, [dict(alone, host_delta_us=host)])
+        got = proj_replay.replay_gain(graph, [dict(covered, host_delta_us=host)])
+        want = proj_replay.replay_gain(graph, [dict(alone, host_delta_us=host)])
         assert got == pytest.approx(want, rel=1e-9)
-        assert got < rank_replay.replay_gain(graph, [dict(every, host_delta_us=None)])
+        assert got < proj_replay.replay_gain(graph, [dict(every, host_delta_us=None)])
 
 
 def test_row_times_speed_up_only_the_occurrences_an_accepted_case_covers(prefill):
@@ -524,8 +527,8 @@ def test_row_times_speed_up_only_the_occurrences_an_accepted_case_covers(prefill
     from profiling.replay import kernel_table
 
     w, _ = prefill
-    graph = rank_replay.workload_graph(w, PREFILL)
-    row = next(r for r in rank_stage.pattern_rows(w, H200) if r["pattern"] == "kv_cache")
+    graph = proj_replay.workload_graph(w, PREFILL)
+    row = next(r for r in pattern_rows(w, H200) if r["pattern"] == "kv_cache")
     dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
     occ = [sum(dur.get(c, 0.0) for c in corr) for corr in row["kernel_correlations"]]
     i = next(i for i, t in enumerate(occ) if t > 0)  # an occurrence with kernels traced
@@ -533,9 +536,9 @@ def test_row_times_speed_up_only_the_occurrences_an_accepted_case_covers(prefill
     covered = dict(row, target_us=row["time_us"] / 4.0,
                    occurrence_cases=[{"n": 1} if j == i else {"n": 2} for j in range(len(occ))],
                    case_speedups=[[{"n": 1, "dtype": "bfloat16"}, 4.0]])
-    got = rank_replay.row_times(graph, [covered])
+    got = proj_replay.row_times(graph, [covered])
     assert got == {"kv_cache": pytest.approx(row["time_us"] - 0.75 * first)}
-    every = rank_replay.row_times(graph, [dict(covered, occurrence_cases=None,
+    every = proj_replay.row_times(graph, [dict(covered, occurrence_cases=None,
                                                case_speedups=None)])
     assert every["kv_cache"] == pytest.approx(row["time_us"] - 0.75 * sum(occ))
     assert every["kv_cache"] < got["kv_cache"]
@@ -595,13 +598,13 @@ def test_enqueue_time_sets_the_host_scale_when_it_is_the_tighter_bound(decode):
     w, _ = decode
     host_us = sum(a["dur"] for _, a in build_graph(load_trace(DECODE)).nodes(data=True)
                   if a["kind"] in HOST_KINDS)
-    plain = rank_replay.workload_graph(w, DECODE)
+    plain = proj_replay.workload_graph(w, DECODE)
     fast = dict(w, wall={**w["wall"], "enqueue_ms": host_us * 0.1 / 1e3})
-    graph = rank_replay.workload_graph(fast, DECODE)
+    graph = proj_replay.workload_graph(fast, DECODE)
     assert graph.graph["host_scale"] == pytest.approx(0.1)
     assert plain.graph["host_scale"] > 0.1
     slow = dict(w, wall={**w["wall"], "enqueue_ms": host_us * 10 / 1e3})
-    assert rank_replay.workload_graph(slow, DECODE).graph["host_scale"] == \
+    assert proj_replay.workload_graph(slow, DECODE).graph["host_scale"] == \
         plain.graph["host_scale"]
     from profiling.replay import replay
 
@@ -617,13 +620,13 @@ def test_host_probe_tightens_a_device_bound_pass_only(decode, prefill):
 
     for (w, _), trace, used in ((decode, DECODE, False), (prefill, PREFILL, True)):
         w = {k: v for k, v in w.items() if k != "host_factor"}
-        plain = rank_replay.workload_graph(w, trace)
-        probed = rank_replay.workload_graph(
+        plain = proj_replay.workload_graph(w, trace)
+        probed = proj_replay.workload_graph(
             dict(w, host_factor=plain.graph["host_scale"] / 3), trace)
         assert (probed.graph["host_scale"] < plain.graph["host_scale"]) is used
         if not used:
             assert replay(probed) == pytest.approx(w["wall"]["median_ms"] * 1e3, rel=0.01)
-    assert decode[0]["gpu_busy_share"] < rank_replay.LAUNCH_BOUND_BUSY \
+    assert decode[0]["gpu_busy_share"] < proj_replay.LAUNCH_BOUND_BUSY \
         <= prefill[0]["gpu_busy_share"]
 
 
@@ -640,16 +643,16 @@ def test_project_with_a_slower_host_replays_the_host_chain_that_much_longer(pref
     (tmp_path / "trace").mkdir()
     shutil.copy(PREFILL, tmp_path / "trace" / "w.json.gz")
     profile = {"ceilings": H200, "workloads": [{**w, "key": "w", "trace": "trace/w.json.gz"}]}
-    monkeypatch.setattr(rank_stage, "read_json", lambda path, kind=None: profile)
-    row = max((r for r in rank_stage.pattern_rows(w, H200) if r["family"]),
+    monkeypatch.setattr(proj_workload, "read_json", lambda path, kind=None: profile)
+    row = max((r for r in pattern_rows(w, H200) if r["family"]),
               key=lambda r: r["time_us"])
     speed = {row["pattern"]: 20.0}
-    same = rank_stage.project_with(tmp_path, "w", speed)
-    assert rank_stage.project_with(tmp_path, "w", speed, host_scale=1.0) == same
-    slow = rank_stage.project_with(tmp_path, "w", speed, host_scale=3.0)
+    same = proj_workload.project_with(tmp_path, "w", speed)
+    assert proj_workload.project_with(tmp_path, "w", speed, host_scale=1.0) == same
+    slow = proj_workload.project_with(tmp_path, "w", speed, host_scale=3.0)
     assert slow < same
-    graph = scale_host(rank_replay.workload_graph(w, PREFILL), 3.0)
-    assert slow == pytest.approx(rank_replay.replay_gain(graph, [
+    graph = scale_host(proj_replay.workload_graph(w, PREFILL), 3.0)
+    assert slow == pytest.approx(proj_replay.replay_gain(graph, [
         dict(row, target_us=row["time_us"] / 20.0, host_delta_us=None, case_speedups=None)]))
 
 
@@ -660,15 +663,15 @@ def test_replay_keeps_each_rows_host_saving_on_its_own_launches(decode):
     from profiling.replay import replay
 
     w, _ = decode
-    graph = rank_replay.workload_graph(w, DECODE)
+    graph = proj_replay.workload_graph(w, DECODE)
     base = replay(graph)
-    rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
+    rows = [r for r in pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
     assert len(rows) >= 2
     a, b = (dict(r, target_us=r["time_us"]) for r in rows[:2])
     a["host_delta_us"], b["host_delta_us"] = 1e6, 0.0
 
     def saved(rs):
-        return base - base / rank_replay.replay_gain(graph, rs)
+        return base - base / proj_replay.replay_gain(graph, rs)
 
     assert saved([a]) > 0
     assert saved([a, b]) == pytest.approx(saved([a]) + saved([b]), abs=1.0)
@@ -678,11 +681,11 @@ def test_replay_projects_a_slower_kernel_as_a_slowdown(prefill):
     """A measured kernel slower than the code it replaces projects a slowdown (it used to be
     clamped to no change), about as much as Amdahl says on a device-bound pass."""
     w, _ = prefill
-    graph = rank_replay.workload_graph(w, PREFILL)
-    row = max((r for r in rank_stage.pattern_rows(w, H200) if r["family"]),
+    graph = proj_replay.workload_graph(w, PREFILL)
+    row = max((r for r in pattern_rows(w, H200) if r["family"]),
               key=lambda r: r["time_us"])
     slower = dict(row, target_us=row["time_us"] * 3, host_delta_us=None)
-    gain = rank_replay.replay_gain(graph, [slower])
+    gain = proj_replay.replay_gain(graph, [slower])
     assert gain < 1.0
     assert gain == pytest.approx(amdahl([(row["share"], 1 / 3)]), rel=0.1)
 
@@ -698,15 +701,15 @@ def test_replay_takes_exactly_the_measured_host_delta_off_a_launch_bound_pass(de
     from profiling.replay import replay
 
     w, _ = decode
-    graph = rank_replay.workload_graph(w, DECODE)
+    graph = proj_replay.workload_graph(w, DECODE)
     base = replay(graph)
-    rows = [r for r in rank_stage.pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
+    rows = [r for r in pattern_rows(w, H200) if r["family"] and r["launches"] > 1]
     assert rows
     for r in rows:
         r = dict(r, target_us=r["time_us"])
         calls = sum(1 for c in r["kernel_correlations"] if len(set(c)) > 1)
-        zero = base - base / rank_replay.replay_gain(graph, [dict(r, host_delta_us=0.0)])
-        saved = base - base / rank_replay.replay_gain(graph, [dict(r, host_delta_us=3.0)])
+        zero = base - base / proj_replay.replay_gain(graph, [dict(r, host_delta_us=0.0)])
+        saved = base - base / proj_replay.replay_gain(graph, [dict(r, host_delta_us=3.0)])
         assert saved - zero == pytest.approx(3.0 * calls, rel=0.02), r["pattern"]
 
 
@@ -732,7 +735,7 @@ def test_launch_bound_decode_gets_the_graph_row_removing_host_keeping_gpu(decode
     assert row["pattern"] == rank_stage.GRAPH_PATTERN
     assert row["share"] == pytest.approx(w["rest_share"])
     wall_us = w["wall"]["median_ms"] * 1e3
-    busy_us = device_busy_us(rank_replay.workload_graph(w, DECODE))
+    busy_us = device_busy_us(proj_replay.workload_graph(w, DECODE))
     assert busy_us <= row["graphed_pass_us"] < wall_us
     assert row["replay_gain"] == pytest.approx(wall_us / row["graphed_pass_us"], rel=0.02)
     assert row["amdahl_gain"] == pytest.approx(row["replay_gain"], rel=0.02)
@@ -753,7 +756,7 @@ def test_uncalibrated_graph_costs_give_no_projection(decode):
     row = _graph_row(rank_workload(w, H200, DECODE))
     assert row is not None  # launch-bound: listed, with why it has no projection
     assert row["replay_gain"] is None and row["graphed_pass_us"] is None
-    assert row["note"] == rank_replay.NOT_CALIBRATED
+    assert row["note"] == proj_replay.NOT_CALIBRATED
 
 
 def test_device_bound_prefill_gets_the_graph_row_only_where_replay_says_it_helps(prefill):
@@ -768,7 +771,7 @@ def test_device_bound_prefill_gets_the_graph_row_only_where_replay_says_it_helps
     if row is not None:
         assert row["replay_gain"] > rank_stage.GRAPH_MIN_GAIN
         # a graph removes at most the time the GPU is not busy
-        busy_us = device_busy_us(rank_replay.workload_graph(w, PREFILL))
+        busy_us = device_busy_us(proj_replay.workload_graph(w, PREFILL))
         assert row["graphed_pass_us"] >= busy_us
         assert row["replay_gain"] <= w["wall"]["median_ms"] * 1e3 / busy_us + 1e-9
 
@@ -780,12 +783,12 @@ def test_frozen_graphs_projection_unpatched_and_kernels_plus_graph(decode, tmp_p
     write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
                                            "workloads": [{**w, "trace": str(DECODE)}]})
     row = _graph_row(rank_workload(w, GRAPHED, DECODE))
-    proj = rank_stage.project_graphs_with(tmp_path, w["key"], {"rmsnorm": 2.0, "rope": 3.0})
+    proj = proj_workload.project_graphs_with(tmp_path, w["key"], {"rmsnorm": 2.0, "rope": 3.0})
     assert proj["unpatched"] == pytest.approx(row["replay_gain"])
     # faster kernels inside the graph shorten it: kernel time decides once the host is gone
     assert proj["kept"] > proj["unpatched"]
     assert proj["patterns"] == ["rmsnorm", "rope"] and proj["note"] is None
-    none = rank_stage.project_graphs_with(tmp_path, w["key"], {})
+    none = proj_workload.project_graphs_with(tmp_path, w["key"], {})
     assert none["kept"] == pytest.approx(none["unpatched"])
 
 
@@ -853,12 +856,12 @@ def test_decode_graph_projection_replays_the_static_cache_step(decode, tmp_path)
     assert row["graph_basis"] == "the step over a static KV cache"
     assert plain["graph_basis"] == "the profiled step"
     # kernels + graph: the static step graphed, less what the kernels save in the dynamic one
-    dyn = rank_replay.workload_graph(w, DECODE)
-    cands = [r for r in rank_stage.pattern_rows(w, GRAPHED) if r["family"]
+    dyn = proj_replay.workload_graph(w, DECODE)
+    cands = [r for r in pattern_rows(w, GRAPHED) if r["family"]
              and r["pattern"] in row["with_kernels"]]
     rank_stage.project(w, cands, dyn)
     saving = graphed(dyn, node, launch) - graphed_with(
-        dyn, rank_replay.replacements(dyn, cands), node, launch)
+        dyn, proj_replay.replacements(dyn, cands), node, launch)
     assert saving > 0
     assert row["graph_with_kernels_pass_us"] == pytest.approx(
         graphed(static, node, launch) - saving, rel=1e-6)
@@ -871,7 +874,7 @@ def test_decode_graph_projection_replays_the_static_cache_step(decode, tmp_path)
     write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
                                            "workloads": [{**w, "trace": str(DECODE),
                                                           "static_trace": "static.json.gz"}]})
-    proj = rank_stage.project_graphs_with(tmp_path, w["key"], {})
+    proj = proj_workload.project_graphs_with(tmp_path, w["key"], {})
     assert proj["unpatched_pass_us"] == pytest.approx(graphed(static, node, launch))
     assert proj["basis"] == "the step over a static KV cache"
 
@@ -893,25 +896,25 @@ def test_a_row_the_static_step_has_is_replaced_there(decode, prefill, tmp_path):
     write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
                                            "workloads": [ws]})
     speed = {"rmsnorm": 2.0, "decode_attention": 3.0}
-    proj = rank_stage.project_graphs_with(tmp_path, w["key"], speed)
-    static = rank_stage.static_graph(ws, tmp_path, GRAPHED)
+    proj = proj_workload.project_graphs_with(tmp_path, w["key"], speed)
+    static = proj_workload.static_graph(ws, tmp_path, GRAPHED)
     there = static.graph["pattern_rows"]
     assert "rmsnorm" in there and "decode_attention" not in there
     moved = [{**there["rmsnorm"], "target_us": there["rmsnorm"]["time_us"] / 2.0}]
-    dyn = rank_replay.workload_graph(w, DECODE)
-    attn = [{**r, "target_us": r["time_us"] / 3.0} for r in rank_stage.pattern_rows(w, GRAPHED)
+    dyn = proj_replay.workload_graph(w, DECODE)
+    attn = [{**r, "target_us": r["time_us"] / 3.0} for r in pattern_rows(w, GRAPHED)
             if r["pattern"] == "decode_attention"]
     saved = graphed(dyn, node, launch) - graphed_with(
-        dyn, rank_replay.replacements(dyn, attn), node, launch)
-    want = graphed_with(static, rank_replay.replacements(static, moved), node, launch) - saved
+        dyn, proj_replay.replacements(dyn, attn), node, launch)
+    want = graphed_with(static, proj_replay.replacements(static, moved), node, launch) - saved
     assert saved > 0
     assert proj["kept_pass_us"] == pytest.approx(want, rel=1e-9)
     assert proj["kept_pass_us"] < proj["unpatched_pass_us"] - saved
     # without the attribution (an older profile) rmsnorm's saving came from the dynamic step
-    old = rank_replay.graph_projection(dyn, GRAPHED, [
+    old = proj_replay.graph_projection(dyn, GRAPHED, [
         {**r, "target_us": r["time_us"] / speed[r["pattern"]]}
-        for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] in speed],
-        static=rank_stage.static_graph({**ws, "static": None}, tmp_path, GRAPHED))
+        for r in pattern_rows(w, GRAPHED) if r["pattern"] in speed],
+        static=proj_workload.static_graph({**ws, "static": None}, tmp_path, GRAPHED))
     assert old["pass_us"] != pytest.approx(proj["kept_pass_us"], rel=1e-3)
 
 
@@ -924,19 +927,19 @@ def test_two_rows_replacing_the_same_kernels_are_projected_once_each(decode):
     from profiling.replay import graphed_with
 
     w, _ = decode
-    norm = next(r for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] == "rmsnorm")
+    norm = next(r for r in pattern_rows(w, GRAPHED) if r["pattern"] == "rmsnorm")
     half = norm["kernel_correlations"][::2]
     fused = {**norm, "pattern": "fused_norm", "extends": "rmsnorm", "kernel_correlations": half,
              "target_us": norm["target_us"] / 4}
-    pairs = rank_replay.disjoint([norm, fused])
+    pairs = proj_replay.disjoint([norm, fused])
     assert pairs[0][:2] == (fused, half)
     assert pairs[1][0] is norm and pairs[1][1] == norm["kernel_correlations"][1::2]
-    graph = rank_replay.workload_graph(w, DECODE)
+    graph = proj_replay.workload_graph(w, DECODE)
     node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
-    both = graphed_with(graph, rank_replay.replacements(graph, [norm, fused]), node, launch)
-    alone = graphed_with(graph, rank_replay.replacements(graph, [fused]), node, launch)
+    both = graphed_with(graph, proj_replay.replacements(graph, [norm, fused]), node, launch)
+    alone = graphed_with(graph, proj_replay.replacements(graph, [fused]), node, launch)
     assert both < alone  # rmsnorm's other occurrences still count
-    assert rank_replay.replay_gain(graph, [norm, fused]) > rank_replay.replay_gain(graph, [fused])
+    assert proj_replay.replay_gain(graph, [norm, fused]) > proj_replay.replay_gain(graph, [fused])
 
 
 def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decode, tmp_path):
@@ -948,7 +951,7 @@ def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decod
     from profiling.replay import graphed, graphed_with
 
     w, _ = decode
-    row = next(r for r in rank_stage.pattern_rows(w, GRAPHED) if r["pattern"] == "gemv")
+    row = next(r for r in pattern_rows(w, GRAPHED) if r["pattern"] == "gemv")
     cases = row["occurrence_cases"]
     assert len(cases) == len(row["kernel_correlations"]) and all(c for c in cases)
     kinds = sorted({(c["k"], c["n"]) for c in cases})
@@ -958,20 +961,20 @@ def test_a_gemm_row_is_sped_up_per_case_and_only_where_a_case_was_accepted(decod
         {"k": k, "n": n}
     write_json(tmp_path / "profile.json", {"model": {"id": "fixture"}, "ceilings": GRAPHED,
                                            "workloads": [{**w, "trace": str(DECODE)}]})
-    per_case = rank_stage.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5},
+    per_case = proj_workload.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5},
                                               {"gemv": [[{"k": k, "n": n, "rows": 1}, 3.0]]})
-    graph = rank_replay.workload_graph(w, DECODE)
+    graph = proj_replay.workload_graph(w, DECODE)
     only = [c for c, keys in zip(row["kernel_correlations"], cases)
             if (keys["k"], keys["n"]) == (k, n)]
     assert 0 < len(only) < len(cases)
     mine = {**row, "kernel_correlations": only, "occurrence_cases": None,
             "target_us": 1.0, "time_us": 3.0}
     node, launch = GRAPHED["graph_node_us"], GRAPHED["graph_launch_us"]
-    want = graphed_with(graph, rank_replay.replacements(graph, [mine]), node, launch)
+    want = graphed_with(graph, proj_replay.replacements(graph, [mine]), node, launch)
     assert per_case["kept_pass_us"] == pytest.approx(want, rel=1e-9)
     assert per_case["kept_pass_us"] < graphed(graph, node, launch)
     # without the cases every occurrence runs at the median speedup
-    median = rank_stage.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5})
+    median = proj_workload.project_graphs_with(tmp_path, w["key"], {"gemv": 1.5})
     assert median["kept_pass_us"] != pytest.approx(per_case["kept_pass_us"], rel=1e-3)
 
 

@@ -1,4 +1,4 @@
-"""The density curve (profiling.density) and the projection's use of it (rank_replay.clocked):
+"""The density curve (profiling.density) and the projection's use of it (projection.replay.clocked):
 the synthetic pass is the profile's GEMMs and attention with the rest as fills, the curve is
 read piecewise linearly, and a pass projected denser in compute kernels gets them slower."""
 
@@ -54,8 +54,8 @@ def test_slowdown_reads_the_curve_piecewise_in_scale_and_flat_beyond_its_ends():
 
 
 def test_a_denser_projected_pass_gets_its_compute_kernels_slower(prefill_w):
+    from pipeline.projection.replay import clocked, replayed_once, workload_graph
     from pipeline.stages.rank import rank_workload
-    from pipeline.stages.rank_replay import clocked, replayed_once, workload_graph
     from profiling.replay import Replacement, what_if
 
     plain = rank_workload(prefill_w, H200, PREFILL)
