@@ -27,7 +27,8 @@ from pathlib import Path
 
 from core.artifacts import read_json
 from core.records import GenerationProjection, TokenTimes
-from pipeline.projection import host_of, project_graphs, project_set
+from pipeline.projection.host import host_of
+from pipeline.projection.workload import project_graphs, project_set
 
 
 def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
