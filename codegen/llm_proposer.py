@@ -202,9 +202,15 @@ def _record_name(case_key: str, path: str) -> str:
 def judge(fam, search: dict, jobs: list[dict], device: str, run_dir: Path) -> list[dict]:
     """Screen and time in the search's worker, then verify in the isolated worker everything
     that loaded and ran; a candidate verification rejects is discarded with its reasons."""
+    _, entries = screen_and_time(fam, search["case"], jobs, device)
+    return verify_screened(fam, search, entries, device, run_dir)
+
+
+def verify_screened(fam, search: dict, entries: list[dict], device: str,
+                    run_dir: Path) -> list[dict]:
+    """Verify every screened entry that loaded and ran (judge's second half)."""
     from verify.harness import verify_candidate
 
-    _, entries = screen_and_time(fam, search["case"], jobs, device)
     for e in entries:
         if e["screen"] not in ("pass", "wrong result"):
             continue
@@ -326,8 +332,8 @@ def run_llm_proposer(run_dir: Path, log: dict, device: str, say: Callable[[str],
         say(line)
 
     for search in log["searches"]:
-        if not search.get("case_key"):
-            continue
+        if not search.get("case_key") or (search.get("search") or {}).get("hybrid"):
+            continue  # no call to replace, or the proposer took part in the search
         fam = get_family(search["family"])
         task = write_task(run_dir, search)
         state_path = task / "rounds.json"

@@ -7,7 +7,8 @@
   null when the run has none), and the verification records so far;
 - `reference.py`: the family's PyTorch reference (what the candidate must compute);
 - `best.py`: the current best source, to start from;
-- `out/`: the proposer writes candidate files `out/*.py` here.
+- `out/`: the proposer writes candidate files `out/*.py` here (and, in a hybrid search's trial
+  folder, configs of the search space as `out/*.json`: codegen/hybrid.py).
 
 Written by codegen/proposer.py for an external program and by codegen/llm_proposer.py for the
 built-in one.
@@ -29,9 +30,12 @@ CONTRACT = ("A candidate file defines `forward(*inputs, out, **params) -> None`,
             "reference's aten compute ops, allocate its own result, or use another stream.")
 
 
-def write_task(run_dir: Path, search: dict) -> Path:
+def write_task(run_dir: Path, search: dict, folder: Path | None = None,
+               extra: dict | None = None) -> Path:
+    """The case's task folder (or `folder`); `extra`: more entries for task.json (a hybrid
+    search's state, codegen.hybrid)."""
     fam = get_family(search["family"])
-    task = run_dir / "proposals" / search["family"] / search["case_key"]
+    task = folder or run_dir / "proposals" / search["family"] / search["case_key"]
     (task / "out").mkdir(parents=True, exist_ok=True)
     best = next((e for e in search["candidates"] if search["order"]
                  and e["path"] == search["order"][0]), None)
@@ -47,6 +51,7 @@ def write_task(run_dir: Path, search: dict) -> Path:
         "min_bytes": fam.min_bytes(search["case"]),
         "copy_GBps": _copy_bandwidth(run_dir),
         "verification_records": records,
+        **(extra or {}),
     })
     return task
 
