@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from codegen.cuda_build import resolve_backend
+from codegen.hybrid import make_proposer
+from codegen.strategies import SearchPlan
 from core.artifacts import read_json
 from core.errors import UserError
 from core.workload import Workload
@@ -38,18 +40,24 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
                  max_configs: int | None = None, pairs: int | None = None,
                  proposer: str | None = None, backend: str = "triton",
                  only: list[str] | None = None, workers: str = "local",
-                 ray_address: str | None = None) -> dict:
+                 ray_address: str | None = None, plan: SearchPlan | None = None) -> dict:
     """All stages after profile on `run_dir`; returns the paths of what was written.
     `only`: exactly these families (in the ranking's order), instead of the top `top`.
     `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back
     to Triton on a CPU run and raises UserError on a GPU that cannot build it.
     `workers`: where candidates are screened and verified, "local" (this machine, one at a
     time) or "ray" (one Ray task per candidate, one GPU each, on the cluster at `ray_address`
-    or $RAY_ADDRESS, else a local Ray started here)."""
+    or $RAY_ADDRESS, else a local Ray started here).
+    `plan`: the search's strategy, budgets, seed, memory and proposer share
+    (codegen.strategies.SearchPlan; `max_configs` is its trial budget)."""
+    plan = plan or SearchPlan()
     profile = read_json(run_dir / "profile.json", "profile")
     write_options(run_dir, {"top": top, "families": only, "backend": backend,
                             "max_configs": max_configs, "pairs": pairs, "proposer": proposer,
-                            "workers": workers, "ray_address": ray_address})
+                            "workers": workers, "ray_address": ray_address,
+                            "search": plan.strategy, "search_seconds": plan.seconds,
+                            "search_seed": plan.seed, "fresh_search": plan.fresh,
+                            "proposer_share": plan.proposer_share})
     workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
     device = workloads[0].device
     on_gpu = device.startswith("cuda")
@@ -65,23 +73,27 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         say(f"workers: Ray tasks, each with {pool.resources}")
     try:
         return _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only,
-                       profile, workloads, device, on_gpu, pool)
+                       profile, workloads, device, on_gpu, pool, plan)
     finally:
         pool.close()
 
 
 def _stages(run_dir, top, say, resume, max_configs, pairs, proposer, backend, only, profile,
-            workloads, device, on_gpu, pool) -> dict:
+            workloads, device, on_gpu, pool, plan) -> dict:
     ranking = _ranking(run_dir, resume, say)
     families = _chosen(ranking, top, only)
     spec = resolve(profile["model"]["id"])
     model = build(spec, workloads[0].torch_dtype(), device)
     # on the CPU the interpreter makes timings meaningless: one config per case is enough
     max_configs = max_configs or (None if on_gpu else 1)
+    # the proposer takes a share of the sampled searches' trials (codegen.hybrid), and runs
+    # beside the others as before
+    hybrid = make_proposer(proposer, run_dir) if plan.proposer_share > 0 else None
 
     def search(fams: list[str], again: bool, propose: bool) -> tuple[dict, dict]:
         log = generate_stage(run_dir, fams, model, workloads, device, say, again, max_configs,
-                             backend, workers=pool)
+                             backend, workers=pool, plan=plan,
+                             proposer=hybrid if propose else None)
         if proposer and propose:
             from codegen.proposer import run_proposer
 
