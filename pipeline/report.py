@@ -24,6 +24,7 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
     kernel_path,
 )
 from pipeline.report_render import NOT_MEANINGFUL, host_drift_told
+from pipeline.report_search import search_blocks
 from pipeline.report_sources import source_tables
 from pipeline.stages.rank import floor_line, top_level
 from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
@@ -65,7 +66,8 @@ def write_report(run_dir: Path) -> dict:
             f"# Acceptance record: {fam}\n\n```text\n{text}\n```\n"))
     data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
     data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
-    blocks = rp.document(data, records) + source_tables(arts, data)
+    blocks = rp.document(data, records) + search_blocks(arts.get("search")) + \
+        source_tables(arts, data)
     md = write_text(run_dir / "report.md", rp.to_markdown(blocks))
     html = write_text(run_dir / "report.html",
                       rp.to_html(blocks, f"Kernel report: {data['model'].get('id')}"))
