@@ -115,7 +115,7 @@ def test_the_grid_and_random_search_screen_in_one_batch(tmp_path):
         session = CostSession()
         calls = []
         real = session.run
-        session.run = lambda jobs, real=real: calls.append(len(jobs)) or real(jobs)
+        session.run = lambda jobs, real=real, calls=calls: calls.append(len(jobs)) or real(jobs)
         entry = CaseSearch(EPILOGUE, CASE, tmp_path / name, "cpu",
                            SearchPlan(name, trials=5, seed=2, fresh=True), session).run()
         assert calls == [5] and len(entry["candidates"]) == 5
