@@ -14,10 +14,11 @@ codegen.search_memory, or files the user edited), then its own picks; none picks
 twice. `suggest` does not consume: a proposer's trial (codegen.hybrid) shows the suggestion to
 the proposer and may time something else instead.
 
-How much TPE helps on spaces this small depends on their shape: on a separable synthetic cost
-over matmul_epilogue's 16 prefill configs it found the best within 40 % of them on 18 of 20
-seeds, random search on 9 (tests/codegen/test_search_strategies.py); where the keys constrain
-each other (gated_act's warps bounded by its block) it did no better than random.
+How much TPE helps on spaces this small depends on their shape. On a separable synthetic cost
+(tests/codegen/cost_session.py) over matmul_epilogue's 16 prefill configs it found the best
+within 6 trials on 18 of seeds 0-19, random search on 9 (tests/codegen/
+test_search_strategies.py); over gated_act's 17, where the keys constrain each other (warps
+bounded by the block), on 5, random on 10. benchmarks/search_strategies.py measures it on a GPU.
 """
 
 from __future__ import annotations
