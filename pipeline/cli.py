@@ -155,7 +155,7 @@ def rank(run_dir):
 @click.option("--resume", is_flag=True, help="Skip stages and candidates already written.")
 @click.option("--max-configs", type=int, default=None,
               help="Trials per case (configs timed): the budget of every strategy [default on "
-                   "a GPU: the whole space for grid, 8 for random and tpe; 1 on the CPU].")
+                   "a GPU: the whole space for grid, 10 for random and tpe; 1 on the CPU].")
 @click.option("--search", "search", type=click.Choice(STRATEGIES), default="auto",
               show_default=True, help="How each case's configs are chosen: grid (the space "
               "in order, or --max-configs of it evenly spaced), random, or tpe (Optuna's "
