@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from codegen.proposal_task import write_task
+from codegen.proposal_task import record_name, write_task
 from codegen.registry import get_family
 from codegen.search import rank_entries, screen_and_time, spread
 from core.artifacts import read_json, write_json, write_text
@@ -193,12 +193,6 @@ def write_round(task: Path, rnd: int, sources: list[str]) -> list[dict]:
     return jobs
 
 
-def _record_name(case_key: str, path: str) -> str:
-    # the verify stage's name for a proposal (pipeline.stages.verify._candidate_name), so a
-    # proposal it verifies again replaces this record instead of adding a second one
-    return f"{case_key}__{Path(path).parent.name}_{Path(path).stem}"
-
-
 def judge(fam, search: dict, jobs: list[dict], device: str, run_dir: Path) -> list[dict]:
     """Screen and time in the search's worker, then verify in the isolated worker everything
     that loaded and ran; a candidate verification rejects is discarded with its reasons."""
@@ -216,7 +210,7 @@ def verify_screened(fam, search: dict, entries: list[dict], device: str,
             continue
         res = verify_candidate(fam, e["path"], [search["case"]], device=device,
                                record_dir=run_dir, timing=False,
-                               candidate=_record_name(search["case_key"], e["path"]))
+                               candidate=record_name(search["case_key"], e["path"]))
         e["verification"] = {"verdict": res.verdict, "reasons": res.reasons[:4],
                              "record": res.record_path}
         if not res.accepted and e["screen"] == "pass":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -62,3 +63,15 @@ def _copy_bandwidth(run_dir: Path) -> float | None:
     except (OSError, ValueError):
         return None
     return (profile.get("ceilings") or {}).get("bandwidth_GBps")
+
+
+def record_name(case_key: str, path: str | Path) -> str:
+    """A candidate's verification record name: generated files are all kernel.py (named by
+    their config folder); proposals share an out/ folder (named by their file, and by their
+    hybrid trial's folder, codegen.hybrid, where the same file name comes back each trial)."""
+    p = Path(path)
+    if p.name == "kernel.py":
+        return f"{case_key}__{p.parent.name}"
+    trial = p.parent.parent.name
+    return f"{case_key}__" + (f"{trial}_" if re.fullmatch(r"trial\d+", trial) else "") + \
+        f"{p.parent.name}_{p.stem}"

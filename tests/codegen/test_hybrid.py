@@ -136,3 +136,15 @@ def test_the_language_model_takes_its_trials_from_the_optimisers_state(tmp_path)
     assert len(client.chat.completions.create.calls) == 2
     assert proposer.record["tokens_used"] == 100 and len(proposer.record["events"]) == 1
     assert len(entry["candidates"]) == 10
+
+
+def test_a_proposals_record_name_tells_its_trial_apart():
+    """The same file name from two proposer trials gets two verification records."""
+    from codegen.proposal_task import record_name
+
+    base = "/run/proposals/rmsnorm/case"
+    assert record_name("case", "/run/candidates/rmsnorm/case/BLOCK64/kernel.py") == \
+        "case__BLOCK64"
+    assert record_name("case", f"{base}/out/good.py") == "case__out_good"
+    assert record_name("case", f"{base}/trial04/out/good.py") == "case__trial04_out_good"
+    assert record_name("case", f"{base}/trial07/out/good.py") == "case__trial07_out_good"
