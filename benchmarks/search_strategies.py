@@ -19,7 +19,8 @@ runs of the same config does not decide it; a proposed kernel file (not in the g
 its own time. Per run: trials and seconds (from the run's start, its worker's start-up
 included) until within 1 %, the best found (its own time and the grid's time of its config),
 failures (candidates that did not pass the screen), proposer calls. Writes
-DIR/search_strategies.json, DIR/search_strategies.md and DIR/logs/ (each run's search log
+DIR/search_strategies.json, DIR/search_strategies.md (both after each family, so a call cut
+off at its time limit keeps the families it finished) and DIR/logs/ (each run's search log
 entry). `--dry-run`: the same flow on the CPU with a synthetic time per config instead of the
 screen, to test it; its numbers mean nothing.
 """
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -141,8 +143,9 @@ def one_run(family, case, strategy: str, seed: int, out: Path, dry: bool, grid: 
             return None
         return "within 1 % of the grid's best"
 
-    # every run pays its own Triton compiles (the screening worker inherits the variable)
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=out)
+    # every run pays its own Triton compiles (the screening worker inherits the variable);
+    # outside DIR, whose size a device call brings back
+    os.environ["TRITON_CACHE_DIR"] = triton_cache = tempfile.mkdtemp(prefix="triton-")
     session = SyntheticSession() if dry else ScreenSession(family, case, "cuda")
     t0 = time.monotonic()
     try:
@@ -151,6 +154,7 @@ def one_run(family, case, strategy: str, seed: int, out: Path, dry: bool, grid: 
                            else None, until=until).run()
     finally:
         session.close()
+        shutil.rmtree(triton_cache, ignore_errors=True)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / f"{family.name}-{strategy}-s{seed}.json").write_text(json.dumps(entry, indent=1))
@@ -265,12 +269,8 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # no search memory read or written: every run starts cold
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="cache-", dir=out)
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="search-cache-")
     seeds = [int(s) for s in args.seeds.split(",")]
-    rows = []
-    for fam in families:
-        rows += run_family(fam, strategies, seeds, out, args.dry_run, args.full,
-                           lambda line: print(line, flush=True))
     import triton
 
     meta = {"device": "dry run (CPU)" if args.dry_run else torch.cuda.get_device_name(0),
@@ -281,7 +281,12 @@ def main(argv=None) -> int:
                          f"{os.environ['OPENAI_BASE_URL']}" if os.environ.get("OPENAI_BASE_URL")
                          else "scripted (benchmarks/scripted_proposer.py)"),
             "argv": sys.argv[1:]}
-    print(write(out, rows, meta))
+    rows: list[dict] = []
+    for fam in families:
+        rows += run_family(fam, strategies, seeds, out, args.dry_run, args.full,
+                           lambda line: print(line, flush=True))
+        text = write(out, rows, meta)  # after each family: a call cut off keeps the finished
+    print(text)
     return 0
 
 
