@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from codegen.proposal_task import write_task
+from codegen.proposal_task import record_name, write_task
 from codegen.registry import get_family
 from codegen.search import rank_entries, screen_and_time, spread
 from core.artifacts import read_json, write_json, write_text
@@ -193,24 +193,24 @@ def write_round(task: Path, rnd: int, sources: list[str]) -> list[dict]:
     return jobs
 
 
-def _record_name(case_key: str, path: str) -> str:
-    # the verify stage's name for a proposal (pipeline.stages.verify._candidate_name), so a
-    # proposal it verifies again replaces this record instead of adding a second one
-    return f"{case_key}__{Path(path).parent.name}_{Path(path).stem}"
-
-
 def judge(fam, search: dict, jobs: list[dict], device: str, run_dir: Path) -> list[dict]:
     """Screen and time in the search's worker, then verify in the isolated worker everything
     that loaded and ran; a candidate verification rejects is discarded with its reasons."""
+    _, entries = screen_and_time(fam, search["case"], jobs, device)
+    return verify_screened(fam, search, entries, device, run_dir)
+
+
+def verify_screened(fam, search: dict, entries: list[dict], device: str,
+                    run_dir: Path) -> list[dict]:
+    """Verify every screened entry that loaded and ran (judge's second half)."""
     from verify.harness import verify_candidate
 
-    _, entries = screen_and_time(fam, search["case"], jobs, device)
     for e in entries:
         if e["screen"] not in ("pass", "wrong result"):
             continue
         res = verify_candidate(fam, e["path"], [search["case"]], device=device,
                                record_dir=run_dir, timing=False,
-                               candidate=_record_name(search["case_key"], e["path"]))
+                               candidate=record_name(search["case_key"], e["path"]))
         e["verification"] = {"verdict": res.verdict, "reasons": res.reasons[:4],
                              "record": res.record_path}
         if not res.accepted and e["screen"] == "pass":
@@ -326,8 +326,8 @@ def run_llm_proposer(run_dir: Path, log: dict, device: str, say: Callable[[str],
         say(line)
 
     for search in log["searches"]:
-        if not search.get("case_key"):
-            continue
+        if not search.get("case_key") or (search.get("search") or {}).get("hybrid"):
+            continue  # no call to replace, or the proposer took part in the search
         fam = get_family(search["family"])
         task = write_task(run_dir, search)
         state_path = task / "rounds.json"

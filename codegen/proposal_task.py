@@ -7,7 +7,8 @@
   null when the run has none), and the verification records so far;
 - `reference.py`: the family's PyTorch reference (what the candidate must compute);
 - `best.py`: the current best source, to start from;
-- `out/`: the proposer writes candidate files `out/*.py` here.
+- `out/`: the proposer writes candidate files `out/*.py` here (and, in a hybrid search's trial
+  folder, configs of the search space as `out/*.json`: codegen/hybrid.py).
 
 Written by codegen/proposer.py for an external program and by codegen/llm_proposer.py for the
 built-in one.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -29,9 +31,12 @@ CONTRACT = ("A candidate file defines `forward(*inputs, out, **params) -> None`,
             "reference's aten compute ops, allocate its own result, or use another stream.")
 
 
-def write_task(run_dir: Path, search: dict) -> Path:
+def write_task(run_dir: Path, search: dict, folder: Path | None = None,
+               extra: dict | None = None) -> Path:
+    """The case's task folder (or `folder`); `extra`: more entries for task.json (a hybrid
+    search's state, codegen.hybrid)."""
     fam = get_family(search["family"])
-    task = run_dir / "proposals" / search["family"] / search["case_key"]
+    task = folder or run_dir / "proposals" / search["family"] / search["case_key"]
     (task / "out").mkdir(parents=True, exist_ok=True)
     best = next((e for e in search["candidates"] if search["order"]
                  and e["path"] == search["order"][0]), None)
@@ -47,6 +52,7 @@ def write_task(run_dir: Path, search: dict) -> Path:
         "min_bytes": fam.min_bytes(search["case"]),
         "copy_GBps": _copy_bandwidth(run_dir),
         "verification_records": records,
+        **(extra or {}),
     })
     return task
 
@@ -57,3 +63,15 @@ def _copy_bandwidth(run_dir: Path) -> float | None:
     except (OSError, ValueError):
         return None
     return (profile.get("ceilings") or {}).get("bandwidth_GBps")
+
+
+def record_name(case_key: str, path: str | Path) -> str:
+    """A candidate's verification record name: generated files are all kernel.py (named by
+    their config folder); proposals share an out/ folder (named by their file, and by their
+    hybrid trial's folder, codegen.hybrid, where the same file name comes back each trial)."""
+    p = Path(path)
+    if p.name == "kernel.py":
+        return f"{case_key}__{p.parent.name}"
+    trial = p.parent.parent.name
+    return f"{case_key}__" + (f"{trial}_" if re.fullmatch(r"trial\d+", trial) else "") + \
+        f"{p.parent.name}_{p.stem}"

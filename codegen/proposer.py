@@ -27,25 +27,31 @@ def source_label(cmd: str) -> str:
     return f"proposer {Path(named[0]).name}" if named else "proposer"
 
 
+def run_command(cmd: str, task: Path, timeout_s: float) -> str:
+    """`CMD <task>`; its status ("exit N", or why it did not run to the end)."""
+    try:
+        proc = subprocess.run(shlex.split(cmd) + [str(task)], capture_output=True, text=True,
+                              timeout=timeout_s)
+        return f"exit {proc.returncode}"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"failed: {type(e).__name__}: {e}"
+
+
 def run_proposer(cmd: str, run_dir: Path, log: dict, device: str,
                  say: Callable[[str], None], timeout_s: float = 600.0) -> dict:
-    """Ask the proposer for every searched case; add its candidates to the search log.
+    """Ask the proposer for every searched case it did not take part in (a hybrid search asks
+    it on a share of its trials: codegen.hybrid); add its candidates to the search log.
     `cmd` "llm": the built-in language-model proposer (its options from the run directory)."""
     if cmd.strip() == "llm":
         from codegen.llm_proposer import run_llm_proposer
 
         return run_llm_proposer(run_dir, log, device, say)
     for search in log["searches"]:
-        if not search.get("case_key"):
-            continue
+        if not search.get("case_key") or (search.get("search") or {}).get("hybrid"):
+            continue  # no call to replace, or the proposer took part in the search
         task = write_task(run_dir, search)
         say(f"proposer on {search['family']}/{search['case_key']}")
-        try:
-            proc = subprocess.run(shlex.split(cmd) + [str(task)], capture_output=True,
-                                  text=True, timeout=timeout_s)
-            status = f"exit {proc.returncode}"
-        except (OSError, subprocess.TimeoutExpired) as e:
-            status = f"failed: {type(e).__name__}: {e}"
+        status = run_command(cmd, task, timeout_s)
         search.setdefault("proposer", []).append({"cmd": cmd, "task": str(task),
                                                   "status": status})
         known = {e["path"] for e in search["candidates"]}

@@ -1,15 +1,25 @@
-"""Conventional search over a family's parameter space, one recorded case at a time.
+"""The search over a family's parameter space, one recorded case at a time.
 
-Every config is rendered to a readable source file under
+Every config tried is rendered to a readable source file under
 `candidates/<family>/<case>/<config>/kernel.py`, run once against the reference (a quick
 screen, not the verification), and timed with the verify stage's harness beside the baseline
-(the family reference, which mirrors the Hugging Face code) on the same inputs. The search runs
-in a worker process: a config that crashes or hangs the worker is logged as such and the search
-resumes with the next one. A file the user edited is kept and searched as it is.
+(the family reference, which mirrors the Hugging Face code) on the same inputs, in the case's
+screening worker (codegen.screen): a config that crashes or hangs the worker is logged as such
+and the search goes on with the next one. A file the user edited is kept, and tried first.
 
-The log keeps every candidate tried, its time and spread, kept or discarded, and why, and
-where it came from (`source`: "search" here; a proposer's name, and for the built-in language
-model proposer its round, for proposals: codegen/proposer.py, codegen/llm_proposer.py).
+Which configs: codegen.strategies (the grid, random, or TPE; by default the grid where the
+space fits the trial budget, TPE where it does not), starting from the configs an earlier
+search of the same case on the same GPU and software found best (codegen.search_memory) unless
+the plan is fresh. With a proposer and a sampled strategy, the proposer takes a share of the
+trials (codegen.hybrid).
+
+The log keeps every candidate tried: by which strategy (`strategy`: grid, random, tpe, memory,
+edited, proposer) at which trial, why where it was not the strategy's own pick (`why`), its
+time and spread, kept or discarded, and why (`decision`), and where it came from (`source`:
+"search" here; a proposer's name, and for the built-in language model proposer its round, for
+proposals: codegen/proposer.py, codegen/llm_proposer.py). `search` holds the case's strategy,
+budgets, trials, what stopped it and what memory it started from; `proposals` each proposer
+trial's source, verdicts and time.
 
 Backends: "triton" searches `family.search_space`; "cuda" the family's CUDA C++ space
 (`Family.cuda`, configs marked {"backend": "cuda"} so their folders differ), or
@@ -20,16 +30,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
-import queue
 import time
-import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
-from core.family import Case, Family, result_region
+from codegen import strategies
+from codegen.screen import (  # noqa: F401 - the screen's names, as callers import them here
+    SCREEN_RTOL,
+    RemoteSession,
+    ScreenSession,
+    _screen_and_time,
+    screen_and_time,
+)
+from codegen.strategies import SearchPlan
+from core.family import Case, Family
 
 SEARCH_SOURCE = "search"
-SCREEN_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+_THREADS: list[ThreadPoolExecutor] = []
 
 
 def case_key(case: Case) -> str:
@@ -76,98 +94,23 @@ def render(family: Family, config: dict, case: Case) -> str:
     return family.render(config, case)
 
 
+def user_edited(path: Path) -> bool:
+    """Whether the file at `path` differs from what was rendered there."""
+    stamp = path.with_suffix(".rendered.sha1")
+    return path.exists() and stamp.exists() and \
+        hashlib.sha1(path.read_bytes()).hexdigest() != stamp.read_text().strip()
+
+
 def write_candidate(family: Family, config: dict, case: Case, path: Path) -> str:
     """Render into `path` unless the user edited the file there; returns its origin."""
-    source = render(family, config, case)
-    stamp = path.with_suffix(".rendered.sha1")
-    digest = hashlib.sha1(source.encode()).hexdigest()
-    if path.exists() and stamp.exists() and \
-            hashlib.sha1(path.read_bytes()).hexdigest() != stamp.read_text().strip():
+    if user_edited(path):
         return "user-edited"
     from core.artifacts import write_text
 
+    source = render(family, config, case)
     write_text(path, source)
-    write_text(stamp, digest)
+    write_text(path.with_suffix(".rendered.sha1"), hashlib.sha1(source.encode()).hexdigest())
     return "generated"
-
-
-def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str, out_q) -> None:
-    """Worker: run each source once, screen it against the reference, time it."""
-    import torch
-
-    from codegen.registry import get_family
-    from core.family import baseline_case_of
-    from core.source import load_forward
-    from verify.loading import case_params
-    from verify.timing import bench, bench_graphed
-
-    family = get_family(family_name)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    inputs = family.make_inputs(case, device, gen)
-    params = case_params(family, case)
-    ref = family.reference(*inputs, **params)
-    refs = ref if isinstance(ref, tuple) else (ref,)
-    # what the unpatched model runs: the same values in HF's layout where the two differ
-    base_case = baseline_case_of(family, case)
-    base_inputs = inputs if base_case == case else family.make_inputs(
-        base_case, device, torch.Generator(device="cpu").manual_seed(0))
-
-    def baseline():
-        family.reference(*base_inputs, **params)
-
-    # host_us feeds only the GPU projection; under the CPU interpreter its 51 extra calls of a
-    # kernel cost up to a minute per candidate for a number nothing reads
-    on_gpu = str(device).startswith("cuda")
-    base = bench(baseline, device=device, min_bytes=family.min_bytes(case)).to_dict()
-    base["host_us"] = _host_call_us(baseline) if on_gpu else None
-    # the graph projection's kernel times (verify.timing.bench_graphed); CPU: not measured
-    base["graph_ms"], base["graph_note"] = (bench_graphed(baseline, device=device) if on_gpu
-                                            else (None, None))
-    out_q.put({"baseline": base})
-    for path in paths:
-        out_q.put({"start": path})
-        try:
-            fwd = load_forward(path)
-            out = family.make_out(case, inputs)
-            fwd(*inputs, out=out, **params)
-            got = result_region(family, case, out)  # the adapter's buffer may be wider
-            outs = got if isinstance(got, tuple) else (got,)
-            rtol = SCREEN_RTOL.get(case["dtype"], 1e-2)
-            ok = all(torch.allclose(o.float(), r.float(), rtol=rtol, atol=rtol)
-                     for o, r in zip(outs, refs))
-            entry = {"path": path, "screen": "pass" if ok else "wrong result"}
-            if ok:
-                def call(fwd=fwd, out=out):
-                    fwd(*inputs, out=out, **params)
-
-                def patched_call(fwd=fwd):
-                    # what a patched module pays per call: the adapter allocates the output
-                    # each time (the baseline's aten ops allocate theirs inside)
-                    fwd(*inputs, out=family.make_out(case, inputs), **params)
-
-                entry["timing"] = bench(call, device=device,
-                                        min_bytes=family.min_bytes(case)).to_dict()
-                entry["host_us"] = _host_call_us(patched_call) if on_gpu else None
-                entry["graph_ms"], entry["graph_note"] = (
-                    bench_graphed(call, device=device) if on_gpu else (None, None))
-        except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
-            entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
-                     "trace": traceback.format_exc(limit=3)[-600:]}
-        out_q.put(entry)
-
-
-def _host_call_us(call, reps: int = 50) -> float:
-    """Host time of one call, without waiting for the device: what a launch-bound pass pays
-    for this kernel (Triton's launcher, argument checks), used by the projection."""
-    import statistics
-
-    call()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times)
 
 
 def spread(configs: list[dict], budget: int | None) -> list[dict]:
@@ -182,85 +125,203 @@ def spread(configs: list[dict], budget: int | None) -> list[dict]:
     return [configs[round(i * step)] for i in range(budget)]
 
 
+
+
 def search(family: Family, case: Case, root: Path, device: str, max_configs: int | None = None,
-           timeout_s: float = 300.0, backend: str = "triton", workers=None) -> dict:
-    """Render, screen and time every config for one case; returns the search log entry."""
+           timeout_s: float = 300.0, backend: str = "triton", workers=None,
+           plan: SearchPlan | None = None, proposer=None, say=None) -> dict:
+    """Search one case; returns its search log entry. `max_configs`: the trial budget
+    (overrides the plan's); `proposer`: a codegen.hybrid proposer, used where the plan's
+    strategy samples (random, TPE)."""
     return finish_search(submit_search(family, case, root, device, max_configs, timeout_s,
-                                       backend, workers))
+                                       backend, workers, plan, proposer, say))
 
 
 def submit_search(family: Family, case: Case, root: Path, device: str,
                   max_configs: int | None = None, timeout_s: float = 300.0,
-                  backend: str = "triton", workers=None) -> dict:
-    """Render the configs and hand the screen to `workers` (verify.workers; default this
-    machine): one job per case, so on Ray the cases of a run are screened side by side, each
-    case's configs timed one after another on one GPU (their times are compared)."""
-    from verify.workers import LocalWorkers
+                  backend: str = "triton", workers=None, plan: SearchPlan | None = None,
+                  proposer=None, say=None) -> dict:
+    """Start one case's search. On Ray (`workers.parallel`) it runs in a thread of this
+    process and screens in Ray tasks, so the cases of a run are searched side by side, each
+    case's configs timed on one GPU (their times are compared); otherwise it runs when
+    finish_search asks for it, in a screening worker on this machine."""
+    plan = plan or SearchPlan()
+    if max_configs is not None:
+        plan = replace(plan, trials=max_configs)
+    parallel = workers is not None and workers.parallel
 
-    configs = backend_configs(family, case, backend, max_configs,
-                              interpreter=not device.startswith("cuda"))
-    folder = root / family.name / case_key(case)
-    jobs = []
-    for cfg in configs:
-        path = folder / config_key(cfg) / "kernel.py"
-        origin = write_candidate(family, cfg, case, path)
-        # what was screened: a later edit of the file makes a resumed run search the case again
-        sha1 = hashlib.sha1(path.read_bytes()).hexdigest()
-        jobs.append({"path": str(path), "config": cfg, "backend": config_backend(cfg),
-                     "origin": origin, "sha1": sha1, "source": SEARCH_SOURCE})
-    workers = workers or LocalWorkers()
-    # a Ray task sees its one GPU as cuda:0
-    job_device = "cuda" if workers.name == "ray" and device.startswith("cuda") else device
-    texts = {j["path"]: Path(j["path"]).read_text() for j in jobs}
-    # the family object runs in this process; a Ray task finds it again by name
-    which = family.name if workers.name == "ray" else family
-    job = workers.submit_call(_screen_anywhere, (which, case, jobs, job_device,
-                                                 timeout_s, texts), timeout_s * (len(jobs) + 1))
-    return {"family": family, "case": case, "device": device, "backend": backend,
-            "workers": workers, "job": job, "jobs": jobs}
+    def run() -> dict:
+        session = RemoteSession(workers, family, case, device, timeout_s) if parallel \
+            else ScreenSession(family, case, device, timeout_s)
+        try:
+            return CaseSearch(family, case, root, device, plan, session, backend,
+                              proposer, say).run()
+        finally:
+            session.close()
+
+    if not parallel:
+        return {"run": run}
+    if not _THREADS:
+        _THREADS.append(ThreadPoolExecutor(max_workers=64, thread_name_prefix="search"))
+    return {"future": _THREADS[0].submit(run)}
 
 
 def finish_search(pending: dict) -> dict:
-    """Wait for a submitted search; its log entry. A screen job that failed as a whole (its
-    Ray worker died) fails every config of the case, as a dead local worker does."""
-    family, jobs = pending["family"], pending["jobs"]
-    try:
-        baseline, entries = pending["workers"].result(pending["job"])
-    except RuntimeError as e:
-        baseline = None
-        entries = [{**j, "screen": f"worker failed before any candidate: {e}"[:300]}
-                   for j in jobs]
-    entry = {"family": family.name, "case": pending["case"], "case_key": case_key(pending["case"]),
-             "device": pending["device"], "backend": family_backend(family, pending["backend"]),
-             "baseline": baseline, "candidates": entries}
-    rank_entries(entry)
-    return entry
+    """Wait for a submitted search; its log entry."""
+    return pending["future"].result() if "future" in pending else pending["run"]()
 
 
-def _screen_anywhere(family: Family | str, case: Case, jobs: list[dict], device: str,
-                     timeout_s: float, texts: dict[str, str]) -> tuple[dict | None, list[dict]]:
-    """screen_and_time where the job runs; on a node without the run directory, the sources
-    travel with the job and are screened from a temporary folder (the log keeps the run's
-    paths)."""
-    import tempfile
+def _median(entry: dict) -> float | None:
+    return (entry.get("timing") or {}).get("median_ms")
 
-    from codegen.registry import get_family
 
-    local, back = [], {}
-    folder = None
-    for i, j in enumerate(jobs):
-        path = j["path"]
-        if not Path(path).is_file():
-            folder = folder or Path(tempfile.mkdtemp(prefix="screen-src-"))
-            copy = folder / f"{i}" / Path(path).name
-            copy.parent.mkdir(parents=True)
-            copy.write_text(texts[path])
-            back[str(copy)] = path
-            path = str(copy)
-        local.append({**j, "path": path})
-    fam = get_family(family) if isinstance(family, str) else family
-    baseline, entries = screen_and_time(fam, case, local, device, timeout_s)
-    return baseline, [{**e, "path": back.get(e["path"], e["path"])} for e in entries]
+class CaseSearch:
+    """One case's search: the strategy's picks, timed one trial at a time in `session` (a
+    codegen.screen session), or all at once where nothing depends on the times (the grid and
+    random search without a proposer or a time budget)."""
+
+    def __init__(self, family: Family, case: Case, root: Path, device: str, plan: SearchPlan,
+                 session, backend: str = "triton", proposer=None, say=None,
+                 until=None) -> None:
+        """`until(entry)`: a reason to stop after a trial, or None (benchmarks stop a
+        strategy once it has reached a target)."""
+        self.family, self.case, self.device, self.plan = family, case, device, plan
+        self.session, self.say, self.until = session, say or (lambda line: None), until
+        self.folder = root / family.name / case_key(case)
+        self.space = backend_configs(family, case, backend)
+        interpreter = not device.startswith("cuda")
+        memory, seeds = self._memory(), []
+        if memory.get("configs"):
+            seeds = [(c, "memory", memory["why"]) for c in memory.pop("configs")]
+        seeds += [(c, "edited", "the user edited this file") for c in self.space
+                  if user_edited(self._path(c)) and all(c != s[0] for s in seeds)]
+        self.seeds = seeds
+        name, trials = strategies.resolve(plan, len(self.space), interpreter,
+                                          warm=memory.get("used", False))
+        planned = backend_configs(family, case, backend, trials, interpreter) \
+            if name == "grid" else None
+        self.strategy = strategies.make(name, self.space, trials, plan.seed,
+                                        [c for c, _, _ in seeds], planned)
+        self.proposer = proposer if proposer is not None and name != "grid" \
+            and plan.proposer_share > 0 else None
+        self.started = time.monotonic()
+        self.entry = {
+            "family": family.name, "case": case, "case_key": case_key(case), "device": device,
+            "backend": family_backend(family, backend), "baseline": None, "candidates": [],
+            "search": {"strategy": name, "asked": plan.strategy, "space": len(self.space),
+                       "budget_trials": self.strategy.budget, "budget_s": plan.seconds,
+                       "seed": plan.seed, "memory": memory,
+                       "hybrid": self.proposer.label if self.proposer else None,
+                       "proposer_share": plan.proposer_share if self.proposer else None}}
+        if self.proposer:
+            self.entry["proposals"] = []
+
+    def _path(self, config: dict) -> Path:
+        return self.folder / config_key(config) / "kernel.py"
+
+    def _memory(self) -> dict:
+        """What an earlier search of this case found (its configs still in the space)."""
+        if self.plan.fresh:
+            return {"used": False, "ignored": "--fresh-search"}
+        from codegen import search_memory
+
+        env = search_memory.environment(self.device)
+        if env is None:
+            return {"used": False}
+        rec = search_memory.recall(self.family.name, case_key(self.case), env,
+                                   warn=lambda line: self.say(f"warning: {line}"))
+        configs = [b["config"] for b in (rec or {}).get("best", [])
+                   if b.get("config") in self.space][:strategies.MEMORY_TOP]
+        if not configs:
+            return {"used": False}
+        best = rec["best"][0]
+        return {"used": True, "key": search_memory.memory_key(case_key(self.case), env),
+                "configs": configs, "remembered": len(configs),
+                "why": f"remembered: fastest {best.get('median_ms')} ms in a "
+                       f"{rec.get('strategy')} search of {rec.get('trials')} trials "
+                       f"({rec.get('updated')})"}
+
+    def job(self, config: dict, strategy: str, trial: int, why: str | None = None) -> dict:
+        """Render `config` (unless the user edited its file) as one trial's screen job."""
+        path = self._path(config)
+        origin = write_candidate(self.family, config, self.case, path)
+        seed = next((s for s in self.seeds if s[0] == config), None)
+        if strategy == "seed" and seed is not None:
+            strategy, why = seed[1], seed[2]
+        job = {"path": str(path), "config": config, "backend": config_backend(config),
+               "origin": origin,
+               # what was screened: a later edit makes a resumed run search the case again
+               "sha1": hashlib.sha1(path.read_bytes()).hexdigest(), "source": SEARCH_SOURCE,
+               "strategy": strategy, "trial": trial}
+        return {**job, "why": why} if why else job
+
+    def timed(self, jobs: list[dict]) -> list[dict]:
+        """Screen and time `jobs`; their log entries, with the search's seconds so far."""
+        entries = self.session.run(jobs)
+        for e in entries:
+            e["elapsed_s"] = round(time.monotonic() - self.started, 3)
+        self.entry["candidates"].extend(entries)
+        return entries
+
+    def tell(self, entries: list[dict]) -> None:
+        for e in entries:
+            if e.get("config") is not None and e["config"] in self.space:
+                self.strategy.tell(e["config"], _median(e))
+
+    def run(self) -> dict:
+        s, plan = self.strategy, self.plan
+        trial, stopped = 0, "budget or space spent"
+        if not s.adaptive and self.proposer is None and plan.seconds is None and \
+                self.until is None:
+            picks = s.planned_picks()
+            self.tell(self.timed([self.job(c, why, i) for i, (c, why) in
+                                  enumerate(picks, 1)]))
+            trial = len(picks)
+        while trial < s.budget:
+            if plan.seconds is not None and time.monotonic() - self.started >= plan.seconds:
+                stopped = f"time budget of {plan.seconds:g} s spent"
+                break
+            pick = s.suggest()
+            if pick is None:
+                break
+            trial += 1
+            if self.proposer is not None and proposer_turn(trial, plan.proposer_share):
+                self.proposer.trial(self, pick, trial)  # codegen.hybrid
+            else:
+                self.tell(self.timed([self.job(pick[0], pick[1], trial)]))
+            if self.until is not None and (reason := self.until(self.entry)):
+                stopped = reason
+                break
+        self.entry["baseline"] = self.session.baseline
+        self.entry["search"].update(trials=trial, stopped=stopped,
+                                    elapsed_s=round(time.monotonic() - self.started, 3))
+        rank_entries(self.entry)
+        self._remember()
+        return self.entry
+
+    def _remember(self) -> None:
+        """The fastest configs timed, for a later search (not timings that mean nothing)."""
+        timed = sorted((e for e in self.entry["candidates"] if _median(e) is not None
+                        and e.get("config") in self.space
+                        and e["timing"].get("meaningful")), key=_median)
+        best = [{"config": e["config"], "median_ms": _median(e), "strategy": e["strategy"]}
+                for e in timed[:strategies.MEMORY_TOP]]
+        if not best:
+            return
+        from codegen import search_memory
+
+        env = search_memory.environment(self.device)
+        if env is not None:
+            search_memory.remember(self.family.name, self.case, case_key(self.case), env, best,
+                                   self.entry["search"]["strategy"],
+                                   self.entry["search"]["trials"],
+                                   warn=lambda line: self.say(f"warning: {line}"))
+
+
+def proposer_turn(trial: int, share: float) -> bool:
+    """Whether trial `trial` (from 1) is the proposer's: `share` of the trials, spread evenly,
+    never the first (there is nothing to show the proposer yet unless every trial is its)."""
+    return int(trial * share + 1e-9) > int((trial - 1) * share + 1e-9)
 
 
 def rank_entries(entry: dict) -> None:
@@ -272,49 +333,3 @@ def rank_entries(entry: dict) -> None:
     for rank, e in enumerate(timed):
         e["decision"] = "best" if rank == 0 else "slower than best"
     entry["order"] = [e["path"] for e in timed]
-
-
-def screen_and_time(family: Family, case: Case, jobs: list[dict], device: str,
-                    timeout_s: float = 300.0) -> tuple[dict | None, list[dict]]:
-    """Run the jobs (dicts with "path") in worker processes; a crash or hang fails only the
-    candidate that was running, and a fresh worker carries on with the rest."""
-    results: dict[str, dict] = {}
-    baseline = None
-    pending = list(jobs)
-    ctx = mp.get_context("spawn")
-    while pending:
-        q = ctx.Queue()
-        proc = ctx.Process(target=_screen_and_time,
-                           args=(family.name, case, [j["path"] for j in pending], device, q))
-        proc.start()
-        current = None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                msg = q.get(timeout=1.0)
-                deadline = time.monotonic() + timeout_s
-            except queue.Empty:
-                if proc.is_alive() and time.monotonic() < deadline:
-                    continue
-                msg = None  # the worker died (segfault, illegal address) or hung
-            if msg is None:
-                proc.kill()
-                if current is None:
-                    for j in pending:
-                        results[j["path"]] = {"screen": "worker failed before any candidate"}
-                else:
-                    results[current] = {"screen": "crashed or hung the worker"}
-                pending = [j for j in pending if j["path"] not in results]
-                break
-            if "baseline" in msg:
-                baseline = msg["baseline"]
-            elif "start" in msg:
-                current = msg["start"]
-            else:
-                results[msg["path"]] = msg
-                if all(j["path"] in results for j in pending):
-                    pending = []
-                    break
-        proc.join(timeout=10)
-    entries = [{**j, **results.get(j["path"], {"screen": "not run"})} for j in jobs]
-    return baseline, entries

@@ -129,6 +129,13 @@ class RunOptions(Record):
     proposer: str | None = None
     workers: str = "local"  # runs from before backends: the local worker
     ray_address: str | None = None
+    # the search (codegen.strategies.SearchPlan); None (runs from before strategies): the
+    # command line's, by default its defaults
+    search: str | None = None
+    search_seconds: float | None = None
+    search_seed: int | None = None
+    fresh_search: bool | None = None
+    proposer_share: float | None = None
 
 
 class TokenTimes(Record):

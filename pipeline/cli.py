@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from codegen.strategies import STRATEGIES
 from core.errors import UserError
 from pipeline.progress import progress
 from pipeline.rundir import latest_run, new_run_dir
@@ -162,7 +163,27 @@ def rank(run_dir):
               help="Seconds --proposer llm may spend in all; no round starts after that.")
 @click.option("--resume", is_flag=True, help="Skip stages and candidates already written.")
 @click.option("--max-configs", type=int, default=None,
-              help="Configs searched per case [default: all on a GPU, 1 on the CPU].")
+              help="Trials per case (configs timed): the budget of every strategy [default on "
+                   "a GPU: the whole space for grid, 10 for random and tpe; 1 on the CPU].")
+@click.option("--search", "search", type=click.Choice(STRATEGIES), default="auto",
+              show_default=True, help="How each case's configs are chosen: grid (the space "
+              "in order, or --max-configs of it evenly spaced), random, or tpe (Optuna's "
+              "model-based TPE); auto: grid where the space fits the budget, tpe where it is "
+              "larger, and on the CPU, where timings mean nothing, the grid.")
+@click.option("--search-seconds", type=float, default=None, metavar="S",
+              help="Time budget per case: no trial starts after S seconds.")
+@click.option("--search-seed", type=int, default=0, show_default=True,
+              help="Seed of random and tpe (the same seed, the same picks for the same "
+                   "times).")
+@click.option("--fresh-search", is_flag=True,
+              help="Ignore the configs earlier searches found best for the same case, GPU "
+                   "and torch/Triton versions (kept in the user cache, beside calibrate's); "
+                   "by default a search starts from them, re-times them and tries a few "
+                   "more.")
+@click.option("--proposer-share", type=click.FloatRange(0, 1), default=0.3,
+              show_default=True, help="With --proposer: the share of a random or tpe "
+                   "search's trials the proposer takes, seeing the search's state (0: it "
+                   "runs beside the search, once per case, as it does for grid searches).")
 @click.option("--pairs", type=int, default=None,
               help="Interleaved baseline/patched pairs per timing [default: 30 GPU, 3 CPU]; "
                    "on a GPU up to twice as many while a 95% CI is wider than 5% of its "
@@ -182,7 +203,8 @@ def rank(run_dir):
                    "generations it was profiled for (--generation), else the default grid.")
 def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer,
              llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume,
-             max_configs, pairs, workers, ray_address, run_dir, then_e2e):
+             max_configs, search, search_seconds, search_seed, fresh_search, proposer_share,
+             pairs, workers, ray_address, run_dir, then_e2e):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
     a model id. TARGET defaults to the latest run under ./runs.
 
@@ -195,12 +217,16 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
           --llm-model Qwen/Qwen2.5-Coder-32B-Instruct --llm-rounds 2
     """
     from codegen.cuda_build import resolve_backend
+    from codegen.strategies import SearchPlan
     from pipeline.optimize import run_optimize
     from pipeline.rundir import load_run
     from pipeline.summary import console
 
     if top < 1:
         raise UserError("--top must be at least 1")
+    if max_configs is not None and max_configs < 1 or \
+            search_seconds is not None and search_seconds <= 0:
+        raise UserError("--max-configs and --search-seconds must be positive")
     only = _family_list(families)
     if workers == "ray":
         from verify.workers import import_ray
@@ -222,9 +248,12 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
         target = str(run_dir or latest_run())
     run = load_run(target)
     if resume:
-        top, only, backend, max_configs, pairs, proposer, workers, ray_address = _resumed(
+        (top, only, backend, max_configs, pairs, proposer, workers, ray_address, search,
+         search_seconds, search_seed, fresh_search, proposer_share) = _resumed(
             run, top=top, families=only, backend=backend, max_configs=max_configs,
-            pairs=pairs, proposer=proposer, workers=workers, ray_address=ray_address)
+            pairs=pairs, proposer=proposer, workers=workers, ray_address=ray_address,
+            search=search, search_seconds=search_seconds, search_seed=search_seed,
+            fresh_search=fresh_search, proposer_share=proposer_share)
         if workers == "ray":
             from verify.workers import import_ray
 
@@ -246,7 +275,9 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
     with progress(console, "optimize") as say:
         out = run_optimize(run, top, say, resume=resume, max_configs=max_configs, pairs=pairs,
                            proposer=proposer, backend=backend, only=only, workers=workers,
-                           ray_address=ray_address)
+                           ray_address=ray_address,
+                           plan=SearchPlan(search, None, search_seconds, search_seed,
+                                           fresh_search, proposer_share))
     from pipeline.summary import print_optimize
 
     print_optimize(run)

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from codegen.cuda_build import resolve_backend
+from codegen.hybrid import make_proposer
+from codegen.strategies import SearchPlan
 from core.artifacts import read_json
 from core.errors import UserError
 from core.workload import Workload
@@ -53,6 +55,8 @@ class Run:
     proposer: str | None
     backend: str
     pool: Any  # verify.workers: LocalWorkers or RayWorkers
+    plan: SearchPlan  # the search's strategy, budgets, seed, memory and proposer share
+    hybrid: Any = None  # the proposer taking a share of a sampled search's trials
 
     @property
     def device(self) -> str:
@@ -71,18 +75,24 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
                  max_configs: int | None = None, pairs: int | None = None,
                  proposer: str | None = None, backend: str = "triton",
                  only: list[str] | None = None, workers: str = "local",
-                 ray_address: str | None = None) -> dict:
+                 ray_address: str | None = None, plan: SearchPlan | None = None) -> dict:
     """All stages after profile on `run_dir`; returns the paths of what was written.
     `only`: exactly these families (in the ranking's order), instead of the top `top`.
     `backend`: kernel languages to generate, "triton", "cuda" or "both"; CUDA C++ falls back
     to Triton on a CPU run and raises UserError on a GPU that cannot build it.
     `workers`: where candidates are screened and verified, "local" (this machine, one at a
     time) or "ray" (one Ray task per candidate, one GPU each, on the cluster at `ray_address`
-    or $RAY_ADDRESS, else a local Ray started here)."""
+    or $RAY_ADDRESS, else a local Ray started here).
+    `plan`: the search's strategy, budgets, seed, memory and proposer share
+    (codegen.strategies.SearchPlan; `max_configs` is its trial budget)."""
+    plan = plan or SearchPlan()
     profile = read_json(run_dir / "profile.json", "profile")
     write_options(run_dir, {"top": top, "families": only, "backend": backend,
                             "max_configs": max_configs, "pairs": pairs, "proposer": proposer,
-                            "workers": workers, "ray_address": ray_address})
+                            "workers": workers, "ray_address": ray_address,
+                            "search": plan.strategy, "search_seconds": plan.seconds,
+                            "search_seed": plan.seed, "fresh_search": plan.fresh,
+                            "proposer_share": plan.proposer_share})
     workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
     device = workloads[0].device
     on_gpu = device.startswith("cuda")
@@ -101,7 +111,10 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         run = Run(dir=run_dir, spec=resolve(profile["model"]["id"]), workloads=workloads,
                   say=say, resume=resume, top=top, only=only,
                   max_configs=max_configs or (None if on_gpu else 1), pairs=pairs,
-                  proposer=proposer, backend=backend, pool=pool)
+                  proposer=proposer, backend=backend, pool=pool, plan=plan,
+                  # the proposer takes a share of the sampled searches' trials
+                  # (codegen.hybrid), and runs beside the others as before
+                  hybrid=make_proposer(proposer, run_dir) if plan.proposer_share > 0 else None)
         return _stages(run)
     finally:
         pool.close()
@@ -153,7 +166,8 @@ def _search(run: Run, model, families: list[str], again: bool,
     """Generate and verify `families` (`again`: keep what an earlier attempt did); the search
     log and the verification summary."""
     log = generate_stage(run.dir, families, model, run.workloads, run.device, run.say, again,
-                         run.max_configs, run.backend, workers=run.pool)
+                         run.max_configs, run.backend, workers=run.pool, plan=run.plan,
+                         proposer=run.hybrid if propose else None)
     if run.proposer and propose:
         from codegen.proposer import run_proposer
 

@@ -26,6 +26,7 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
     kernel_path,
 )
 from pipeline.report_render import NOT_MEANINGFUL, host_drift_told
+from pipeline.report_search import search_blocks
 from pipeline.report_sources import source_tables
 from pipeline.stages.rank import floor_line, top_level
 
@@ -66,7 +67,8 @@ def write_report(run_dir: Path) -> dict:
             f"# Acceptance record: {fam}\n\n```text\n{text}\n```\n"))
     data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
     data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
-    blocks = rp.document(data, records) + source_tables(arts, data)
+    blocks = rp.document(data, records) + search_blocks(arts.get("search")) + \
+        source_tables(arts, data)
     generation = e2e_report.read(run_dir)
     if generation is not None:
         data["e2e"] = generation.model_dump()

@@ -14,7 +14,9 @@ OPTIONS = "options.json"
 # what `pipeline optimize` was asked for, in the order --resume names them
 OPTION_FLAGS = {"top": "--top", "families": "--families", "backend": "--backend",
                 "max_configs": "--max-configs", "pairs": "--pairs", "proposer": "--proposer",
-                "workers": "--workers", "ray_address": "--ray-address"}
+                "workers": "--workers", "ray_address": "--ray-address", "search": "--search",
+                "search_seconds": "--search-seconds", "search_seed": "--search-seed",
+                "fresh_search": "--fresh-search", "proposer_share": "--proposer-share"}
 
 
 def runs_root() -> Path:
@@ -80,16 +82,20 @@ def resume_options(run_dir: Path, given: dict, explicit: set[str]) -> tuple[dict
     if not path.exists():
         return given, None
     recorded = read_json(path, "run options")
-    merged = {k: given[k] if k in explicit else recorded.get(k, given[k]) for k in OPTION_FLAGS}
-    kept = [f"{OPTION_FLAGS[k]} {_flag_value(merged[k])}" for k in OPTION_FLAGS
-            if k not in explicit and merged[k] is not None]
-    said = [f"{OPTION_FLAGS[k]} {_flag_value(given[k])}" for k in OPTION_FLAGS
-            if k in explicit and given[k] is not None]
+    # a key the run did not record (None; runs from before the option): what is given now
+    merged = {k: given.get(k) if k in explicit or recorded.get(k) is None else recorded[k]
+              for k in OPTION_FLAGS}
+    kept = [_flag(k, merged[k]) for k in OPTION_FLAGS
+            if k not in explicit and merged[k] not in (None, False)]
+    said = [_flag(k, given[k]) for k in OPTION_FLAGS
+            if k in explicit and given[k] not in (None, False)]
     line = "resuming with the run's options: " + (", ".join(kept) or "none recorded")
     if said:
         line += "; from the command line: " + ", ".join(said)
     return merged, line
 
 
-def _flag_value(v) -> str:
-    return ",".join(v) if isinstance(v, list) else str(v)
+def _flag(key: str, v) -> str:
+    if v is True:  # a switch: its name says it
+        return OPTION_FLAGS[key]
+    return f"{OPTION_FLAGS[key]} {','.join(v) if isinstance(v, list) else v}"

@@ -11,10 +11,12 @@ from pipeline.resume import edited_since_screened
 
 def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
                    say: Callable[[str], None], resume: bool, max_configs: int | None,
-                   backend: str = "triton", workers=None) -> dict:
+                   backend: str = "triton", workers=None, plan=None, proposer=None) -> dict:
     """`backend`: "triton", "cuda" or "both" (already checked against the device). `workers`
     (verify.workers): every case is submitted first, then taken in order, so on Ray the cases
-    are screened side by side; the local backend screens each as it is taken, as before."""
+    are searched side by side; the local backend searches each as it is taken, as before.
+    `plan` (codegen.strategies.SearchPlan): how each case is searched, `max_configs` its trial
+    budget; `proposer` (codegen.hybrid): takes a share of a sampled search's trials."""
     from codegen import search as searching
     from codegen.registry import get_family
     from codegen.search import case_key, family_backend
@@ -26,6 +28,8 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     # edit is kept (write_candidate) and screened, then verified, as it is now
     done = {k for k, i in index.items() if not edited_since_screened(log["searches"][i])}
     changed = not (resume and path.exists())
+    how = {"max_configs": max_configs, "backend": backend, "plan": plan, "proposer": proposer,
+           "say": say}
     pending = []
     for name in families:
         fam = get_family(name)
@@ -48,12 +52,11 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
                 continue
             args = (fam, case, run_dir / "candidates", device)
             if workers is not None and workers.parallel:
-                job = searching.submit_search(*args, max_configs=max_configs, backend=backend,
-                                              workers=workers)
+                job = searching.submit_search(*args, workers=workers, **how)
                 pending.append((name, case, key, lambda job=job: searching.finish_search(job)))
             else:  # searched when taken, below
                 pending.append((name, case, key, lambda args=args: searching.search(
-                    *args, max_configs=max_configs, backend=backend)))
+                    *args, **how)))
     for name, case, key, job in pending:  # in the order of the loop above, as before backends
         if job is None:
             if key not in index:
@@ -71,6 +74,9 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
             log["searches"].append(entry)
         write_json(path, log)
         changed = False
+    if getattr(proposer, "record", None):  # the language model's budgets, tokens, events
+        log["llm"] = proposer.record
+        changed = True
     if changed:
         write_json(path, log)
     return log

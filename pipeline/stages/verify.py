@@ -5,15 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from codegen.proposal_task import record_name
 from core.artifacts import read_json, write_json
 from pipeline.resume import fingerprint, sha256
-
-
-def _candidate_name(case_key: str, path: str) -> str:
-    """The record name: generated files are all kernel.py (named by their config folder);
-    proposals share one out/ folder (named by their file)."""
-    p = Path(path)
-    return f"{case_key}__{p.parent.name}" + ("" if p.name == "kernel.py" else f"_{p.stem}")
 
 
 def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], None],
@@ -52,7 +46,7 @@ def verify_stage(run_dir: Path, log: dict, device: str, say: Callable[[str], Non
         # were pruned, by hand or by a replayed proposer round, keeps its order)
         listed = {c["path"] for c in s.get("candidates") or []}
         order = [p for p in s["order"] or [] if p in listed]
-        names = [_candidate_name(s["case_key"], cand) for cand in order]
+        names = [record_name(s["case_key"], cand) for cand in order]
         results = verify_each(fam, order, [s["case"]], device=device, record_dir=run_dir,
                               names=names, workers=workers)
         with closing(results):  # leaving early cancels the candidates not taken

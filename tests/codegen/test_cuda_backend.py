@@ -228,15 +228,23 @@ def test_backend_selects_the_spaces(backend, want):
     assert sorted({search_mod.config_backend(c) for c in budgeted}) == sorted(set(want))
 
 
+class _FakeSession:
+    """The screen, answered without running anything: every candidate passes, in order."""
+
+    def __init__(self, family, case, device, timeout_s=300.0):
+        self.baseline, self.n = None, 0
+
+    def run(self, jobs):
+        self.n += len(jobs)
+        return [{**j, "screen": "pass", "timing": {"median_ms": float(self.n - len(jobs) + i)}}
+                for i, j in enumerate(jobs, 1)]
+
+    def close(self):
+        pass
+
+
 def test_search_renders_each_config_with_its_backend(tmp_path, monkeypatch):
-    seen = {}
-
-    def fake_screen(family, case, jobs, device, timeout_s=300.0):
-        seen["jobs"] = jobs
-        return None, [{**j, "screen": "pass", "timing": {"median_ms": float(i + 1)}}
-                      for i, j in enumerate(jobs)]
-
-    monkeypatch.setattr(search_mod, "screen_and_time", fake_screen)
+    monkeypatch.setattr(search_mod, "ScreenSession", _FakeSession)
     fam = _fake_family("fake", with_cuda=True)
     entry = search_mod.search(fam, {"rows": 3, "dtype": "float32"}, tmp_path, "cuda",
                               backend="both")
@@ -262,7 +270,7 @@ def test_generate_stage_threads_the_backend(tmp_path, monkeypatch):
     calls = []
 
     def fake_search(family, case, root, device, max_configs=None, timeout_s=300.0,
-                    backend="triton"):
+                    backend="triton", **how):
         calls.append((family.name, backend))
         return {"family": family.name, "case": case, "case_key": search_mod.case_key(case),
                 "device": device, "backend": search_mod.family_backend(family, backend),

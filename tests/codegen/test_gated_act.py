@@ -350,7 +350,7 @@ def test_halves_are_timed_against_what_the_unpatched_mlp_runs(monkeypatch):
     import queue
 
     import codegen.registry
-    from codegen.search import _screen_and_time
+    from codegen.screen import _screen_and_time
 
     halves = make_case(6, 32, "float32", "silu", "separate", operands="halves")
     assert FAMILY.baseline_case(halves) == {**halves, "operands": "separate"}

@@ -85,3 +85,26 @@ def test_resume_keeps_or_overrides_the_workers_backend(tmp_path):
     # a run from before backends (no such key): the local worker, or what is given now
     (tmp_path / "options.json").write_text('{"schema_version": 1, "stage": "options", "top": 2}')
     assert resume_options(tmp_path, given, explicit=set())[0]["workers"] == "local"
+
+
+def test_resume_keeps_the_search_options(tmp_path, monkeypatch):
+    """The search's strategy, time budget, seed, --fresh-search and proposer share are kept
+    by --resume (a run without them recorded takes the command line's defaults)."""
+    from codegen.strategies import SearchPlan
+    from pipeline.rundir import write_options
+
+    (tmp_path / "profile.json").write_text('{"schema_version": 1}')
+    write_options(tmp_path, {"top": 2, "backend": "triton", "workers": "local",
+                             "search": "tpe", "search_seconds": 30.0, "search_seed": 3,
+                             "fresh_search": True, "proposer_share": 0.5})
+    seen, out = resumed(tmp_path, monkeypatch)
+    assert seen["plan"] == SearchPlan("tpe", None, 30.0, 3, True, 0.5)
+    line = next(x for x in out.splitlines() if x.startswith("resuming with"))
+    assert "--search tpe" in line and "--fresh-search" in line and "--search-seed 3" in line
+    assert "--fresh-search True" not in line
+    seen, out = resumed(tmp_path, monkeypatch, "--search", "grid", "--proposer-share", "0")
+    assert seen["plan"] == SearchPlan("grid", None, 30.0, 3, True, 0.0)
+    # options.json from before the search options: the defaults
+    (tmp_path / "options.json").write_text('{"schema_version": 1, "stage": "options", "top": 2}')
+    seen, _ = resumed(tmp_path, monkeypatch)
+    assert seen["plan"] == SearchPlan()
