@@ -26,14 +26,15 @@ How every family is verified (verify/checks.py runs it; what a new family must d
   caches held (the same buffers and values) while the activations change in one element; the
   activations held while the weights and caches are new buffers changed in one element; and,
   for a cache that grows in place (`Cache.rewind`/`Cache.grow`), the same buffers one position
-  longer between two calls. A family that declares nothing gets the generic probes only
-  (the last input set's buffers with new values; its leading half with a new tail), which
-  every fixed input defeats: a cache keyed on a weight never hits when the weights are drawn
-  afresh each time.
+  longer between two calls. Undeclared, weights are drawn afresh with every input set, as in
+  the generic probes (the last set's buffers with new values; its leading half with a new
+  tail), and a memo keyed on a weight never hits: a family with parameters or a cache
+  declares them.
 - The whole-model check (pipeline/integrate.py) compares the patched model's logits with an
   fp32 reference: the patched error may be at most 1.5x the unpatched model's. On a decode
   workload it decodes: a prefill, then several steps over the dynamic cache, the static cache
-  (eager, and graphed on a GPU) and a left-padded batch, every step judged.
+  (eager, and graphed on a GPU) and a left-padded batch, every step judged. A family needs
+  nothing for it beyond a patch that dispatches the model's calls to its accepted cases.
 """
 
 from __future__ import annotations

@@ -125,6 +125,8 @@ def failure_line(families: list[str], trials: list[dict]) -> str | None:
     if "path" in t:
         step = "the prefill" if t["step"] == 0 else f"step {t['step']}"
         where = f"{t['path']} cache, {step} (position {t['position']}), {where}"
+    if "workload" in t:
+        where = f"{t['workload']}, {where}"
     return (f"{', '.join(families)}: {where}: patched logits error {t['error_patched']:.3g} > "
             f"limit {t['limit']:.3g} ({ERROR_RATIO:g}x the unpatched "
             f"{t['error_unpatched']:.3g})")
@@ -165,22 +167,43 @@ def whole_model_check(model, ref_model, accepted: dict, families: list[str], wor
     return out
 
 
+def check_modes(model, ref_model, accepted: dict, families: list[str], workloads) -> dict:
+    """`whole_model_check` on the first workload of each mode among `workloads` (one, or a
+    list), merged: a decode step's families act on no prefill (and most prefill cases on no
+    decode step), so a run profiled for both is checked decoding too. Each trial names its
+    workload where there are several."""
+    firsts = []
+    for w in workloads if isinstance(workloads, (list, tuple)) else [workloads]:
+        if all(f.mode != w.mode for f in firsts):
+            firsts.append(w)
+    parts = [whole_model_check(model, ref_model, accepted, families, w) for w in firsts]
+    if len(parts) == 1:
+        return parts[0]
+    trials = [{**t, "workload": w.key} for w, part in zip(firsts, parts) for t in part["trials"]]
+    skipped = {f"{w.key} {path}": why for w, part in zip(firsts, parts)
+               for path, why in part.get("paths_skipped", {}).items()}
+    return {**parts[0], "trials": trials, "passed": all(p["passed"] for p in parts),
+            "failure": failure_line(families, trials), "workloads": [w.key for w in firsts],
+            **({"paths_skipped": skipped} if skipped else {})}
+
+
 def check_and_bisect(model, ref_model, accepted: dict, families: list[str], workload) -> dict:
-    """Whole-model check of the set; on failure, each family alone, failing ones rejected.
-    `reasons`: one line per rejected family, naming it and the trial it failed."""
-    full = whole_model_check(model, ref_model, accepted, families, workload)
+    """Whole-model check of the set (`check_modes`: `workload` one or several); on failure,
+    each family alone, failing ones rejected. `reasons`: one line per rejected family, naming
+    it and the trial it failed."""
+    full = check_modes(model, ref_model, accepted, families, workload)
     result = {"set": full, "rejected": {}, "kept": list(families), "reasons": {}}
     if full["passed"] or not families:
         return result
     for name in families:
-        alone = whole_model_check(model, ref_model, accepted, [name], workload)
+        alone = check_modes(model, ref_model, accepted, [name], workload)
         if not alone["passed"]:
             result["rejected"][name] = alone
             result["reasons"][name] = alone["failure"]
     result["kept"] = [f for f in families if f not in result["rejected"]]
     if result["kept"]:
-        result["kept_set"] = whole_model_check(model, ref_model, accepted, result["kept"],
-                                               workload)
+        result["kept_set"] = check_modes(model, ref_model, accepted, result["kept"],
+                                          workload)
         if not result["kept_set"]["passed"]:
             for f in result["kept"]:
                 result["rejected"][f] = result["kept_set"]

@@ -150,3 +150,23 @@ def test_a_left_padded_batch_decodes_each_sequence_as_it_would_alone(path):
                            [t[row:row + 1] for t in tokens])
             for got, want in zip(padded, alone):
                 torch.testing.assert_close(got[row:row + 1], want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_run_of_both_modes_is_checked_decoding_too(tmp_path):
+    """Workloads of one dtype share a check: it runs on the first of each mode, so a kernel
+    accepted only for a decode step's cases is judged decoding, and the failure names where."""
+    model, ref = model_and_reference()
+    decode = Workload(2, 8, mode="decode")
+    path = tmp_path / "skips_weight.py"
+    path.write_text(SKIPS_WEIGHT)
+    accepted = {case_key(c): {"family": "rmsnorm", "case": c, "source": str(path)}
+                for c in RMSNORM.cases_from_model(model, decode)}
+    result = ig.check_modes(model, ref, accepted, ["rmsnorm"],
+                            [WORKLOAD, Workload(4, 8), decode])
+    assert result["workloads"] == [WORKLOAD.key, decode.key]
+    by_workload = {}
+    for t in result["trials"]:
+        by_workload.setdefault(t["workload"], []).append(t["passed"])
+    assert all(by_workload[WORKLOAD.key]) and not all(by_workload[decode.key])
+    assert not result["passed"]
+    assert result["failure"].startswith(f"rmsnorm: {decode.key}, dynamic cache, step 1 ")
