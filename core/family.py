@@ -13,6 +13,28 @@ Python source file defining
 
 which writes its result into `out` (a tensor, or a tuple of tensors for multi-output families
 such as rotary q/k) supplied by the caller, so the verifier can poison it first.
+
+How every family is verified (verify/checks.py runs it; what a new family must declare for it):
+
+- Cases are the calls the adapter makes in a model, exact shapes, strides and offsets, plus the
+  family's edge cases. Where the patch accepts per-sequence data (a mask row per sequence, a
+  position per sequence), the cases or edge cases carry sequences that differ: a left-padded
+  batch of different lengths, a sequence that sees one slot only; one mask row expanded over
+  the batch cannot tell a kernel that reads row 0 for all from one that reads each row.
+- Memoisation is probed the way a model calls a kernel, after the family's declaration of which
+  inputs stay fixed across a model's calls (`Family.weights`, `Family.cache`): the weights and
+  caches held (the same buffers and values) while the activations change in one element; the
+  activations held while the weights and caches are new buffers changed in one element; and,
+  for a cache that grows in place (`Cache.rewind`/`Cache.grow`), the same buffers one position
+  longer between two calls. Undeclared, weights are drawn afresh with every input set, as in
+  the generic probes (the last set's buffers with new values; its leading half with a new
+  tail), and a memo keyed on a weight never hits: a family with parameters or a cache
+  declares them.
+- The whole-model check (pipeline/integrate.py) compares the patched model's logits with an
+  fp32 reference: the patched error may be at most 1.5x the unpatched model's. On a decode
+  workload it decodes: a prefill, then several steps over the dynamic cache, the static cache
+  (eager, and graphed on a GPU) and a left-padded batch, every step judged. A family needs
+  nothing for it beyond a patch that dispatches the model's calls to its accepted cases.
 """
 
 from __future__ import annotations
@@ -79,6 +101,25 @@ class CudaVariant:
 
     search_space: Callable[[Case], list[dict]]
     render: Callable[[dict, Case], str]
+
+
+@dataclass(frozen=True)
+class Cache:
+    """Inputs of a family that hold a cache a model keeps across its calls (a KV cache and what
+    says which of its slots are valid: the length, the mask). Held fixed, like weights, by the
+    memoisation probes while the activations change, and changed while they are held.
+
+    rewind(case, inputs) -> bool and grow(case, inputs, generator) -> None, both in place on
+    the inputs `make_inputs` drew (or their rewound state), for a cache that grows in place (a
+    static cache): rewind drops the last valid position (its slot keeps its values, stale as a
+    model's are; False where no position can be dropped: a cache of one position, or a layout
+    that does not grow in place, and the probe is skipped); grow is the next decode step,
+    new values written into the next slot and the valid length and mask advanced by one. None:
+    no growth probe (a cache the model rebuilds on every call)."""
+
+    inputs: tuple[int, ...]
+    rewind: Callable[[Case, tuple], bool] | None = None
+    grow: Callable[[Case, tuple, Any], None] | None = None
 
 
 @dataclass
@@ -161,6 +202,13 @@ class Family:
     # contiguous tensors HF's MLP multiplies. The baseline (the reference) is timed on it, the
     # candidate on `case`, so a speedup is over what the model ran. None: the same case.
     baseline_case: Callable[[Case], Case] | None = None
+    # The input positions that are a model's weights (parameters: the same buffers and values
+    # on every call of one module; negative counts from the end; a position past the inputs, an
+    # absent bias, is ignored). The memoisation probes hold them fixed while the activations
+    # change, and change them while the activations are held (see the module's doc).
+    weights: tuple[int, ...] = ()
+    # The inputs that hold a cache kept across calls (`Cache`); None: no cache input.
+    cache: Cache | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -169,6 +217,14 @@ def result_region(family: Family, case: Case, out: Any) -> Any:
     """The part of `out` (make_out's structure) that must hold the reference's result
     (`Family.out_region`; all of it where the family declares none)."""
     return out if family.out_region is None else family.out_region(case, out)
+
+
+def fixed_inputs(family: Family, n_inputs: int) -> tuple[int, ...]:
+    """The positions among `n_inputs` inputs that stay fixed across a model's calls: the
+    declared weights and cache inputs (`Family.weights`, `Family.cache`), sorted, negative
+    positions resolved, positions past the inputs dropped."""
+    declared = family.weights + (family.cache.inputs if family.cache is not None else ())
+    return tuple(sorted({i % n_inputs for i in declared if -n_inputs <= i < n_inputs}))
 
 
 def baseline_case_of(family: Family, case: Case) -> Case:

@@ -4,7 +4,10 @@
   call's case to the accepted kernel for that exact case, or to the original code.
 - Whole-model check (DESIGN.md): with an fp32 copy of the model as reference, the patched
   logits' relative error may be at most 1.5x the unpatched model's in the same dtype, on several
-  fresh random inputs. A failure is bisected to the families that cause it, which are rejected.
+  fresh random inputs; on a decode workload at every step of a decode over the dynamic cache,
+  the static cache (eager, and graphed on a GPU) and a left-padded batch (decode_check.py). A
+  failure is bisected to the families that cause it, which are rejected, each with a one-line
+  reason naming the family and the trial (the path and step) it failed.
 - The patch must show in a re-profile: the replaced patterns are no longer found.
 - Per workload, baseline and patched run interleaved; each family alone, then all kept ones.
   A family whose paired-ratio 95 % CI shows a slowdown is rolled back for that workload; if the
@@ -103,48 +106,108 @@ def shared_prefix_prompts(vocab: int, shape: tuple[int, int], seeds, device) -> 
     return prompts
 
 
+def judge(patched: torch.Tensor, unpatched: torch.Tensor, ref: torch.Tensor) -> dict:
+    """One trial under the whole-model rule: the patched logits' error against the fp32
+    reference at most ERROR_RATIO times the unpatched model's (and at least ERROR_FLOOR)."""
+    e_base, e_new = logits_error(unpatched, ref), logits_error(patched, ref)
+    limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
+    return {"error_unpatched": e_base, "error_patched": e_new, "limit": limit,
+            "passed": e_new <= limit}
+
+
+def failure_line(families: list[str], trials: list[dict]) -> str | None:
+    """The first failed trial in one line, naming the patched families and the trial (its
+    prompt, and on a decode its path and step); None when every trial passed."""
+    t = next((t for t in trials if not t["passed"]), None)
+    if t is None:
+        return None
+    where = f"seed {t['seed']}"
+    if "path" in t:
+        step = "the prefill" if t["step"] == 0 else f"step {t['step']}"
+        where = f"{t['path']} cache, {step} (position {t['position']}), {where}"
+    if "workload" in t:
+        where = f"{t['workload']}, {where}"
+    return (f"{', '.join(families)}: {where}: patched logits error {t['error_patched']:.3g} > "
+            f"limit {t['limit']:.3g} ({ERROR_RATIO:g}x the unpatched "
+            f"{t['error_unpatched']:.3g})")
+
+
 def whole_model_check(model, ref_model, accepted: dict, families: list[str], workload,
                       seeds=(0, 1, 2)) -> dict:
     """Errors against the fp32 reference, unpatched and patched, on fresh inputs whose prompts
     share prefixes, with constant-initialised parameters given non-trivial values (in the model
     and the reference alike; the caller's values come back). The patched model is a twin over
-    the same weights, patched once for all trials."""
-    shape = (workload.batch, workload.seq if workload.mode == "prefill" else 1)
+    the same weights, patched once for all trials. A decode workload's prompts are prefilled
+    and decoded (`decode_check.decode_trials`), every step a trial."""
+    from pipeline.decode_check import PROMPTS, decode_trials
+
+    decode = workload.mode == "decode"
+    seeds = seeds[:PROMPTS] if decode else seeds
     variant = twin(model)
-    trials = []
+    trials, skipped = [], {}
     refs = [ref_model] if ref_model is not None else []
     with torch.no_grad(), non_trivial_constants(model, *refs) as changed:
         with patched(variant, accepted, families):
-            for prompt in shared_prefix_prompts(model.config.vocab_size, shape, seeds,
-                                                workload.device):
+            prompts = shared_prefix_prompts(model.config.vocab_size,
+                                            (workload.batch, workload.seq), seeds,
+                                            workload.device)
+            if decode:
+                trials, skipped = decode_trials(model, ref_model, variant, prompts,
+                                                workload.device, judge)
+            for prompt in prompts if not decode else ():
                 ids = prompt["ids"]
-                ref = ref_model(ids).logits
-                e_base = logits_error(model(ids).logits, ref)
-                e_new = logits_error(variant(ids).logits, ref)
-                limit = max(ERROR_RATIO * e_base, ERROR_FLOOR)
                 trials.append({"seed": prompt["seed"], "shares_prefix": prompt["shares_prefix"],
-                               "error_unpatched": e_base, "error_patched": e_new,
-                               "limit": limit, "passed": e_new <= limit})
-    return {"families": families, "trials": trials, "passed": all(t["passed"] for t in trials),
-            "constants_perturbed": {"spread": CONSTANT_PARAM_SPREAD, "parameters": changed}}
+                               **judge(variant(ids).logits, model(ids).logits,
+                                       ref_model(ids).logits)})
+    out = {"families": families, "trials": trials, "passed": all(t["passed"] for t in trials),
+           "failure": failure_line(families, trials),
+           "constants_perturbed": {"spread": CONSTANT_PARAM_SPREAD, "parameters": changed}}
+    if skipped:
+        out["paths_skipped"] = skipped
+    return out
+
+
+def check_modes(model, ref_model, accepted: dict, families: list[str], workloads) -> dict:
+    """`whole_model_check` on the first workload of each mode among `workloads` (one, or a
+    list), merged: a decode step's families act on no prefill (and most prefill cases on no
+    decode step), so a run profiled for both is checked decoding too. Each trial names its
+    workload where there are several."""
+    firsts = []
+    for w in workloads if isinstance(workloads, (list, tuple)) else [workloads]:
+        if all(f.mode != w.mode for f in firsts):
+            firsts.append(w)
+    parts = [whole_model_check(model, ref_model, accepted, families, w) for w in firsts]
+    if len(parts) == 1:
+        return parts[0]
+    trials = [{**t, "workload": w.key} for w, part in zip(firsts, parts) for t in part["trials"]]
+    skipped = {f"{w.key} {path}": why for w, part in zip(firsts, parts)
+               for path, why in part.get("paths_skipped", {}).items()}
+    return {**parts[0], "trials": trials, "passed": all(p["passed"] for p in parts),
+            "failure": failure_line(families, trials), "workloads": [w.key for w in firsts],
+            **({"paths_skipped": skipped} if skipped else {})}
 
 
 def check_and_bisect(model, ref_model, accepted: dict, families: list[str], workload) -> dict:
-    """Whole-model check of the set; on failure, each family alone, failing ones rejected."""
-    full = whole_model_check(model, ref_model, accepted, families, workload)
-    result = {"set": full, "rejected": {}, "kept": list(families)}
+    """Whole-model check of the set (`check_modes`: `workload` one or several); on failure,
+    each family alone, failing ones rejected. `reasons`: one line per rejected family, naming
+    it and the trial it failed."""
+    full = check_modes(model, ref_model, accepted, families, workload)
+    result = {"set": full, "rejected": {}, "kept": list(families), "reasons": {}}
     if full["passed"] or not families:
         return result
     for name in families:
-        alone = whole_model_check(model, ref_model, accepted, [name], workload)
+        alone = check_modes(model, ref_model, accepted, [name], workload)
         if not alone["passed"]:
             result["rejected"][name] = alone
+            result["reasons"][name] = alone["failure"]
     result["kept"] = [f for f in families if f not in result["rejected"]]
     if result["kept"]:
-        result["kept_set"] = whole_model_check(model, ref_model, accepted, result["kept"],
-                                               workload)
+        result["kept_set"] = check_modes(model, ref_model, accepted, result["kept"],
+                                          workload)
         if not result["kept_set"]["passed"]:
-            result["rejected"].update({f: result["kept_set"] for f in result["kept"]})
+            for f in result["kept"]:
+                result["rejected"][f] = result["kept_set"]
+                result["reasons"][f] = result["kept_set"]["failure"]
             result["kept"] = []
     return result
 

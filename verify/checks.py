@@ -7,6 +7,9 @@ those two runs come:
 
     runs              forward returned without raising
     numerics          random inputs within tolerance (rule: verify/tolerances.py)
+    memoisation       input sets that repeat the last one in part (verify/numerics.py's
+                      generic probes; verify/probes.py's, after the family's fixed inputs)
+                      within tolerance
     stress            large / tiny / mixed-scale / all-equal-row inputs within tolerance
     nonfinite         NaN and Inf propagate as the reference does
     writes_all        no output element still holds the poison of both runs
@@ -66,12 +69,20 @@ from verify.numerics import (
     seed_for,
     stress_indices,
 )
+from verify.probes import (
+    PROBE_KINDS,
+    new_activations,
+    new_weights,
+    probe_kinds,
+)
 from verify.static import check_source
 from verify.timing import NOT_GPU_REASON, bench, copy_reference
 from verify.tolerances import tolerance_for
 
-CHECK_OF_KIND = {"random": "numerics", "nonfinite": "nonfinite",
-                 **{k: "memoisation" for k in MEMO_KINDS},
+# cache_rewound is a fresh draw (a cache one position short): nothing repeats yet
+CHECK_OF_KIND = {"random": "numerics", "nonfinite": "nonfinite", "cache_rewound": "numerics",
+                 **{k: "memoisation" for k in MEMO_KINDS + PROBE_KINDS
+                    if k != "cache_rewound"},
                  **{k: "stress" for k in STRESS_KINDS}}
 ORDER = ("reference", "runs", "numerics", "memoisation", "stress", "nonfinite", "writes_all",
          "deterministic", "out_of_bounds", "out_buffer", "inputs_unchanged", "in_place",
@@ -221,6 +232,8 @@ class Suite:
         # per run: the random prefill of `out` differs from one verification to the next
         self.nonce = int(request.get("nonce", 0))
         self.previous: tuple | None = None  # the last random input set, for the memo probes
+        self.previous_kind: str | None = None
+        self.memo_kinds = MEMO_KINDS + probe_kinds(self.family)
 
     # -- one candidate call -------------------------------------------------------------------
     def _call(self, inputs: tuple, templates: tuple, single: bool, params: dict,
@@ -256,14 +269,31 @@ class Suite:
         }
         return _Run(guards, problems)
 
-    def _inputs(self, case: dict, label: str, kind: str, trial: int, seed: int) -> tuple:
+    def _inputs(self, case: dict, kind: str, seed: int) -> tuple[tuple, str] | None:
+        """(inputs, what a memoisation probe held and changed, for the record), or None where
+        the probe has nothing to probe (a cache that cannot be rewound)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
-        if kind in MEMO_KINDS and self.previous is not None:
-            inputs = repeat_in_part(kind, self.previous, inputs, self.family.stress_inputs)
-        if kind == "random" or kind in MEMO_KINDS:
-            self.previous = inputs
-        return inputs
+        note = ""
+        if kind == "cache_grows":
+            if self.previous is None or self.previous_kind != "cache_rewound":
+                return None
+            inputs = self.previous
+            self.family.cache.grow(case, inputs, gen)
+            note = "the last call's cache one position longer, in the same buffers"
+        elif kind in ("new_activations", "new_weights") and self.previous is not None:
+            probe = new_activations if kind == "new_activations" else new_weights
+            inputs, note = probe(self.family, self.previous, seed)
+        else:
+            inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
+            if kind in MEMO_KINDS and self.previous is not None:
+                inputs = repeat_in_part(kind, self.previous, inputs, self.family.stress_inputs)
+            if kind == "cache_rewound":
+                if not self.family.cache.rewind(case, inputs):
+                    return None
+                note = "the cache one position short of the drawn one"
+        if kind == "random" or kind in self.memo_kinds:
+            self.previous, self.previous_kind = inputs, kind
+        return inputs, note
 
     # -- one input set ------------------------------------------------------------------------
     def _input_set(self, checks: CaseChecks, case: dict, params: dict, kind: str,
@@ -273,7 +303,12 @@ class Suite:
         context = f"{kind} trial {trial} (seed {seed})" if kind == "random" else \
             f"{kind} (seed {seed})"
         self.emit("phase", f"{checks.label}: {context}")
-        inputs = self._inputs(case, checks.label, kind, trial, seed)
+        drawn = self._inputs(case, kind, seed)
+        if drawn is None:
+            return True
+        inputs, note = drawn
+        if note:
+            context += f": {note}"
         where = stress_indices(self.family, inputs)
         if kind in STRESS_KINDS and not apply_stress(inputs, where, kind, seed):
             return True
@@ -332,7 +367,7 @@ class Suite:
         for run, how in ((first, "out prefilled with NaN"),
                          (second, f"out prefilled with random values (seed {fill})")):
             result = compare(list(region([g.view for g in run.outs])), refs, bases, tols, slacks,
-                             distribution=kind == "random" or kind in MEMO_KINDS)
+                             distribution=kind == "random" or kind in self.memo_kinds)
             checks.add_stats(kind, result)
             if not result.ok:
                 problem.append(f"{result.n_bad} elements outside tolerance "
@@ -464,7 +499,7 @@ class Suite:
             return
         self.emit("checks", [{"name": "load", "case": None, "passed": True,
                               "detail": "defines forward"}])
-        plan = input_plan(self.request["trials"])
+        plan = input_plan(self.request["trials"], probe_kinds(self.family))
         for n, entry in enumerate(self.request["cases"]):
             if self.request.get("fail_fast") and not self.all_passed:
                 # Rejected already; the remaining cases would only add detail, at a cost.
@@ -472,10 +507,10 @@ class Suite:
                 break
             checks = CaseChecks(entry["label"])
             params = case_params(self.family, entry["case"])
-            self.previous = None
+            self.previous = self.previous_kind = None
             try:
                 for kind, trial in plan:
-                    if kind in MEMO_KINDS and entry["origin"] != "given":
+                    if kind in self.memo_kinds and entry["origin"] != "given":
                         continue  # a cache keyed on part of the input is no edge case's own
                     if not self._input_set(checks, entry["case"], params, kind, trial):
                         break

@@ -42,6 +42,7 @@ from typing import Any
 from core.family import Case, Family
 from verify.loading import candidate_name, family_spec, load_family
 from verify.numerics import MEMO_KINDS, input_plan, seed_for
+from verify.probes import probe_kinds
 from verify.tolerances import TOLERANCES
 from verify.worker import WorkerOutcome
 from verify.workers import LocalWorkers, Workers
@@ -240,6 +241,8 @@ def _result(fam: Family, source: Path, name: str, entries: list[dict], nonce: in
         digest = hashlib.sha256(source.read_bytes()).hexdigest()
     except OSError:
         digest = ""
+    probes = probe_kinds(fam)
+    memo = MEMO_KINDS + probes
     result = VerificationResult(
         candidate=name,
         family=fam.name,
@@ -254,8 +257,8 @@ def _result(fam: Family, source: Path, name: str, entries: list[dict], nonce: in
                              "timing runs' values",
                "rule": "sha256 of (master, case label, input kind, trial); see numerics.seed_for",
                "input_sets": {e["label"]: {f"{kind}/{t}": seed_for(seed, e["label"], kind, t)
-                                           for kind, t in input_plan(trials)
-                                           if e["origin"] == "given" or kind not in MEMO_KINDS}
+                                           for kind, t in input_plan(trials, probes)
+                                           if e["origin"] == "given" or kind not in memo}
                               for e in entries}},
         cases=entries,
         cases_skipped=next((p for kind, p in outcome.messages if kind == "skipped"), []),

@@ -24,10 +24,12 @@ STRESS_KINDS = ("large", "tiny", "mixed", "equal")
 MEMO_KINDS = ("same_buffers", "same_prefix")
 
 
-def input_plan(trials: int) -> list[tuple[str, int]]:
+def input_plan(trials: int, probes: Sequence[str] = ()) -> list[tuple[str, int]]:
     """The input sets of every case: (kind, trial) for the random trials, the memoisation
-    probes, each stress kind and the NaN/Inf injection."""
-    return [("random", t) for t in range(trials)] + [(k, 0) for k in MEMO_KINDS] + \
+    probes (the generic ones, then `probes`: those the family's declaration of its fixed
+    inputs calls for, verify/probes.py), each stress kind and the NaN/Inf injection."""
+    return [("random", t) for t in range(trials)] + \
+        [(k, 0) for k in (*MEMO_KINDS, *probes)] + \
         [(k, 0) for k in STRESS_KINDS] + [("nonfinite", 0)]
 
 

@@ -39,6 +39,7 @@ FAMILY = Family(
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"),
     params=reference.params,
+    weights=(-1,),  # the norm's weight
     extras={
             "replaces": {"scope_ops": {"aten::add": 1},
                          "child_module": "post_attention_layernorm", "child_family": "rmsnorm"}},

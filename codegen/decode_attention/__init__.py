@@ -14,7 +14,8 @@ aten::scaled_dot_product_attention with a one-token query; repeat_kv's expand/re
 whose copies it claims with them), aten::to and aten::repeat_interleave may come with it.
 
 Case keys: batch, heads, kv_heads, head_dim, slots (the keys' slots rounded up to 256: see
-reference.slot_bucket), dtype, scale; edge cases add length, exact_slots, dynamic, padded.
+reference.slot_bucket), dtype, scale; edge cases add length, exact_slots, dynamic, padded,
+and pads and holes (per-sequence masks).
 Params: scale.
 
 Patch: per attention instance, through the modeling module's ALL_ATTENTION_FUNCTIONS during the
@@ -33,12 +34,14 @@ from codegen.decode_attention.reference import (
     decode_attention,
     edge_cases,
     flops,
+    grow,
     make_inputs,
     make_out,
     min_bytes,
     params,
+    rewind,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Cache, Family, Pattern, lazy
 
 
 def _cost(ops: list[dict]) -> tuple[int, int]:
@@ -93,4 +96,7 @@ FAMILY = Family(
     # code and not in a kernel that rightly skips it)
     params=params,
     stress_inputs=(0,),
+    # k and v are a layer's KV cache, length and mask which of its slots are valid: the same
+    # buffers step after step, one slot longer each step
+    cache=Cache(inputs=(1, 2, 3, 4), rewind=rewind, grow=grow),
 )

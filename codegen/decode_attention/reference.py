@@ -78,11 +78,24 @@ def params(case: Case) -> dict:
     return {"scale": case["scale"]}
 
 
+def _mask(case: Case, slots: int, length: int) -> torch.Tensor:
+    """(batch, 1, 1, slots) bool: the slots each sequence sees. `padded`: the first `padded`
+    slots of every sequence hidden; `pads`: each sequence's own left padding (a left-padded
+    batch of different lengths); `holes`: one more slot hidden per sequence (-1: none)."""
+    b = case["batch"]
+    at = torch.arange(slots)
+    pads = torch.tensor(case.get("pads", [case.get("padded", 0)] * b))[:, None]
+    holes = torch.tensor(case.get("holes", [-1] * b))[:, None]
+    visible = (at < length) & (at >= pads) & (at != holes)
+    return visible.view(b, 1, 1, slots)
+
+
 def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     """A static cache of the case's `slots` (or `exact_slots`) with `length` valid slots
     (default: all of them, the slowest length the case dispatches), its mask, and q as HF's
-    transposed view; `dynamic`: the cache HF concatenates, slots == length, no length, no mask;
-    `padded`: the first `padded` slots masked out (left padding)."""
+    transposed view; `dynamic`: the cache HF concatenates, slots == length, no length, and no
+    mask unless the case pads its sequences. Padding (`_mask`): `padded` slots hidden at the
+    start of every sequence, or `pads` per sequence, and `holes`."""
     b, h, kv, d = case["batch"], case["heads"], case["kv_heads"], case["head_dim"]
     slots = case.get("exact_slots", case["slots"])
     length = case.get("length", slots)
@@ -95,17 +108,42 @@ def make_inputs(case: Case, device="cpu", generator=None) -> tuple:
     q = randn(b, 1, h, d).to(device=device, dtype=dtype).transpose(1, 2)
     if case.get("dynamic"):
         k, v = (randn(b, kv, length, d).to(device=device, dtype=dtype) for _ in range(2))
-        return q, k, v, None, None
+        padded = "pads" in case or "padded" in case
+        return q, k, v, None, _mask(case, length, length).to(device) if padded else None
     k, v = randn(b, kv, slots, d), randn(b, kv, slots, d)
     # stale slots past the length: larger than any valid key, so a kernel that reads them
     # (or ignores the mask) is visibly wrong
     k[:, :, length:] *= 8.0
     v[:, :, length:] += 4.0
     k, v = k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
-    visible = torch.arange(slots) < length
-    visible = visible & (torch.arange(slots) >= case.get("padded", 0))
-    mask = visible.expand(b, 1, 1, slots).clone().to(device)
+    mask = _mask(case, slots, length).to(device)
     return q, k, v, torch.tensor(length, dtype=torch.long, device=device), mask
+
+
+def rewind(case: Case, inputs: tuple) -> bool:
+    """In place, the static cache one decode step earlier: its last valid slot dropped from
+    the length and from every sequence's mask (the slot keeps its keys, stale, as a model's
+    do). False for a dynamic cache (HF concatenates a new one each step) or one valid slot."""
+    _, _, _, length, mask = inputs
+    if length is None or int(length) < 2:
+        return False
+    last = int(length) - 1
+    length.fill_(last)
+    mask[..., last] = False
+    return True
+
+
+def grow(case: Case, inputs: tuple, generator=None) -> None:
+    """In place, the static cache's next decode step: new keys and values written into the
+    slot at the length, which every sequence then sees, and the length advanced by one."""
+    _, k, v, length, mask = inputs
+    slot = int(length)
+    gen_device = generator.device if generator is not None else "cpu"
+    for t in (k, v):
+        t[:, :, slot] = torch.randn(t[:, :, slot].shape, generator=generator,
+                                    device=gen_device).to(device=t.device, dtype=t.dtype)
+    mask[..., slot] = True
+    length.fill_(slot + 1)
 
 
 def make_out(case: Case, inputs: tuple) -> torch.Tensor:
@@ -115,13 +153,21 @@ def make_out(case: Case, inputs: tuple) -> torch.Tensor:
 
 
 def edge_cases(case: Case) -> list[Case]:
-    """Lengths at the edges: 1 (the first step after a one-token prompt), just past one 64-slot
-    block (a chunk boundary of most split configs), the last slot of a static cache whose slots
-    are no multiple of a block; the dynamic layout at batch 3; left padding; 7 query heads per
-    kv head (Qwen2.5-0.5B's 14/2); no grouping. The case itself is the full cache."""
+    """Lengths at the edges: 1 (the first step after a one-token prompt); per-sequence left
+    padding, over a static and over a dynamic cache (a left-padded batch of different lengths,
+    with a sequence that sees one slot only and one that sees all but one: a kernel that
+    applies one sequence's mask row to the whole batch fails it); just past one 64-slot block
+    (a chunk boundary of most split configs), the last slot of a static cache whose slots are
+    no multiple of a block; the dynamic layout at batch 3; left padding alike in every
+    sequence; 7 query heads per kv head (Qwen2.5-0.5B's 14/2); no grouping. The case itself is
+    the full cache."""
     slots, heads = case["slots"], case["heads"]
+    ragged = min(70, slots)
     cases = [
         {**case, "length": 1},
+        {**case, "batch": 3, "length": ragged, "pads": [ragged - 1, 0, 5],
+         "holes": [-1, ragged // 2, -1]},
+        {**case, "dynamic": True, "batch": 2, "length": min(40, slots), "pads": [0, 13]},
         {**case, "length": min(65, slots)},
         {**case, "exact_slots": slots - 8 if slots > 16 else slots,
          "length": slots - 9 if slots > 16 else slots},

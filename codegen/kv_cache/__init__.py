@@ -32,7 +32,7 @@ from codegen.kv_cache.reference import (
     min_bytes,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Cache, Family, Pattern, lazy
 
 
 def _occurrence_case(ops: list[dict]) -> dict:
@@ -88,5 +88,8 @@ FAMILY = Family(
     params=params,
     # the static layout's adapter writes into the cache buffers themselves
     in_place=lambda inputs: inputs[:2] if len(inputs) == 5 else None,
+    # the keys and values held before the call (no growth probe: a dynamic cache is a new
+    # tensor each step, and the static layout's position is an input the case fixes)
+    cache=Cache(inputs=(0, 1)),
     benchmark="codegen.kv_cache.bench",
 )

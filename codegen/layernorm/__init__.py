@@ -36,4 +36,5 @@ FAMILY = Family(
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::layer_norm", "aten::native_layer_norm", "aten::add"),
     params=reference.params,
+    weights=(-2, -1),  # the norm's weight and bias, after x (and the residual)
 )

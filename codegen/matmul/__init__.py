@@ -107,6 +107,7 @@ FAMILY = Family(
     # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
     # order-dependent way (as matmul_epilogue)
     stress_inputs=(0,),
+    weights=(1, 2),  # the module's weight(s) (and bias), after x
     order_bound=order_bound,
     declines=declines,
 )

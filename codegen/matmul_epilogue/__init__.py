@@ -100,6 +100,7 @@ FAMILY = Family(
     # accumulators (products of two values near the dtype's max) in an order-dependent way,
     # inf or NaN depending on which partial sums meet first.
     stress_inputs=(0,),
+    weights=(1, 2),  # the module's weight(s) (and bias), after x
     # where a dot product cancels, the summation order decides which of HF's result and ours
     # lands closer: the verifier allows either within the classic bound
     order_bound=order_bound,

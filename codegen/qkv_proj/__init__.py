@@ -83,6 +83,7 @@ FAMILY = Family(
     # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
     # order-dependent way (as the matmul and gemv families)
     stress_inputs=(0,),
+    weights=(1, 2, 3, 4, 5, 6),  # the three weights (and biases), after x
     order_bound=order_bound,
     # gemv patches the same three Linears one by one at a decode step
     rivals=("gemv",),

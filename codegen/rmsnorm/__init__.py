@@ -55,6 +55,7 @@ FAMILY = Family(
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::pow", "aten::mean", "aten::rsqrt", "aten::mul", "aten::add"),
     params=reference.params,
+    weights=(-1,),  # the norm's weight
     cuda=CudaVariant(search_space=lazy("codegen.rmsnorm.cuda", "search_space"),
                      render=lazy("codegen.rmsnorm.cuda", "render")),
     extras={"forms": reference.FORMS},

@@ -43,12 +43,13 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             model = build(spec, ws[0].torch_dtype(), device)
         ref = ig.fp32_reference(model)
         say("whole-model check")
-        check = ig.check_and_bisect(model, ref, accepted, fams, ws[0])
+        # on the first workload of each mode: a decode step's families act on no prefill
+        check = ig.check_and_bisect(model, ref, accepted, fams, ws)
         # a family set aside is checked in the set it could ship in: the checked set without
         # the family it was set aside for; here, before any timing shows whether it will be
         # tried, because the fp32 reference is freed before the timing
         spare_checks = {f: ig.check_and_bisect(
-            model, ref, accepted, [k for k in check["kept"] if k != instead] + [f], ws[0])
+            model, ref, accepted, [k for k in check["kept"] if k != instead] + [f], ws)
             for f, instead in spare.items()}
         usable = {f: instead for f, instead in spare.items() if f in spare_checks[f]["kept"]}
         del ref

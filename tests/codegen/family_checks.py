@@ -145,15 +145,22 @@ def profiled_occurrences(model, tmp_path, batch=1, seq=8):
 
 def verify_on_cpu_or_gpu(family, case, tmp_path, config=None):
     """The project's verifier on one rendered candidate (its case plus the family's edge cases,
-    poisoned outputs, stress values, NaN/inf, forbidden aten ops, isolation): `config`, or the
-    last of the search space (the interpreter's cheapest)."""
+    poisoned outputs, stress values, NaN/inf, forbidden aten ops, isolation, and the
+    memoisation probes its declaration of fixed inputs calls for): `config`, or the last of
+    the search space (the interpreter's cheapest)."""
     from verify.harness import verify_candidate
+    from verify.numerics import MEMO_KINDS
+    from verify.probes import probe_kinds
 
     path = tmp_path / "kernel.py"
     path.write_text(family.render(config or family.search_space(case)[-1], case))
     result = verify_candidate(family, path, [case], device=DEVICE, trials=1, timing=False,
                               fail_fast=False, timeout_s=240)
     assert result.accepted, result.reasons
+    # every probe ran on the given case (cache_rewound counts under numerics)
+    probes = [k for k in MEMO_KINDS + probe_kinds(family) if k != "cache_rewound"]
+    memo = next(c for c in result.checks if c["name"] == "memoisation" and c["case"] == "c0")
+    assert memo["detail"].startswith(f"{len(probes)} input sets"), memo["detail"]
 
 
 def instance_forwards(model) -> list[str]:

@@ -29,6 +29,9 @@ from profiling.loader import build, resolve
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
 KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
 BASE = make_case(2, 4, 2, 16, 200, "float32")  # slots 256 (the bucket of 200)
+# a left-padded batch whose sequences differ: the first sees its last slot only, the second
+# every slot but one
+RAGGED = {"length": 70, "pads": [69, 0], "holes": [-1, 35]}
 
 
 def _inputs(case, seed=0):
@@ -45,7 +48,8 @@ def _run(forward, case, inputs):
 def test_reference_is_the_hf_function_and_the_float64_math_agrees():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    for extra in ({"length": 70}, {"dynamic": True, "length": 9}, {"padded": 2, "length": 30}):
+    for extra in ({"length": 70}, {"dynamic": True, "length": 9}, {"padded": 2, "length": 30},
+                  RAGGED, {"dynamic": True, "length": 9, "pads": [0, 4]}):
         case = {**BASE, **extra}
         q, k, v, length, mask = _inputs(case, 1)
         assert q.stride(1) == 16 and q.shape == (2, 4, 1, 16)  # HF's transposed view
@@ -60,6 +64,28 @@ def test_reference_is_the_hf_function_and_the_float64_math_agrees():
         assert_close(got.double(), exact, TOL["float32"])
 
 
+def test_per_sequence_masks_differ_and_each_sequence_gets_its_own():
+    """The edge cases hold sequences whose masks differ (one sees a single slot, one all but
+    one); the reference of a batch is each sequence's alone, and the first sequence's mask
+    applied to the whole batch gives another answer."""
+    edges = [c for c in FAMILY.edge_cases(BASE) if "pads" in c]
+    assert any(not c.get("dynamic") for c in edges) and any(c.get("dynamic") for c in edges)
+    for case in edges:
+        q, k, v, length, mask = _inputs(case)
+        rows = mask.reshape(case["batch"], -1)
+        assert any(not torch.equal(rows[0], r) for r in rows[1:])
+        got = FAMILY.reference(q, k, v, length, mask, scale=case["scale"])
+        for b in range(case["batch"]):
+            alone = FAMILY.reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], length,
+                                     mask[b:b + 1], scale=case["scale"])
+            assert torch.equal(got[b:b + 1], alone)
+        first_only = FAMILY.reference(q, k, v, length, mask[:1], scale=case["scale"])
+        assert (first_only - got).abs().max() > 0.1
+    ragged = next(c for c in edges if not c.get("dynamic"))
+    visible = _inputs(ragged)[4].reshape(ragged["batch"], -1).sum(-1).tolist()
+    assert 1 in visible and ragged["length"] - 1 in visible
+
+
 def test_the_stale_slots_change_the_answer_when_unmasked():
     """The inputs' slots past the length differ from valid ones enough that a kernel reading
     them unmasked fails: attending to every slot gives another result."""
@@ -72,7 +98,7 @@ def test_the_stale_slots_change_the_answer_when_unmasked():
 
 SPLIT4 = {"SPLITS": 4, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
 EDGES = [{"length": 1}, {"length": 64}, {"length": 65}, {"exact_slots": 200, "length": 200},
-         {"dynamic": True, "length": 37}]
+         {"dynamic": True, "length": 37}, RAGGED, {"dynamic": True, "length": 37, "pads": [3, 0]}]
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)

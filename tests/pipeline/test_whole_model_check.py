@@ -112,3 +112,61 @@ def test_logits_error_in_slices_equals_the_whole_norm():
     last[-1, -1, -1] += 5.0  # a difference in the very last row counts
     assert logits_error(last, ref, chunk=50) > whole + 0.01
     assert logits_error(ref, ref) == 0.0
+
+
+def test_a_rejected_family_is_named_with_the_trial_it_failed(tmp_path):
+    model, ref = model_and_reference()
+    result = ig.check_and_bisect(model, ref, accepted_for(model, SKIPS_WEIGHT, tmp_path),
+                                 ["rmsnorm"], WORKLOAD)
+    assert result["rejected"].keys() == {"rmsnorm"} and result["kept"] == []
+    (line,) = result["reasons"].values()
+    assert line.startswith("rmsnorm: seed 100: patched logits error ")
+    assert "\n" not in line
+
+
+def test_left_padding_differs_per_sequence_and_leaves_each_a_token():
+    from pipeline.decode_check import left_pads
+
+    assert left_pads(1, 8) == [2]
+    assert left_pads(3, 8) == [0, 2, 4]
+    assert left_pads(2, 64) == [0, 32]
+    assert all(p < 2 for p in left_pads(4, 2))
+
+
+@pytest.mark.parametrize("path", ["padded", "padded_static"])
+def test_a_left_padded_batch_decodes_each_sequence_as_it_would_alone(path):
+    """The check's padded decoders (a 2-D mask, per-sequence positions; over the dynamic and a
+    static cache) give each sequence the logits of its unpadded prompt decoded alone."""
+    from pipeline.decode_check import decode, left_pads
+
+    model = build(resolve("tiny-qwen2"), torch.float32, "cpu").eval()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 512, (3, 8), generator=gen)
+    tokens = [torch.randint(0, 512, (3, 1), generator=gen) for _ in range(3)]
+    with torch.no_grad():
+        padded = decode(model, path, prompt, tokens)
+        for row, pad in enumerate(left_pads(3, 8)):
+            alone = decode(model, "dynamic", prompt[row:row + 1, pad:],
+                           [t[row:row + 1] for t in tokens])
+            for got, want in zip(padded, alone):
+                torch.testing.assert_close(got[row:row + 1], want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_run_of_both_modes_is_checked_decoding_too(tmp_path):
+    """Workloads of one dtype share a check: it runs on the first of each mode, so a kernel
+    accepted only for a decode step's cases is judged decoding, and the failure names where."""
+    model, ref = model_and_reference()
+    decode = Workload(2, 8, mode="decode")
+    path = tmp_path / "skips_weight.py"
+    path.write_text(SKIPS_WEIGHT)
+    accepted = {case_key(c): {"family": "rmsnorm", "case": c, "source": str(path)}
+                for c in RMSNORM.cases_from_model(model, decode)}
+    result = ig.check_modes(model, ref, accepted, ["rmsnorm"],
+                            [WORKLOAD, Workload(4, 8), decode])
+    assert result["workloads"] == [WORKLOAD.key, decode.key]
+    by_workload = {}
+    for t in result["trials"]:
+        by_workload.setdefault(t["workload"], []).append(t["passed"])
+    assert all(by_workload[WORKLOAD.key]) and not all(by_workload[decode.key])
+    assert not result["passed"]
+    assert result["failure"].startswith(f"rmsnorm: {decode.key}, dynamic cache, step 1 ")
