@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
-import queue
 import time
 import traceback
 from pathlib import Path
@@ -91,9 +90,16 @@ def write_candidate(family: Family, config: dict, case: Case, path: Path) -> str
     return "generated"
 
 
-def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str, out_q) -> None:
-    """Worker: run each source once, screen it against the reference, time it."""
+def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str, conn) -> None:
+    """Worker: run each source once, screen it against the reference, time it; each result
+    is sent on `conn`, a pipe's writing end."""
+    import signal
+
     import torch
+
+    # a terminal's Ctrl-C reaches the whole foreground group: the caller decides, and kills
+    # this worker (screen_and_time); it must not print a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     from codegen.registry import get_family
     from core.family import baseline_case_of
@@ -123,9 +129,9 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
     # the graph projection's kernel times (verify.timing.bench_graphed); CPU: not measured
     base["graph_ms"], base["graph_note"] = (bench_graphed(baseline, device=device) if on_gpu
                                             else (None, None))
-    out_q.put({"baseline": base})
+    conn.send({"baseline": base})
     for path in paths:
-        out_q.put({"start": path})
+        conn.send({"start": path})
         try:
             fwd = load_forward(path)
             out = family.make_out(case, inputs)
@@ -153,7 +159,7 @@ def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
             entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
                      "trace": traceback.format_exc(limit=3)[-600:]}
-        out_q.put(entry)
+        conn.send(entry)
 
 
 def _host_call_us(call, reps: int = 50) -> float:
@@ -283,21 +289,27 @@ def screen_and_time(family: Family, case: Case, jobs: list[dict], device: str,
     pending = list(jobs)
     ctx = mp.get_context("spawn")
     while pending:
-        q = ctx.Queue()
+        # a pipe, not a Queue: it holds no semaphores, which a run stopped by Ctrl-C (the CLI
+        # ends with os._exit) would leave for the resource tracker to warn about
+        reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_screen_and_time,
-                           args=(family.name, case, [j["path"] for j in pending], device, q))
+                           args=(family.name, case, [j["path"] for j in pending], device,
+                                 writer))
         proc.start()
+        writer.close()  # the child's copy is the only writer: its death ends the pipe
         current = None
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                msg = q.get(timeout=1.0)
+                msg = _receive(reader, proc, deadline)
+            except BaseException:
+                proc.kill()  # interrupted: the worker must not run on without its caller
+                raise
+            if msg == "wait":
+                continue
+            if msg is not None:
                 deadline = time.monotonic() + timeout_s
-            except queue.Empty:
-                if proc.is_alive() and time.monotonic() < deadline:
-                    continue
-                msg = None  # the worker died (segfault, illegal address) or hung
-            if msg is None:
+            else:  # the worker died (segfault, illegal address) or hung
                 proc.kill()
                 if current is None:
                     for j in pending:
@@ -315,6 +327,18 @@ def screen_and_time(family: Family, case: Case, jobs: list[dict], device: str,
                 if all(j["path"] in results for j in pending):
                     pending = []
                     break
+        reader.close()
         proc.join(timeout=10)
     entries = [{**j, **results.get(j["path"], {"screen": "not run"})} for j in jobs]
     return baseline, entries
+
+
+def _receive(reader, proc, deadline: float) -> dict | str | None:
+    """The worker's next message; "wait" while it runs and has said nothing for a second;
+    None once it died or passed `deadline`."""
+    try:
+        if reader.poll(1.0):
+            return reader.recv()
+    except EOFError:
+        return None
+    return "wait" if proc.is_alive() and time.monotonic() < deadline else None

@@ -328,12 +328,24 @@ def one_line(text: str, limit: int = 400) -> str:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, as `timeout` or a batch scheduler sends it at a time limit: handled like
-    Ctrl-C, so the run says how to resume instead of ending without a word (a Phi-3 optimize
-    killed at its step limit on the GPU machine said nothing)."""
+    Ctrl-C, so the run says how to resume instead of ending without a word."""
 
 
 def _terminated(signum, frame):
     raise Terminated
+
+
+def _stopped(e: KeyboardInterrupt) -> None:
+    """The line a stopped run ends with, naming how to resume; exit 130 for Ctrl-C, 143
+    (128 + SIGTERM) for SIGTERM, as a process killed by that signal would."""
+    term = isinstance(e, Terminated)
+    click.echo(f"{'terminated' if term else 'interrupted'}; resume with `pipeline optimize "
+               f"{_RUN['dir'] or 'RUN'} --resume`", err=True)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    # not sys.exit: that waits for worker threads, and a second Ctrl-C during the wait
+    # prints their KeyboardInterrupt traceback; artifacts are written atomically
+    os._exit(143 if term else 130)
 
 
 def main() -> None:
@@ -344,23 +356,21 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        # click turns a KeyboardInterrupt (Ctrl-C, or SIGTERM as `_terminated` raises it) into
+        # its own Abort before it reaches this handler; its cause says which it was
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            _stopped(e.__cause__)
         click.echo("aborted", err=True)
         sys.exit(130)
+    except KeyboardInterrupt as e:  # one raised outside click's invocation
+        _stopped(e)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt as e:
-        term = isinstance(e, Terminated)
-        click.echo(f"{'terminated' if term else 'interrupted'}; resume with `pipeline "
-                   f"optimize {_RUN['dir'] or 'RUN'} --resume`", err=True)
-        sys.stderr.flush()
-        # not sys.exit: that waits for worker threads, and a second Ctrl-C during the wait
-        # prints their KeyboardInterrupt traceback; artifacts are written atomically
-        os._exit(143 if term else 130)
     except Exception as e:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if debug or os.environ.get("PIPELINE_DEBUG"):
             raise
