@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from core.artifacts import write_json
-from core.env import environment
+from core.env import environment, steady_cpu_timing
 from core.errors import UserError
 from core.workload import Workload
 from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
@@ -187,6 +187,8 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
     """Profile every workload (each its own model build only when dtype/device change)."""
     for w in workloads:
         check_device(w.device)
+    if any(w.device == "cpu" for w in workloads):
+        steady_cpu_timing()
     built: dict[tuple, torch.nn.Module] = {}
 
     def model_for(w: Workload):
