@@ -87,8 +87,8 @@ def collect(arts: dict) -> dict:
     model = prof.get("model") or {"id": rank.get("model")}
     return {
         "stage": "report", "artifacts": sorted(arts),
-        "model": {k: model.get(k) for k in ("id", "source", "weights", "model_type", "revision",
-                                            "num_layers", "hidden_size", "notes")},
+        "model": {k: model.get(k) for k in ("id", "name", "source", "weights", "model_type",
+                                            "revision", "num_layers", "hidden_size", "notes")},
         "environment": prof.get("environment") or (arts.get("integration") or {}).get(
             "environment") or {},
         "ceilings": prof.get("ceilings") or rank.get("ceilings") or {},

@@ -105,7 +105,8 @@ def _shipped_cell(s: dict | None) -> str:
 def document(data: dict, records: dict[str, list[list[str]]]) -> list[tuple]:
     """The report as blocks, rendered by to_markdown and to_html alike."""
     m, env, c, plots = data["model"], data["environment"], data["ceilings"], data["plots"]
-    b: list[tuple] = [("h", 1, f"Kernel report: {m.get('id')}"), ("h", 2, "Verdict"),
+    title = m.get("name") or m.get("id")  # a local folder's name, not its whole path
+    b: list[tuple] = [("h", 1, f"Kernel report: {title}"), ("h", 2, "Verdict"),
                       ("ul", [w["verdict"] for w in data["workloads"]]),
                       ("p", "Artifacts read: " + ", ".join(data["artifacts"]) + ".")]
     if not {"verification", "projection", "integration"} & set(data["artifacts"]):

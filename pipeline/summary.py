@@ -25,7 +25,8 @@ def print_profile(profile: dict, top: int = 10) -> None:
     model = profile["model"]
     for w in profile["workloads"]:
         basis = w["time_basis"]
-        head = (f"[bold]{model['id']}[/bold] {w['key']} on {w['workload']['device']} "
+        head = (f"[bold]{model.get('name') or model['id']}[/bold] {w['key']} on "
+                f"{w['workload']['device']} "
                 f"({model['weights']} weights): wall {w['wall']['median_ms']:.3f} ms "
                 f"(p10 {w['wall']['p10_ms']:.3f}, p90 {w['wall']['p90_ms']:.3f}), "
                 f"profiled {w['profiled_ms_per_step']:.3f} ms/step")

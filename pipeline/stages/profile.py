@@ -22,8 +22,17 @@ from core.workload import Workload
 from pipeline.stages.rank_replay import LAUNCH_BOUND_BUSY
 from profiling import density
 from profiling.attribution import attribute
-from profiling.capture import capture, make_runner, make_static_runner, module_names, wall_time
-from profiling.loader import ModelSpec, build
+from profiling.capture import (
+    ACTIVE,
+    WAIT,
+    WARMUP,
+    capture,
+    make_runner,
+    make_static_runner,
+    module_names,
+    wall_time,
+)
+from profiling.loader import ModelSpec, build, parameter_count
 from profiling.roofline import ceilings
 from profiling.trace import load_trace
 
@@ -36,6 +45,34 @@ def check_device(device: str) -> None:
                         f"({torch.__version__}); use --device cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise UserError(f"unknown device {device!r}; use cpu or cuda")
+
+
+# A model this large on the CPU is named with its size before it is built: a full-size config
+# (what a hub id falls back to offline) profiles there for minutes.
+LARGE_ON_CPU = 100_000_000
+# passes of one workload's profile: wall_time's warm-up and repetitions, the module naming
+# pass, and the profiler's schedule
+PASSES = 3 + 20 + 1 + WAIT + WARMUP + ACTIVE
+
+
+def cpu_size_note(spec: ModelSpec, workloads: list[Workload]) -> str | None:
+    """A warning for a model of LARGE_ON_CPU parameters or more profiled on the CPU: its
+    size, memory, and the time its passes take at the CPU's measured matmul rate (2 flops per
+    parameter and token); None for a smaller model or a GPU run."""
+    on_cpu = [w for w in workloads if w.device == "cpu"]
+    if not on_cpu:
+        return None
+    n = parameter_count(spec)
+    if n < LARGE_ON_CPU:
+        return None
+    itemsize = torch.empty((), dtype=on_cpu[0].torch_dtype()).element_size()
+    rate = ceilings("cpu")["matmul_TFLOPs"] * 1e12
+    tokens = sum(w.batch * (w.seq if w.mode == "prefill" else 1) for w in on_cpu)
+    seconds = PASSES * 2 * n * tokens / rate
+    return (f"{spec.name} has {n / 1e9:.2f} B parameters: {n * itemsize / 2**30:.1f} GiB in "
+            f"{on_cpu[0].dtype} on the CPU, and its {PASSES * len(on_cpu)} profiled passes take "
+            f"about {seconds:.0f} s at this CPU's matmul rate ({rate / 1e12:.2f} TFLOP/s), "
+            f"after building it; the built-in tiny- configs (tiny-llama, ...) take seconds")
 
 
 def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict:

@@ -52,27 +52,34 @@ def test_profile_writes_a_valid_profile(profiled):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["profile", "no-such-model-xyz"], "unknown model"),
+    (["profile", "no-such-model-xyz"], "a local folder with the model's config.json works"),
     (["profile", "tiny-llama", "--batch", "0"], "--batch"),
     (["profile", "tiny-llama", "--seq", "abc"], "--seq"),
     (["profile", "tiny-llama", "--dtype", "int3"], "unknown dtype"),
     (["profile", "tiny-llama", "--device", "cuda"], "no CUDA GPU"),
-    (["rank", "/nonexistent/run"], "not found"),
+    (["rank", "/nonexistent/run"], "no such directory: /nonexistent/run"),
+    (["report", "/nonexistent/run"], "no such directory: /nonexistent/run"),
     # a path that does not exist is not an unknown model
     (["optimize", "/nonexistent"], "no such directory: /nonexistent"),
     (["profile", "./no/such/folder"], "no such directory"),
+    # beside runs/ (made below), `runs/NAME` is a mistyped run directory, not a hub id
+    (["optimize", "runs/tiny-llama-2026"], "no such directory: runs/tiny-llama-2026; did you "
+                                           "mean runs/tiny-llama-20260101T000000Z?"),
+    (["profile", "broken"], "broken/config.json is not valid JSON (line 1, column 24)"),
 ])
-def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     if "cuda" in args:
         import torch
 
         if torch.cuda.is_available():
             pytest.skip("a GPU is present")
+    (tmp_path / "runs" / "tiny-llama-20260101T000000Z").mkdir(parents=True)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama",')
     proc = run_cli(*args, cwd=tmp_path)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
-    assert err and message in err[-1], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert len(err) == 1 and message in err[0], proc.stderr
 
 
 def test_decode_step_keeps_the_cache_length(tmp_path):
@@ -175,6 +182,26 @@ def test_a_config_that_fails_validation_says_why_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_local_folder_names_the_run_and_the_report_by_its_own_name(tmp_path):
+    """An absolute folder as MODEL_ID: the run directory and the report's title carry the
+    folder's name, not the whole path; the profile keeps the path to build it again."""
+    from pipeline.report import write_report
+
+    folder = tmp_path / "models" / "my-llama"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 176,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512}))
+    proc = run_cli("profile", str(folder), "--seq", "8", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [run] = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("my-llama-"), run.name
+    assert read_json(run / "profile.json", "profile")["model"]["id"] == str(folder)
+    md = Path(write_report(run)["markdown"]).read_text()
+    assert md.splitlines()[0] == "# Kernel report: my-llama"
+
+
 def test_mode_both_is_prefill_and_decode():
     from pipeline.cli import _modes
 
@@ -256,3 +283,56 @@ def test_a_model_without_sdpa_attention_is_profiled_with_its_eager_attention(tmp
     model = read_json(tmp_path / "run" / "profile.json", "profile")["model"]
     assert model["model_type"] == "gemma2"
     assert any("eager attention" in n for n in model["notes"]), model["notes"]
+
+
+def test_a_step_that_runs_long_says_so_again_in_a_log(capsys):
+    """Off a terminal (a redirected log), a step that outlasts the heartbeat is told again with
+    how long it has run; a short one is not."""
+    import time
+
+    from rich.console import Console
+
+    from pipeline.progress import progress
+
+    with progress(Console(), "profiling", heartbeat_s=0.3) as say:
+        say("quick")
+        say("building")
+        time.sleep(1.0)
+        say("done")
+    lines = [x.split("] ", 1)[1] for x in capsys.readouterr().out.splitlines()]
+    assert lines[:3] == ["profiling: start", "profiling: quick", "profiling: building"]
+    beats = [x for x in lines if "still running" in x]
+    assert beats and all(x.startswith("profiling: building: still running, ") for x in beats)
+    assert lines[-1] == "profiling: done" and 2 <= len(beats) <= 4, lines
+
+
+def test_a_large_model_on_the_cpu_is_named_with_its_size_before_it_is_built(monkeypatch):
+    import pipeline.stages.profile as ps
+    from core.workload import Workload
+    from profiling.loader import resolve
+
+    monkeypatch.setattr(ps, "ceilings", lambda device: {"matmul_TFLOPs": 1.0})
+    note = ps.cpu_size_note(resolve("llama-3.2-1b"), [Workload(2, 64)])
+    # 1.236 B parameters, 4 bytes each; 30 passes of 2 flops per parameter and token
+    assert note.startswith("llama-3.2-1b has 1.24 B parameters: 4.6 GiB in float32 on the CPU")
+    assert f"about {30 * 2 * 1.2358e9 * 128 / 1e12:.0f} s" in note and "(1.00 TFLOP/s)" in note
+    assert ps.cpu_size_note(resolve("tiny-llama"), [Workload(2, 64)]) is None
+    assert ps.cpu_size_note(resolve("llama-3.2-1b"), [Workload(2, 64, device="cuda")]) is None
+
+
+def test_profile_warns_of_a_large_model_before_building_it(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import pipeline.cli as cli
+    import pipeline.stages.profile as ps
+    from core.errors import UserError
+
+    def build_and_profile(*args, **kwargs):
+        raise UserError("stopped where the model would be built")
+
+    monkeypatch.setattr(ps, "ceilings", lambda device: {"matmul_TFLOPs": 1.0})
+    monkeypatch.setattr(ps, "run_profile", build_and_profile)
+    got = CliRunner().invoke(cli.cli, ["profile", "llama-3.2-1b", "--device", "cpu",
+                                       "--run-dir", str(tmp_path)])
+    assert isinstance(got.exception, UserError)
+    assert "warning: llama-3.2-1b has 1.24 B parameters" in " ".join(got.output.split())

@@ -209,16 +209,13 @@ def test_optimize_runs_end_to_end(optimized, run_data):
         assert (run_dir / "acceptance" / f"{fam}.md").is_file()
 
 
-def test_cpu_run_ranks_the_graph_remedy_and_the_graphs_stage_says_why_it_skipped(optimized,
-                                                                                   run_data):
+def test_cpu_run_never_ranks_the_graph_remedy_and_the_graphs_stage_says_why_it_skipped(
+        optimized, run_data):
     from pipeline.stages.graphs import NO_GPU
-    from pipeline.stages.rank import GRAPH_PATTERN
 
     _, run_dir, _ = optimized
     for w in run_data["ranking"]["workloads"]:
-        [row] = [r for r in w["rows"] if r.get("remedy") == "cuda_graph"]
-        assert row["pattern"] == GRAPH_PATTERN and row["family"] is None
-        assert row["replay_gain"] is None and "CPU profile" in row["why"]
+        assert not [r for r in w["rows"] if r.get("remedy")]
     for rec in run_data["integration"]["workloads"].values():
         assert rec["graphs"] == {"skipped": NO_GPU}
     proj = read_json(run_dir / "projection.json")
@@ -1024,14 +1021,17 @@ def test_the_readme_python_example_runs_on_the_cpu(optimized, run_data):
     assert exact == "True"  # bit-exact after undo()
 
 
-def test_top_n_end_to_end(tmp_path):
+# Three architectures beside the Llama of the module's run: q/k norms (Qwen3), a mixture of
+# experts (Mixtral), a partial rotary with GELU and LayerNorm (Phi-2)
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-mixtral", "tiny-phi2"])
+def test_top_n_end_to_end(model, tmp_path):
     """The plain `pipeline optimize MODEL --top 3` on the CPU: the ranking's three best
     families are generated, verified (each accepted or rejected, with a record), integrated
     where accepted, and reported."""
     from pipeline.policy import choose_families
 
     run_dir = tmp_path / "run"
-    proc = run_cli("optimize", "tiny-qwen2", "--top", str(TOP), "--batch", "2", "--seq", "16",
+    proc = run_cli("optimize", model, "--top", str(TOP), "--batch", "2", "--seq", "16",
                    "--device", "cpu", "--pairs", str(PAIRS), "--run-dir", str(run_dir),
                    home=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
