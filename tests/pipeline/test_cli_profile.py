@@ -47,6 +47,11 @@ def test_profile_writes_a_valid_profile(profiled):
         assert any(o["module"] == "model.layers.1.mlp.down_proj" for o in linear)
         assert all(o["shapes"] for o in linear)
     assert "aten::linear" in proc.stdout
+    # the two times of a pass are told apart, and a CPU op has one time column, not two
+    out = " ".join(proc.stdout.split())
+    assert "timed without the profiler: shares are of this time" in out
+    assert "the same pass under the profiler, which adds its own cost to every op" in out
+    assert "ms: the op's CPU time under the profiler" in out and "cpu ms" not in out
     ranking = json.loads((run_dir / "ranking.json").read_text())
     assert len(ranking["workloads"]) == 2
 
