@@ -9,7 +9,6 @@ The wall time, the denominator of every share, is measured separately with no pr
 from __future__ import annotations
 
 import gzip
-import inspect
 import os
 import shutil
 import statistics
@@ -54,12 +53,12 @@ def make_runner(model, workload: Workload, seed: int = 0) -> Runner:
             return model(ids)
 
         return Runner(call, lambda: None, ids)
-    # transformers renamed `past_key_values` to `cache` (5.2x); 5.17 knows only the old name
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    from models.graphs import cache_argument, output_cache
+
+    name = cache_argument(model)
     with torch.no_grad():
         out = model(ids, use_cache=True)
-    cache = getattr(out, "cache", None) or out.past_key_values
+    cache = output_cache(out)
     next_ids = torch.randint(0, vocab, (workload.batch, 1), generator=gen).to(device)
 
     def call():

@@ -92,6 +92,7 @@ def test_decode_step_keeps_the_cache_length(tmp_path):
     import torch
 
     from core.workload import Workload
+    from models.graphs import output_cache
     from profiling.capture import make_runner
     from profiling.loader import build, resolve
 
@@ -102,7 +103,7 @@ def test_decode_step_keeps_the_cache_length(tmp_path):
         with torch.no_grad():
             out = runner.call()
         assert tuple(out.logits.shape[:2]) == (2, 1)
-        cache = getattr(out, "cache", None) or out.past_key_values
+        cache = output_cache(out)
         assert cache.get_seq_length() == 17
         runner.reset()
         assert cache.get_seq_length() == 16
