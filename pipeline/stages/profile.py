@@ -32,6 +32,7 @@ from profiling.capture import (
     module_names,
     wall_time,
 )
+from profiling.hta_report import hta_summary
 from profiling.loader import ModelSpec, build, parameter_count
 from profiling.roofline import ceilings
 from profiling.trace import load_trace
@@ -119,7 +120,7 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
                                      static_names, static_ms)
     if workload.device.startswith("cuda"):
         say("HTA analyses")
-        result["hta"] = _hta(run_dir / trace_rel)
+        result["hta"] = hta_summary(run_dir / trace_rel)
         say("profiler overhead probe")
         result["host_factor"] = host_factor(model, workload, timed["probe_wall_ms"])
         if (result.get("gpu_busy_share") or 0.0) >= LAUNCH_BOUND_BUSY:
@@ -211,14 +212,6 @@ def _by_op(ops: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: -r["time_us"])
 
 
-def _hta(trace_path: Path) -> dict:
-    try:
-        from profiling.hta_report import hta_summary
-    except ImportError as e:
-        return {"available": False, "reason": f"HTA report unavailable: {e}"}
-    return hta_summary(trace_path)
-
-
 def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
                 say: Callable[[str], None] = lambda s: None) -> dict:
     """Profile every workload (each its own model build only when dtype/device change)."""
@@ -247,6 +240,9 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
     except torch.OutOfMemoryError:
         raise UserError(f"out of memory building or profiling {spec.model_id} at {w.key}; "
                         f"try a smaller --batch or --seq, or a GPU with more memory") from None
+    skipped = {w["hta"]["reason"] for w in results if "hta" in w and not w["hta"]["available"]}
+    for reason in skipped:  # once, not per workload
+        say(f"HTA analyses skipped: {reason}")
     profile = {
         "stage": "profile",
         "model": spec.describe(),
