@@ -118,7 +118,7 @@ def optimize_rows(run_dir) -> list[list[str]]:
             measured, ci = "-", "-"
             note = (comb or {}).get("reason") or "nothing kept"
         if p.get("note"):  # a CPU run projects nothing; said once, in full (rich wraps it)
-            note = f"{p['note']}; {note}"
+            note = p["note"] if measured == "-" and comb else f"{p['note']}; {note}"
         rows.append([key, ", ".join(w["kept"]) or "none",
                      f"{p['replay']:.3f}x" if p.get("replay") else "-",
                      f"{p['amdahl']:.3f}x" if p.get("amdahl") and p.get("replay") is not None
