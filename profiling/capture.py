@@ -26,6 +26,7 @@ from core.artifacts import write_text
 from core.workload import Workload
 
 WAIT, WARMUP, ACTIVE = 1, 2, 3
+WALL_WARMUP, WALL_REPS = 3, 20  # wall_time's untimed and timed calls
 
 
 @dataclass
@@ -137,7 +138,8 @@ def module_names(model, runner: Runner) -> dict[str, str]:
     return names
 
 
-def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> dict:
+def wall_time(runner: Runner, device: str, warmup: int = WALL_WARMUP,
+              reps: int = WALL_REPS) -> dict:
     """Median wall time of the measured call, synchronised, no profiler (milliseconds), and
     the median time the call takes to return before the synchronise (`enqueue_ms`). On a GPU
     that is the host's own time for the pass when the forward never synchronises inside (an

@@ -25,6 +25,8 @@ from profiling.attribution import attribute
 from profiling.capture import (
     ACTIVE,
     WAIT,
+    WALL_REPS,
+    WALL_WARMUP,
     WARMUP,
     capture,
     make_runner,
@@ -53,7 +55,7 @@ def check_device(device: str) -> None:
 LARGE_ON_CPU = 100_000_000
 # passes of one workload's profile: wall_time's warm-up and repetitions, the module naming
 # pass, and the profiler's schedule
-PASSES = 3 + 20 + 1 + WAIT + WARMUP + ACTIVE
+PASSES = WALL_WARMUP + WALL_REPS + 1 + WAIT + WARMUP + ACTIVE
 
 
 def cpu_size_note(spec: ModelSpec, workloads: list[Workload]) -> str | None:
