@@ -90,16 +90,20 @@ def write_candidate(family: Family, config: dict, case: Case, path: Path) -> str
     return "generated"
 
 
+def _screen_worker(*args) -> None:
+    """The worker process: `_screen_and_time`, deaf to Ctrl-C. A terminal's Ctrl-C reaches the
+    whole foreground group; the caller decides and kills this worker (screen_and_time), which
+    must not print a KeyboardInterrupt traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _screen_and_time(*args)
+
+
 def _screen_and_time(family_name: str, case: Case, paths: list[str], device: str, conn) -> None:
     """Worker: run each source once, screen it against the reference, time it; each result
     is sent on `conn`, a pipe's writing end."""
-    import signal
-
     import torch
-
-    # a terminal's Ctrl-C reaches the whole foreground group: the caller decides, and kills
-    # this worker (screen_and_time); it must not print a KeyboardInterrupt traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     from codegen.registry import get_family
     from core.family import baseline_case_of
@@ -292,7 +296,7 @@ def screen_and_time(family: Family, case: Case, jobs: list[dict], device: str,
         # a pipe, not a Queue: it holds no semaphores, which a run stopped by Ctrl-C (the CLI
         # ends with os._exit) would leave for the resource tracker to warn about
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_screen_and_time,
+        proc = ctx.Process(target=_screen_worker,
                            args=(family.name, case, [j["path"] for j in pending], device,
                                  writer))
         proc.start()
