@@ -21,8 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
+import signal
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.family import Case, Family, result_region
@@ -94,9 +98,8 @@ def _screen_worker(*args) -> None:
     """The worker process: `_screen_and_time`, deaf to Ctrl-C. A terminal's Ctrl-C reaches the
     whole foreground group; the caller decides and kills this worker (screen_and_time), which
     must not print a KeyboardInterrupt traceback."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held while it was spawned
     _screen_and_time(*args)
 
 
@@ -299,42 +302,80 @@ def screen_and_time(family: Family, case: Case, jobs: list[dict], device: str,
         proc = ctx.Process(target=_screen_worker,
                            args=(family.name, case, [j["path"] for j in pending], device,
                                  writer))
-        proc.start()
+        with _stops_held():
+            proc.start()
         writer.close()  # the child's copy is the only writer: its death ends the pipe
-        current = None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                msg = _receive(reader, proc, deadline)
-            except BaseException:
-                proc.kill()  # interrupted: the worker must not run on without its caller
-                raise
-            if msg == "wait":
-                continue
-            if msg is not None:
-                deadline = time.monotonic() + timeout_s
-            else:  # the worker died (segfault, illegal address) or hung
-                proc.kill()
-                if current is None:
-                    for j in pending:
-                        results[j["path"]] = {"screen": "worker failed before any candidate"}
-                else:
-                    results[current] = {"screen": "crashed or hung the worker"}
-                pending = [j for j in pending if j["path"] not in results]
-                break
-            if "baseline" in msg:
-                baseline = msg["baseline"]
-            elif "start" in msg:
-                current = msg["start"]
-            else:
-                results[msg["path"]] = msg
-                if all(j["path"] in results for j in pending):
-                    pending = []
-                    break
-        reader.close()
+        try:
+            pending, said = _collect(reader, proc, pending, results, timeout_s)
+        except BaseException:
+            proc.kill()  # interrupted: the worker must not run on without its caller
+            raise
+        finally:
+            reader.close()
+        baseline = said or baseline
         proc.join(timeout=10)
     entries = [{**j, **results.get(j["path"], {"screen": "not run"})} for j in jobs]
     return baseline, entries
+
+
+def _collect(reader, proc, pending: list[dict], results: dict[str, dict],
+             timeout_s: float) -> tuple[list[dict], dict | None]:
+    """One worker's messages into `results`, until it has screened every pending job, died or
+    hung (`timeout_s` without a word); the jobs a fresh worker is to run, and the baseline
+    it timed (None if it did not)."""
+    current = baseline = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        msg = _receive(reader, proc, deadline)
+        if msg == "wait":
+            continue
+        if msg is None:  # the worker died (segfault, illegal address) or hung
+            proc.kill()
+            if current is None:
+                for j in pending:
+                    results[j["path"]] = {"screen": "worker failed before any candidate"}
+            else:
+                results[current] = {"screen": "crashed or hung the worker"}
+            return [j for j in pending if j["path"] not in results], baseline
+        deadline = time.monotonic() + timeout_s
+        if "baseline" in msg:
+            baseline = msg["baseline"]
+        elif "start" in msg:
+            current = msg["start"]
+        else:
+            results[msg["path"]] = msg
+            if all(j["path"] in results for j in pending):
+                return [], baseline
+
+
+# what stops a run (Ctrl-C, and SIGTERM as `timeout` and batch schedulers send it)
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while a worker is spawned, then delivered. Stopped in the
+    middle, the caller left the worker reading its start-up data from a process that was gone
+    (an EOFError traceback on the user's terminal); stopped after it, the caller kills the
+    worker. Held twice: Python's handlers only note a stop meanwhile (another thread may take
+    the signal and have the main thread run them), and this thread's mask blocks them, which
+    the worker inherits, so its own start-up (imports) is deaf to them until
+    `_screen_worker` takes them back. Python runs handlers in the main thread only: elsewhere
+    there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    handlers = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in _STOPS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if noted:
+            signal.raise_signal(noted[0])  # now, to the caller's own handler
 
 
 def _receive(reader, proc, deadline: float) -> dict | str | None:
