@@ -15,10 +15,12 @@ with the task from a temporary folder.
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.family import Case, Family, result_region
@@ -26,10 +28,11 @@ from core.family import Case, Family, result_region
 SCREEN_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
-def _screen_and_time(family_name: str, case: Case, paths: Iterable[str], device: str, out_q,
+def _screen_and_time(family_name: str, case: Case, paths: Iterable[str], device: str, conn,
                      baseline: bool = True) -> None:
-    """Worker: run each source once, screen it against the reference, time it. `paths` may be
-    a queue's iterator (a session's worker takes them as they come)."""
+    """Worker: run each source once, screen it against the reference, time it; each result is
+    sent on `conn` (a pipe's end). `paths` may be the pipe's iterator (a session's worker takes
+    them as they come)."""
     import torch
 
     from codegen.registry import get_family
@@ -61,9 +64,9 @@ def _screen_and_time(family_name: str, case: Case, paths: Iterable[str], device:
         # the graph projection's kernel times (verify.timing.bench_graphed); CPU: not measured
         base["graph_ms"], base["graph_note"] = (bench_graphed(run_baseline, device=device)
                                                 if on_gpu else (None, None))
-        out_q.put({"baseline": base})
+        conn.send({"baseline": base})
     for path in paths:
-        out_q.put({"start": path})
+        conn.send({"start": path})
         try:
             fwd = load_forward(path)
             out = family.make_out(case, inputs)
@@ -91,12 +94,46 @@ def _screen_and_time(family_name: str, case: Case, paths: Iterable[str], device:
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not a crash
             entry = {"path": path, "screen": f"error: {type(e).__name__}: {e}"[:300],
                      "trace": traceback.format_exc(limit=3)[-600:]}
-        out_q.put(entry)
+        conn.send(entry)
 
 
-def _session_worker(family_name: str, case: Case, device: str, in_q, out_q,
-                    baseline: bool) -> None:
-    _screen_and_time(family_name, case, iter(in_q.get, None), device, out_q, baseline)
+def _session_worker(family_name: str, case: Case, device: str, conn, baseline: bool) -> None:
+    """The worker process, deaf to Ctrl-C: a terminal's Ctrl-C reaches the whole foreground
+    group, and the caller decides and kills this worker, which must not print a
+    KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held while it was spawned
+    _screen_and_time(family_name, case, iter(conn.recv, None), device, conn, baseline)
+
+
+# what stops a run (Ctrl-C, and SIGTERM as `timeout` and batch schedulers send it)
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while a worker is spawned, then delivered. Stopped in the
+    middle, the caller left the worker reading its start-up data from a process that was gone
+    (an EOFError traceback on the user's terminal); stopped after it, the caller kills the
+    worker. Held twice: Python's handlers only note a stop meanwhile (another thread may take
+    the signal and have the main thread run them), and this thread's mask blocks them, which
+    the worker inherits, so its own start-up (imports) is deaf to them until
+    `_session_worker` takes them back. Python runs handlers in the main thread only: elsewhere
+    there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    handlers = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in _STOPS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if noted:
+            signal.raise_signal(noted[0])  # now, to the caller's own handler
 
 
 def _host_call_us(call, reps: int = 50) -> float:
@@ -120,7 +157,7 @@ class ScreenSession:
         self.family, self.case, self.device, self.timeout_s = family, case, device, timeout_s
         self.baseline: dict | None = None
         self._proc = None
-        self._in = self._out = None
+        self._conn = None
 
     def __enter__(self) -> ScreenSession:
         return self
@@ -130,11 +167,14 @@ class ScreenSession:
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
-        self._in, self._out = ctx.Queue(), ctx.Queue()
+        # a pipe, not queues: it holds no semaphores, which a run stopped by Ctrl-C (the CLI
+        # ends with os._exit) would leave for the resource tracker to warn about
+        self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_session_worker, args=(
-            self.family.name, self.case, self.device, self._in, self._out,
-            self.baseline is None))
-        self._proc.start()
+            self.family.name, self.case, self.device, child, self.baseline is None))
+        with _stops_held():
+            self._proc.start()
+        child.close()  # the worker's end is the worker's: its death ends the pipe
 
     def _stop(self, kill: bool) -> None:
         if self._proc is None:
@@ -142,37 +182,56 @@ class ScreenSession:
         if kill:
             self._proc.kill()
         else:
-            self._in.put(None)
+            try:
+                self._conn.send(None)
+            except OSError:  # the worker is gone already
+                pass
         self._proc.join(timeout=10)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(timeout=10)
-        self._proc = None
+        self._conn.close()
+        self._proc = self._conn = None
+
+    def _receive(self, deadline: float) -> dict | str | None:
+        """The worker's next message; "wait" while it runs and has said nothing for a second;
+        None once it died or passed `deadline`."""
+        try:
+            if self._conn.poll(1.0):
+                return self._conn.recv()
+        except (EOFError, OSError):
+            return None
+        return "wait" if self._proc.is_alive() and time.monotonic() < deadline else None
 
     def close(self) -> None:
         self._stop(kill=False)
 
     def run(self, jobs: list[dict]) -> list[dict]:
         """The jobs (dicts with "path") screened and timed, in order; a crash or hang fails
-        only the candidate that was running."""
+        only the candidate that was running. Interrupted, the worker is killed: it must not
+        run on without its caller."""
+        try:
+            return self._run(jobs)
+        except BaseException:
+            self._stop(kill=True)
+            raise
+
+    def _run(self, jobs: list[dict]) -> list[dict]:
         results: dict[str, dict] = {}
         pending = list(jobs)
         while pending:
             if self._proc is None:
                 self._start()
             for j in pending:
-                self._in.put(j["path"])
+                self._conn.send(j["path"])
             current = None
             deadline = time.monotonic() + self.timeout_s
             while pending:
-                try:
-                    msg = self._out.get(timeout=1.0)
-                    deadline = time.monotonic() + self.timeout_s
-                except queue.Empty:
-                    if self._proc.is_alive() and time.monotonic() < deadline:
-                        continue
-                    msg = None  # the worker died (segfault, illegal address) or hung
-                if msg is None:
+                msg = self._receive(deadline)
+                if msg == "wait":
+                    continue
+                deadline = time.monotonic() + self.timeout_s
+                if msg is None:  # the worker died (segfault, illegal address) or hung
                     self._stop(kill=True)
                     if current is None:
                         for j in pending:

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import platform
+
+# CPU timings run on one intra-op thread. With torch's default of one per core, every op waits
+# for its slowest thread, and a core held by another process stretches the pass by up to
+# 100x (issue #65: a 1.3 ms tiny-gpt2 forward took 116 ms with two threads, 1.28 ms with
+# one); the CPU runs tiny models, which one thread runs as fast as two on a quiet machine.
+CPU_TIMING_THREADS = 1
+
+
+def steady_cpu_timing() -> None:
+    """One intra-op thread for torch here, and for torch and numpy's BLAS (the Triton
+    interpreter's arithmetic) in every worker process started from here on."""
+    import torch
+
+    torch.set_num_threads(CPU_TIMING_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(CPU_TIMING_THREADS)
 
 
 def environment(device: str) -> dict:
@@ -16,6 +32,7 @@ def environment(device: str) -> dict:
         "cuda": torch.version.cuda,
         "device": device,
         "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
     }
     try:
         import triton

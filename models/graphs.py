@@ -272,9 +272,20 @@ def static_cache(config, batch: int, max_len: int, device, dtype):
 
 
 def cache_argument(model) -> str:
-    """The forward's cache keyword: `cache` from transformers 5.2x, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    """The forward's cache keyword: `cache`, which transformers 5.2x renamed it to (5.40 drops
+    the old name), unless the forward names only `past_key_values` (a release before the
+    rename)."""
+    params = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in params and "cache" not in params \
+        else "cache"
+
+
+def output_cache(out):
+    """The cache a forward returned: its `cache` field where the output has one (transformers
+    5.2x on; reading `past_key_values` there warns, and 5.40 drops it), else
+    `past_key_values`."""
+    return out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) \
+        else out.past_key_values
 
 
 class StaticDecoder:

@@ -62,6 +62,32 @@ ZOO.update({
                       pad_token_id=0, eos_token_id=1, bos_token_id=1),
     "tiny-gpt2": dict(model_type="gpt2", n_embd=64, n_inner=176, n_layer=2, n_head=4,
                       vocab_size=512, n_positions=512, activation_function="gelu_new"),
+    # Architectures no family was written for, each with what sets it apart: q/k norms per
+    # head (Qwen3) or across the projection (OLMo-2), logit soft-capping and eager-only
+    # attention (Gemma-2), sliding and global layers (Gemma-3), scaled residuals and logits
+    # (Granite), layers without rotary (SmolLM3), a partial rotary (Phi-2, StableLM, GPT-NeoX
+    # with its fused per-head q/k/v), biased projections and LayerNorm (Starcoder2), a
+    # parallel block and LayerNorm without bias (Cohere)
+    "tiny-qwen3": dict(model_type="qwen3", **_TINY, head_dim=16, tie_word_embeddings=True),
+    "tiny-olmo2": dict(model_type="olmo2", **_TINY),
+    "tiny-gemma2": dict(model_type="gemma2", **_TINY, head_dim=16),
+    "tiny-gemma3": dict(model_type="gemma3_text", **_TINY, head_dim=16, sliding_window=32,
+                        layer_types=["sliding_attention", "full_attention"]),
+    "tiny-granite": dict(model_type="granite", **_TINY),
+    "tiny-smollm3": dict(model_type="smollm3", **_TINY, no_rope_layers=[1, 0]),
+    "tiny-starcoder2": dict(model_type="starcoder2", **_TINY),
+    "tiny-gpt-neox": dict(model_type="gpt_neox", **{k: v for k, v in _TINY.items()
+                                                     if k != "num_key_value_heads"}),
+    "tiny-phi2": dict(model_type="phi", **_TINY),
+    "tiny-cohere": dict(model_type="cohere", **_TINY),
+    "tiny-stablelm": dict(model_type="stablelm", **_TINY),
+    # Mixtures of experts, 4 experts of which each token takes 2: enough for a router to
+    # leave an expert without tokens on a short prompt
+    "tiny-mixtral": dict(model_type="mixtral", **_TINY, num_local_experts=4,
+                         num_experts_per_tok=2),
+    "tiny-qwen3-moe": dict(model_type="qwen3_moe", **_TINY, head_dim=16, num_experts=4,
+                           num_experts_per_tok=2, moe_intermediate_size=88),
+    "tiny-olmoe": dict(model_type="olmoe", **_TINY, num_experts=4, num_experts_per_tok=2),
 })
 
 # Hub ids the zoo can stand in for when the hub is unreachable.

@@ -12,7 +12,7 @@ import click
 from codegen.strategies import STRATEGIES
 from core.errors import UserError
 from pipeline.progress import progress
-from pipeline.rundir import latest_run, new_run_dir
+from pipeline.rundir import existing_dir, latest_run, new_run_dir
 
 # the run directory `optimize` works on, named in the line a Ctrl-C prints
 _RUN: dict[str, Path | None] = {"dir": None}
@@ -80,15 +80,17 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top,
 
     MODEL_ID is a hub id (e.g. meta-llama/Llama-3.2-1B), a local folder with config.json,
     or a built-in name: gpt2, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b,
-    mistral-7b, gemma-2b, phi-3-mini, and tiny-llama, tiny-qwen2, tiny-mistral, tiny-gemma,
-    tiny-phi3, tiny-gpt2 for the CPU.
+    mistral-7b, gemma-2b, phi-3-mini, and for the CPU tiny-llama, tiny-qwen2, tiny-mistral,
+    tiny-gemma, tiny-phi3, tiny-gpt2, tiny-qwen3, tiny-olmo2, tiny-gemma2, tiny-gemma3,
+    tiny-granite, tiny-smollm3, tiny-starcoder2, tiny-gpt-neox, tiny-phi2, tiny-cohere,
+    tiny-stablelm, and the mixtures of experts tiny-mixtral, tiny-qwen3-moe, tiny-olmoe.
 
     \b
     Example:
       pipeline profile llama-3.2-1b --batch 1,8 --seq 128,1024 --dtype bf16
     """
     from core import workload as wl
-    from pipeline.stages.profile import check_device, run_profile
+    from pipeline.stages.profile import check_device, cpu_size_note, run_profile
     from pipeline.summary import console, print_profile
     from profiling.loader import resolve
 
@@ -99,7 +101,10 @@ def profile(model_id, batch, seq, dtype, device, mode, pretrained, run_dir, top,
     spec = resolve(model_id, pretrained)
     for note in spec.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
-    run_dir = run_dir or new_run_dir(spec.model_id)
+    large = cpu_size_note(spec, workloads)
+    if large:
+        console.print(f"[yellow]warning:[/yellow] {large}")
+    run_dir = run_dir or new_run_dir(spec.name)
     with progress(console, "profiling") as say:
         prof = run_profile(spec, workloads, run_dir, say,
                            wl.parse_generations(generation) if generation else None)
@@ -127,7 +132,7 @@ def rank(run_dir):
 
     RUN_DIR defaults to the latest run under ./runs.
     """
-    _rank_and_print(run_dir or latest_run())
+    _rank_and_print(existing_dir(run_dir) if run_dir else latest_run())
 
 
 @cli.command()
@@ -240,6 +245,10 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
         llm = LLMOptions(llm_model, llm_rounds, llm_max_tokens, llm_timeout,
                          llm_wall).resolved()
     if target is not None and not Path(target).is_dir():
+        from profiling.loader import looks_like_path
+
+        if looks_like_path(target):
+            existing_dir(target)  # a mistyped run directory is not an unknown model
         # a GPU that cannot build CUDA C++ fails before the profile, not after it
         resolve_backend(backend, _defaults(dtype, device)[1])
         _profile_first(target, batch, seq, dtype, device, mode, run_dir)
@@ -427,7 +436,7 @@ def report(run_dir):
     from pipeline.report import write_report
     from pipeline.summary import console
 
-    out = write_report(run_dir or latest_run())
+    out = write_report(existing_dir(run_dir) if run_dir else latest_run())
     console.print(f"report: {out['markdown']}")
 
 
@@ -439,12 +448,27 @@ def one_line(text: str, limit: int = 400) -> str:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, as `timeout` or a batch scheduler sends it at a time limit: handled like
-    Ctrl-C, so the run says how to resume instead of ending without a word (a Phi-3 optimize
-    killed at its step limit on the GPU machine said nothing)."""
+    Ctrl-C, so the run says how to resume instead of ending without a word."""
 
 
 def _terminated(signum, frame):
     raise Terminated
+
+
+def _stopped(e: KeyboardInterrupt) -> None:
+    """The line a stopped command ends with, naming how to resume an optimize run; exit 130
+    for Ctrl-C, 143 (128 + SIGTERM) for SIGTERM, as a process killed by that signal would."""
+    term = isinstance(e, Terminated)
+    word = "terminated" if term else "interrupted"
+    # before `optimize` has a run directory (a profile: written only once it is complete)
+    # there is nothing to resume
+    click.echo(f"{word}; resume with `pipeline optimize {_RUN['dir']} --resume`"
+               if _RUN["dir"] else word, err=True)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    # not sys.exit: that waits for worker threads, and a second Ctrl-C during the wait
+    # prints their KeyboardInterrupt traceback; artifacts are written atomically
+    os._exit(143 if term else 130)
 
 
 def main() -> None:
@@ -455,23 +479,21 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        # click turns a KeyboardInterrupt (Ctrl-C, or SIGTERM as `_terminated` raises it) into
+        # its own Abort before it reaches this handler; its cause says which it was
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            _stopped(e.__cause__)
         click.echo("aborted", err=True)
         sys.exit(130)
+    except KeyboardInterrupt as e:  # one raised outside click's invocation
+        _stopped(e)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt as e:
-        term = isinstance(e, Terminated)
-        click.echo(f"{'terminated' if term else 'interrupted'}; resume with `pipeline "
-                   f"optimize {_RUN['dir'] or 'RUN'} --resume`", err=True)
-        sys.stderr.flush()
-        # not sys.exit: that waits for worker threads, and a second Ctrl-C during the wait
-        # prints their KeyboardInterrupt traceback; artifacts are written atomically
-        os._exit(143 if term else 130)
     except Exception as e:  # noqa: BLE001 - last line of defence: one line, not a traceback
         if debug or os.environ.get("PIPELINE_DEBUG"):
             raise

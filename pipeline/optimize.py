@@ -21,6 +21,7 @@ from codegen.cuda_build import resolve_backend
 from codegen.hybrid import make_proposer
 from codegen.strategies import SearchPlan
 from core.artifacts import read_json
+from core.env import steady_cpu_timing
 from core.errors import UserError
 from core.workload import Workload
 from pipeline.interpreter import use_interpreter_without_gpu
@@ -101,6 +102,7 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         say(note)
     if not on_gpu:
         use_interpreter_without_gpu()  # for API callers; the CLI did it before any import
+        steady_cpu_timing()  # as the profile timed it
 
     # before any stage: a missing Ray, or a cluster without a GPU, is one line, not a failure
     pool = make_workers(workers, ray_address, gpu=on_gpu)

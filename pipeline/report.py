@@ -22,10 +22,9 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
     ROLLBACK_RULE,
     acceptance_fields,
     acceptance_record,
-    condensed,
     kernel_path,
 )
-from pipeline.report_render import NOT_MEANINGFUL, host_drift_told
+from pipeline.report_render import NOT_MEANINGFUL, host_drift_told, more_rows
 from pipeline.report_search import search_blocks
 from pipeline.report_sources import source_tables
 from pipeline.stages.rank import floor_line, top_level
@@ -57,18 +56,14 @@ def write_report(run_dir: Path) -> dict:
         raise UserError(f"{run_dir} has neither profile.json nor ranking.json: nothing to report")
     data = collect(arts)
     plots = rp.make_plots(run_dir, data)
-    acceptance, records = {}, {}
+    acceptance = {}
     for fam in verified_families(data):
-        fields = acceptance_fields(fam, data, lambda p, f=fam: _record(run_dir, f, p), run_dir)
-        text = "\n".join(f"{(label + ':'):<14}{line}" if i == 0 else f"{'':14}{line}"
-                         for label, lines in fields.items() for i, line in enumerate(lines))
-        records[fam] = condensed(fields)
+        text = acceptance_record(fam, data, lambda p, f=fam: _record(run_dir, f, p), run_dir)
         acceptance[fam] = write_text(run_dir / "acceptance" / f"{fam}.md", (
             f"# Acceptance record: {fam}\n\n```text\n{text}\n```\n"))
     data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
     data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
-    blocks = rp.document(data, records) + search_blocks(arts.get("search")) + \
-        source_tables(arts, data)
+    blocks = rp.document(data) + search_blocks(arts.get("search")) + source_tables(arts, data)
     generation = e2e_report.read(run_dir)
     if generation is not None:
         data["e2e"] = generation.model_dump()
@@ -76,7 +71,8 @@ def write_report(run_dir: Path) -> dict:
                                   e2e_report.blocks(run_dir, generation))
     md = write_text(run_dir / "report.md", rp.to_markdown(blocks))
     html = write_text(run_dir / "report.html",
-                      rp.to_html(blocks, f"Kernel report: {data['model'].get('id')}"))
+                      rp.to_html(blocks, "Kernel report: "
+                                 f"{data['model'].get('name') or data['model'].get('id')}"))
     js = write_json(run_dir / "report.json", data)
     return {"markdown": md, "html": html, "json": js, "plots": list(plots.values()),
             "acceptance": list(acceptance.values())}
@@ -108,8 +104,8 @@ def collect(arts: dict) -> dict:
     model = prof.get("model") or {"id": rank.get("model")}
     return {
         "stage": "report", "artifacts": sorted(arts),
-        "model": {k: model.get(k) for k in ("id", "source", "weights", "model_type", "revision",
-                                            "num_layers", "hidden_size", "notes")},
+        "model": {k: model.get(k) for k in ("id", "name", "source", "weights", "model_type",
+                                            "revision", "num_layers", "hidden_size", "notes")},
         "environment": prof.get("environment") or (arts.get("integration") or {}).get(
             "environment") or {},
         "ceilings": prof.get("ceilings") or rank.get("ceilings") or {},
@@ -140,15 +136,8 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         "profiled_ms_per_step": (p or {}).get("profiled_ms_per_step"),
         "gpu_busy_share": busy, "gpu_idle_share": base.get("gpu_idle_share"),
         "launch_bound": launch_bound, "regime": r.get("regime") or _regime(basis, busy),
-        "rest_share": rest, "shares": _share_rows(rows, rest), "ranked_by": r.get("ranked_by"),
-        "ordered_by": r.get("ordered_by"),
-        # top-level rows in the ranking's order, each followed by its options
-        "top_patterns": [{k: x.get(k) for k in (
-            "pattern", "family", "remedy", "occurrences", "share", "time_us", "launches",
-            "attainable_speedup", "target_source", "achieved_GBps", "amdahl_gain",
-            "replay_gain", "rank_gain", "option_of", "overlaps")}
-            for g, opts in (top_level(rows)[:TOP] if r.get("rows") else [(x, []) for x in rows])
-            for x in (g, *opts)],
+        "rest_share": rest, "ranked_by": r.get("ranked_by"), "ordered_by": r.get("ordered_by"),
+        **_table_rows(rows, bool(r.get("rows")), rest),
         "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
         "ceiling_replay": r.get("ceiling_replay"), "floor": r.get("floor")}
     w["floor_text"] = floor_line(w)
@@ -160,7 +149,8 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["gap"] = gap(r.get("rows") or [], (proj or {}).get("kernel_speedups") or {},
                    (iw or {}).get("reprofile"), {"wall_ms": w["wall_ms"], "busy_share": busy},
                    basis.get("replay"), (iw or {}).get("combined"), basis.get("row_ms"))
-    w["conditions"] = _conditions(w["wall_ms"], iw)
+    # the CPU projects nothing, so no error of a projection to put down to the machine
+    w["conditions"] = _conditions(w["wall_ms"], iw) if w["time_basis"] == "device" else None
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
     w.update(headroom(r, iw))
@@ -180,6 +170,10 @@ def verdict(w: dict) -> str:
         return (f"{w['key']}: not optimized yet; {regime}; next: `pipeline optimize` "
                 f"(ceiling of kernel work {ceiling})")
     fams = ", ".join(shipped["families"]) or "nothing"
+    if w["time_basis"] != "device":
+        return (f"{w['key']}: ships {fams}; a CPU run (Triton interpreter): nothing is measured "
+                f"or projected as a speedup; next: profile and optimize on a GPU for timings "
+                f"that decide")
     m = w.get("measured") or {}
     if shipped["families"] and shipped.get("speedup") is not None and shipped.get("ci"):
         meas = f"measured {speed(shipped['speedup'])} {ci(shipped['ci'])}"
@@ -203,9 +197,7 @@ def verdict(w: dict) -> str:
     if g.get("shipped"):
         fams += " + CUDA graph"
         meas += f"; as one CUDA graph {speed(g.get('measured_speedup'))}"
-    if w["time_basis"] != "device":
-        nxt = "profile and optimize on a GPU for timings that decide"
-    elif g.get("shipped"):
+    if g.get("shipped"):
         nxt = "fewer kernels per pass (fusion), now that the host is gone"
     elif w.get("host_bound_note") or w["launch_bound"]:
         nxt = "less host work per pass (CUDA graphs), not faster kernels"
@@ -288,16 +280,29 @@ def _own(rows: list[dict]) -> list[dict]:
             and not x.get("remedy")]
 
 
-def _share_rows(rows: list[dict], rest: float) -> list[dict]:
-    """Top patterns by share, the remainder of the device work, and the host/launch/idle row:
-    together they sum to 1 like the profile's shares. A row that is an alternative to others
-    (`alternative_to`) holds their ops again and stays out of the sum."""
-    by_share = sorted(_own(rows), key=lambda x: -x["share"])
-    # every top-level row: a bar left out made the plot add up to less than the pass
-    out = [{"label": x["pattern"], "share": x["share"],
-            "kind": "family" if x.get("family") else "other"} for x in by_share]
-    out.append({"label": "rest: host/launch/idle", "share": rest, "kind": "rest"})
-    return out
+def _table_rows(rows: list[dict], ranked: bool, rest: float) -> dict:
+    """The rows the "Top patterns" table and the "where the time goes" plot both show, in the
+    ranking's order: the first TOP top-level rows, each followed by its options, then one row
+    for the top-level rows beyond them and the rest row. The numbered rows, that row and the
+    rest row sum to 1; an option (`option_of`) holds ops of the row above it again, and the
+    CUDA-graph row's share is the rest row's, so neither adds to the sum (`kind` "option").
+    One list for both, so a family that ships as an option (matmul_epilogue) is on the plot,
+    and nothing is on the plot that the table leaves out."""
+    groups = top_level(rows) if ranked else [(x, []) for x in rows]
+    top = [{k: x.get(k) for k in (
+        "pattern", "family", "remedy", "occurrences", "share", "time_us", "launches",
+        "attainable_speedup", "target_source", "achieved_GBps", "amdahl_gain", "replay_gain",
+        "rank_gain", "option_of", "overlaps")} for g, opts in groups[:TOP] for x in (g, *opts)]
+    beyond = [g for g, _ in groups[TOP:] if not g.get("remedy")]
+    shares = [{"label": f"or {x['pattern']}" if x.get("option_of") else x["pattern"],
+               "share": x["share"],
+               "kind": "option" if x.get("option_of") or x.get("remedy") else
+               "family" if x.get("family") else "other"} for x in top]
+    if beyond:
+        shares.append({"label": more_rows(len(beyond)), "share": sum(
+            g["share"] for g in beyond), "kind": "other"})
+    shares.append({"label": "rest: host/launch/idle", "share": rest, "kind": "rest"})
+    return {"top_patterns": top, "shares": shares, "more_rows": len(beyond)}
 
 
 def _projected(key, proj, fam_of) -> dict | None:
@@ -338,7 +343,7 @@ def _integration(iw: dict | None, projected: dict | None,
     speeds = speeds or {}
     if iw is None:
         return {"measured": None, "shipped": None, "projection_error": None,
-                "compared_projection": None, "per_family": [],
+                "compared_projection": None, "per_family": [], "set_aside": {},
                 "rollbacks": [], "kept": None, "check": None, "fallback_checks": {},
                 "patch_effect": None, "declined": {}}
     per, comb, check = iw.get("per_family") or {}, iw.get("combined"), iw.get("check") or {}
@@ -379,9 +384,9 @@ def _integration(iw: dict | None, projected: dict | None,
     else:
         shipped = {"families": [], "speedup": 1.0, "ci": None,
                    "note": "nothing kept: the model runs its original code on this workload"}
-    rollbacks = [{"family": f, "stage": "kernel timing", "reason": why}
-                 for f, why in (iw.get("skipped") or {}).items()]
-    rollbacks += [{"family": f, "stage": "in the model", "reason": why}
+    # `skipped`: set aside before integration (superseded by a rival, or slower at kernel
+    # level with no host time saved): never patched in, so not rolled back
+    rollbacks = [{"family": f, "stage": "in the model", "reason": why}
                   for f, why in (iw.get("unreached") or {}).items()]
     rollbacks += [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
                   for f, res in (check.get("rejected") or {}).items()]
@@ -416,7 +421,7 @@ def _integration(iw: dict | None, projected: dict | None,
                             "in_set": _ratio(d["in_set"], [f], "in the set, with / without")
                             if d.get("in_set") else None, "fallback_for": d.get("fallback_for")}
                            for f, d in per.items()],
-            "rollbacks": rollbacks, "kept": kept,
+            "rollbacks": rollbacks, "set_aside": dict(iw.get("skipped") or {}), "kept": kept,
             "check": {**_check_summary(check.get("set")),
                       "rejected": sorted(check.get("rejected") or {})} if check else None,
             # the check of each family tried in place of another, in the set it ships in

@@ -1,6 +1,6 @@
 """Acceptance records: one per verified kernel family, in the DESIGN.md form (Workload,
-Environment, Comparison, Correctness, Measurements, Decision). The file holds the full record;
-the report shows it condensed, the lines every record repeats stated once (`COMMON`)."""
+Environment, Comparison, Correctness, Measurements, Decision), each its own file under
+acceptance/; the report links them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ END_TO_END = ("end to end: baseline and patched model interleaved in one process
               "ratio with a bootstrap 95% CI; it counts only when the CI excludes 1.0")
 REFERENCE = ("reference: float64 run of the baseline (float32 where float64 fails); an element "
              "passes when |c - r| <= |b - r| + atol + rtol*|r|")
-COMMON = (CONCURRENCY, BASELINE, END_TO_END, REFERENCE)
 
 
 def kernel_path(source: str | None, run_dir: Path | None) -> str:
@@ -133,6 +132,9 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
                     f"end to end {w['key']} (the set with {fam} against the set without it, "
                     f"{inset['pairs']} pairs): {speed(inset['speedup'])} "
                     f"{ci(inset['ci'])}, {inset['verdict']}")
+        aside = (w.get("set_aside") or {}).get(fam)
+        if aside:
+            decision.append(f"set aside on {w['key']} before integration: {aside}")
         rb = [r for r in w["rollbacks"] if fam in r["family"].split(", ")]
         if rb:
             decision.append(f"rolled back on {w['key']}: " + "; ".join(r["reason"] for r in rb))
@@ -152,9 +154,3 @@ def acceptance_record(fam: str, data: dict, load, run_dir: Path | None = None) -
                      for label, lines in acceptance_fields(fam, data, load, run_dir).items()
                      for i, line in enumerate(lines))
 
-
-def condensed(fields: dict[str, list[str]]) -> list[list[str]]:
-    """The record as (field, value) rows without the lines every record repeats (the report
-    states those once, `COMMON`)."""
-    return [[label, line] for label, lines in fields.items() for line in lines
-            if line not in COMMON and not line.startswith("rollback conditions:")]

@@ -7,9 +7,10 @@ import io
 from pathlib import Path
 
 from core.artifacts import write_text
+from pipeline.report_render import pct
 
-COLORS = {"family": "#4c72b0", "other": "#8da0cb", "rest": "#b0b0b0", "amdahl": "#4c72b0",
-          "replay": "#dd8452", "measured": "#55a868"}
+COLORS = {"family": "#4c72b0", "other": "#8da0cb", "option": "#c9d3e6", "rest": "#b0b0b0",
+          "amdahl": "#4c72b0", "replay": "#dd8452", "measured": "#55a868"}
 
 
 def _figure(width: float, height: float):
@@ -30,21 +31,29 @@ def _short(text: str, n: int = 46) -> str:
 
 
 def share_plot(path: Path, key: str, rows: list[dict], basis: str) -> Path:
-    """Horizontal bars of the wall-time share per pattern; rows: {label, share, kind}, where
-    kind is "family" (a kernel family can replace it), "other" or "rest"."""
+    """Horizontal bars of the wall-time share per pattern, top to bottom in the table's order;
+    rows: {label, share, kind}, where kind is "family" (a kernel family can replace it),
+    "option" (replaces the ops of the row above it again: hatched, its share in parentheses),
+    "other" or "rest"."""
     fig = _figure(8.0, 0.38 * len(rows) + 1.4)
     ax = fig.add_subplot()
     rows = list(reversed(rows))
     y = range(len(rows))
-    ax.barh(list(y), [r["share"] * 100 for r in rows],
-            color=[COLORS.get(r["kind"], COLORS["other"]) for r in rows])
+    bars = ax.barh(list(y), [r["share"] * 100 for r in rows],
+                   color=[COLORS.get(r["kind"], COLORS["other"]) for r in rows])
+    for bar, r in zip(bars, rows, strict=True):
+        if r["kind"] == "option":
+            bar.set_hatch("//")
     ax.set_yticks(list(y), [_short(r["label"]) for r in rows], fontsize=8)
     top = max([r["share"] * 100 for r in rows] + [1.0])
     for i, r in enumerate(rows):
-        ax.text(r["share"] * 100 + top * 0.01, i, f"{r['share']:.1%}", va="center", fontsize=7)
+        text = pct(r["share"])
+        ax.text(r["share"] * 100 + top * 0.01, i, f"({text})" if r["kind"] == "option" else text,
+                va="center", fontsize=7)
     ax.set_xlim(0, top * 1.15)
     what = "device time" if basis == "device" else "host (CPU) time"
-    ax.set_xlabel(f"share of the wall time (%) - {what}; dark bars: a kernel family applies")
+    ax.set_xlabel(f"share of the wall time (%) - {what}\ndark bars: a kernel family applies; "
+                  "hatched: an option of the row above (its ops again)", fontsize=9)
     ax.set_title(f"{key}: where the time goes", fontsize=10)
     return _save(fig, path)
 
@@ -116,11 +125,12 @@ def make_plots(run_dir: Path, data: dict) -> dict[str, Path]:
         if w["shares"]:
             out[f"share/{k}"] = share_plot(run_dir / "plots" / f"share_{k}.png", k,
                                            w["shares"], w["time_basis"] or "cpu")
-        if w["cumulative"]:
+        # on the CPU every family projects 1.000x (no GPU kernel times): a flat line says
+        # nothing, and the report says why it is not drawn
+        if w["cumulative"] and w["time_basis"] == "device":
             measured = any(r.get("target_source") == "measured kernel"
                            for r in w["top_patterns"] if r.get("family"))
-            basis = ("measured kernel times" if measured else "roofline targets") + (
-                "" if w["time_basis"] == "device" else ", CPU host-time shares")
+            basis = "measured kernel times" if measured else "roofline targets"
             out[f"cumulative/{k}"] = cumulative_plot(
                 run_dir / "plots" / f"cumulative_{k}.png", k, w["cumulative"], basis,
                 frozenset(w.get("kept") or ()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.report_acceptance import COMMON, ROLLBACK_RULE, kernel_path
+from pipeline.report_acceptance import kernel_path
 from pipeline.report_figures import (  # noqa: F401 - the report's entry points use them here
     COLORS,
     _short,
@@ -20,6 +20,8 @@ from pipeline.report_render import (  # noqa: F401
     case_text,
     ci,
     config_text,
+    kernel_label,
+    more_rows,
     ms,
     pct,
     speed,
@@ -102,33 +104,18 @@ def _shipped_cell(s: dict | None) -> str:
     return speed(s["speedup"]) if s["speedup"] is not None else "not meaningful (CPU timing)"
 
 
-def document(data: dict, records: dict[str, list[list[str]]]) -> list[tuple]:
-    """The report as blocks, rendered by to_markdown and to_html alike."""
+def document(data: dict) -> list[tuple]:
+    """The report as blocks, rendered by to_markdown and to_html alike. The first screen holds
+    the verdict, the whole-model table and the kernels table; how the numbers were made, the
+    model, the machine and each workload's detail follow."""
     m, env, c, plots = data["model"], data["environment"], data["ceilings"], data["plots"]
-    b: list[tuple] = [("h", 1, f"Kernel report: {m.get('id')}"), ("h", 2, "Verdict"),
-                      ("ul", [w["verdict"] for w in data["workloads"]]),
-                      ("p", "Artifacts read: " + ", ".join(data["artifacts"]) + ".")]
+    title = m.get("name") or m.get("id")  # a local folder's name, not its whole path
+    b: list[tuple] = [("h", 1, f"Kernel report: {title}"), ("h", 2, "Verdict"),
+                      ("ul", [w["verdict"] for w in data["workloads"]])]
     if not {"verification", "projection", "integration"} & set(data["artifacts"]):
         b.append(("note", ("Only profiling and ranking have run: the projections are roofline "
                           "ceilings from before any kernel exists. Run `pipeline optimize` to "
                           "generate, verify, integrate and measure kernels.")))
-    weights = str(m.get("weights"))
-    if weights == "random":
-        weights += " (timing does not depend on weight values; outputs are not meaningful text)"
-    rows = [("model", m.get("id")), ("source", m.get("source")), ("weights", weights),
-            ("model type", m.get("model_type")),
-            ("layers / hidden size", f"{m.get('num_layers')} / {m.get('hidden_size')}")]
-    rows += [(k, env[k]) for k in ("gpu", "driver", "cuda", "torch", "triton", "transformers",
-                                   "python", "cpu", "device") if env.get(k) is not None]
-    b += [("h", 2, "Model and environment"), ("table", ["", "value"], rows)]
-    if c:
-        b += [("h", 2, "Ceilings (measured on this machine)"), ("table", ["ceiling", "value"], [
-            ("copy bandwidth", f"{c.get('bandwidth_GBps', 0):.0f} GB/s"),
-            ("matmul peak", f"{c.get('matmul_TFLOPs', 0):.1f} TFLOP/s ({c.get('matmul_dtype')})"),
-            ("launch cost", f"{c.get('launch_us', 0):.2f} us"), ("device", c.get("device")),
-            ("measured at", c.get("measured_at"))]),
-            ("p", (f"How: {c.get('method')}. Measured by `pipeline calibrate` on the device in "
-                  "use (cached per device name), never taken from a datasheet."))]
     b += [("h", 2, "Whole-model speedup per workload"), ("table", [
         "workload", "regime", "wall", "projected (Amdahl)", "projected (replay)", "measured",
         "95% CI", "error (Amdahl)", "error (replay)", "shipped"], [
@@ -139,23 +126,41 @@ def document(data: dict, records: dict[str, list[list[str]]]) -> list[tuple]:
          pct((w["projection_error"] or {}).get("amdahl")),
          pct((w["projection_error"] or {}).get("replay")), _shipped_cell(w["shipped"])]
         for w in data["workloads"]])]
-    if "comparison" in plots:
-        b.append(("img", plots["comparison"], "projected vs measured speedup per workload"))
+    b += _kernel_blocks(data)
     b.append(("p", ("Projected: frozen before integration from the profile and the verified "
                    "kernel times (Amdahl over shares, and a replay of the trace's critical "
                    "path). Measured: 1 / the median paired ratio time(patched) / time(baseline) "
                    "of interleaved whole-model runs, with its bootstrap 95% CI. Projection "
                    "error = |projected - measured| / measured. Shipped: what the patched model "
                    "runs after rollbacks.")))
+    if "comparison" in plots:
+        b.append(("img", plots["comparison"], "projected vs measured speedup per workload"))
+    weights = str(m.get("weights"))
+    if weights == "random":
+        weights += " (timing does not depend on weight values; outputs are not meaningful text)"
+    rows = [("model", m.get("id")), ("source", m.get("source")), ("weights", weights),
+            ("model type", m.get("model_type")),
+            ("layers / hidden size", f"{m.get('num_layers')} / {m.get('hidden_size')}")]
+    rows += [(k, env[k]) for k in ("gpu", "driver", "cuda", "torch", "triton", "transformers",
+                                   "python", "cpu", "cpu_threads", "device")
+             if env.get(k) is not None]
+    b += [("h", 2, "Model and environment"), ("table", ["", "value"], rows),
+          ("p", "Artifacts read: " + ", ".join(data["artifacts"]) + ".")]
+    if c:
+        b += [("h", 2, "Ceilings (measured on this machine)"), ("table", ["ceiling", "value"], [
+            ("copy bandwidth", f"{c.get('bandwidth_GBps', 0):.0f} GB/s"),
+            ("matmul peak", f"{c.get('matmul_TFLOPs', 0):.1f} TFLOP/s ({c.get('matmul_dtype')})"),
+            ("launch cost", f"{c.get('launch_us', 0):.2f} us"), ("device", c.get("device")),
+            ("measured at", c.get("measured_at"))]),
+            ("p", (f"How: {c.get('method')}. Measured by `pipeline calibrate` on the device in "
+                  "use (cached per device name), never taken from a datasheet."))]
     for w in data["workloads"]:
         b += _workload_blocks(w, plots)
-    b += _kernel_blocks(data)
-    if records:
-        b.append(("h", 2, "Acceptance records"))
-        b.append(("links", [(f"acceptance/{f}.md", data["acceptance"][f]) for f in records]))
-        b.append(("p", "Every record: " + "; ".join(COMMON) + f"; {ROLLBACK_RULE}."))
-        for f, rows in records.items():
-            b += [("h", 3, f), ("table", ["field", "value"], rows)]
+    if data.get("acceptance"):
+        b += [("h", 2, "Acceptance records"), ("p", (
+            "One per verified kernel family: the workload and environment it was judged in, "
+            "the comparison, correctness, measurements and the decision.")),
+            ("links", [(f"{f}: {path}", path) for f, path in data["acceptance"].items()])]
     return b
 
 
@@ -181,7 +186,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                           "the wall time, so faster kernels cannot help much here; the host "
                           "(dispatch and launches) sets the pace. Fusion helps only by removing "
                           f"launches (see the replay projection). Ranking: {w['regime']}")))
-    else:
+    elif w["time_basis"] == "device":  # the CPU's regime is the note above
         b.append(("p", f"Regime: {w['regime']}."))
     if f"share/{k}" in plots:
         b.append(("img", plots[f"share/{k}"], f"time share by pattern, {k}"))
@@ -201,14 +206,18 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                      ms((r.get("time_us") or 0) / 1e3), speed(r.get("attainable_speedup")),
                      speed(r.get("amdahl_gain")), speed(r.get("replay_gain")),
                      speed(r.get("rank_gain")), r.get("target_source") or "-"])
+    if w.get("more_rows"):
+        more = next(x for x in w["shares"] if x["label"] == more_rows(w["more_rows"]))
+        rows.append(["", more["label"], "", "", pct(more["share"]), "", "", "", "", "", ""])
     rows.append(["", "rest: host/launch/idle", "", "", pct(w["rest_share"]), "", "", "", "", "",
                  ""])
-    order = w.get("ordered_by") or f"ranked by {w['ranked_by'] or 'share'}"
+    order = w.get("ordered_by") or w["ranked_by"] or "share"
     b += [("h", 3, "Top patterns"), ("p", (
         f"Ordered by {order}. A row starting with \"or\" is an option for the row above it: "
         "it replaces the same ops (and more), so at most one of them is ever used; its share "
         "(in parentheses) is not added again, nor is the CUDA-graph row's, which removes the rest "
-        "row's host time. The numbered rows and the rest row sum to 1.")),
+        "row's host time. The numbered rows, the row for those past the table's end and the rest "
+        "row sum to 1; the plot above shows the same rows.")),
         ("table", ["#", "pattern", "family", "occ", "share", "time", "attainable",
                    "gain (Amdahl)", "gain (replay)", "rank_gain", "target"], rows)]
     b += _headroom_blocks(w)
@@ -217,6 +226,9 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         b += [("img", plots[f"cumulative/{k}"], f"cumulative projection, {k}"),
               ("p", (f"Replacing all {last['n']} candidate families: Amdahl "
                     f"{speed(last['amdahl'])}, replay {speed(last.get('replay'))}."))]
+    elif w["cumulative"] and w["time_basis"] != "device":
+        b.append(("p", "No cumulative projection on the CPU: without GPU kernel times every "
+                       "family projects 1.000x, so its curve would be a flat line."))
     if w.get("floor_text"):
         b.append(("p", w["floor_text"][0].upper() + w["floor_text"][1:] + "."))
     p, m, err = w["projected"], w["measured"], w["projection_error"] or {}
@@ -240,7 +252,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         if m:
             rows += [(f"measured ({m['scope']})", _measured_cell(m) + (
                 f" {ci(m['ci'])}, {m['pairs']} pairs, {m['verdict']}" if m["meaningful"] else
-                f" ({m['reason']})"))]
+                ""))]
         bound = w.get("bound")
         if bound:
             rows.append(("host time of the pass (until the forward returns) / wall time, "
@@ -259,8 +271,10 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                              f"{host['timing_host_ms']:.2f} ms per unpatched pass at the timing "
                              f"against {host['profile_host_ms']:.2f} at the profile "
                              f"({host['host_drift']:.2f}x)")))
+        shipped = w["shipped"] or {}
         rows.append(("shipped", _shipped_cell(w["shipped"]) + (
-            f" ({w['shipped']['note']})" if (w["shipped"] or {}).get("note") else "")))
+            f" ({shipped['note']})" if shipped.get("note") and shipped.get("speedup") is not None
+            else "")))
         b.append(("table", ["", "value"], rows))
         for note in ((p or {}).get("note"), (m or {}).get("note"), w.get("conditions"),
                      w.get("host_bound_note")):
@@ -282,16 +296,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
             b.append(("p", (f"Whole-model check of {fam} in the set it ships in "
                            f"({', '.join(c['families'] or [])}): {_check_words(c)}.")))
         if eff:
-            ops = "; ".join(
-                f"{fam}: " + (", ".join(f"{op.removeprefix('aten::')} {a}->{b}"
-                                        for op, (a, b) in counts.items())
-                              or "no aten op to count (its kernel runs library ops), "
-                                 "proven by its kernel calls")
-                for fam, counts in (eff.get("aten_ops_before_after") or {}).items())
-            b.append(("p", "Patch took effect: " + ("yes" if eff.get("passed") else "NO") +
-                      f" (kernel calls per pass: {eff.get('kernel_calls')}; aten ops before->"
-                      f"after: {ops or '-'}; GPU kernels seen: "
-                      f"{', '.join(eff.get('new_kernels') or []) or 'none (CPU)'})."))
+            b.append(("p", patch_effect_text(eff)))
         for fam, keys in (w.get("declined") or {}).items():
             b.append(("note", f"{fam} did not reach every call: the pass asked for "
                               f"{len(keys)} case(s) no accepted kernel covers, and the original "
@@ -302,11 +307,39 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         if w["rollbacks"]:
             b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"
                              for r in w["rollbacks"]]))
+        if w.get("set_aside"):
+            b += [("p", "Set aside before integration (never patched in, so not a rollback):"),
+                  ("ul", [f"{f}: {why}" for f, why in w["set_aside"].items()])]
     b += graphs_blocks(w)
     if w["suggestions"]:
         b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
               ("ul", w["suggestions"])]
     return b
+
+
+def patch_effect_text(eff: dict) -> str:
+    """The patch-took-effect check in one paragraph: the kernel calls per pass of each family,
+    then the aten ops whose count the set changed, each once (the counts are of the whole
+    pass, the same under every family that replaces the op), and the GPU kernels seen, by
+    their short names."""
+    counts: dict[str, tuple[int, int]] = {}
+    bare = []
+    for fam, ops in (eff.get("aten_ops_before_after") or {}).items():
+        changed = {op: tuple(n) for op, n in ops.items() if n[0] != n[1]}
+        counts.update(changed)
+        if not changed:
+            bare.append(fam)
+    calls = eff.get("kernel_calls") or {}
+    text = ("Patch took effect: " + ("yes" if eff.get("passed") else "NO") + ". Kernel calls "
+            "per pass: " + (", ".join(f"{f} {n}" for f, n in calls.items()) or "none") + ". ")
+    if counts:
+        text += ("Aten ops per pass, unpatched -> patched: " + ", ".join(
+            f"{op.removeprefix('aten::')} {a}->{b}" for op, (a, b) in counts.items()) + ". ")
+    if bare:
+        text += (f"{', '.join(bare)}: no aten op to count (its kernel runs library ops), "
+                 "proven by its kernel calls. ")
+    kernels = sorted({kernel_label(k) for k in eff.get("new_kernels") or []})
+    return text + f"GPU kernels seen: {', '.join(kernels) or 'none (CPU)'}."
 
 
 def _headroom_blocks(w: dict) -> list[tuple]:
@@ -432,7 +465,8 @@ def _gap_blocks(g: dict | None) -> list[tuple]:
     def over(p):
         a, b = p["patched_ms"], p["projected_ms"]
         return "-" if a is None or b is None else f"{a - b:+.3f} ms"
-    rows = [[p["part"] + (f" ({', '.join(p['kernels'])})" if p["kernels"] else ""),
+    rows = [[p["part"] + (f" ({', '.join(map(kernel_label, p['kernels']))})"
+                          if p["kernels"] else ""),
              ms(p["profiled_ms"]), ms(p["projected_ms"]), ms(p["patched_ms"]), over(p)]
             for p in g["parts"]]
     now = ms(g["unpatched_busy_now_ms"])
@@ -444,7 +478,7 @@ def _gap_blocks(g: dict | None) -> list[tuple]:
             ("table", ["part", "profiled (unpatched)", "projected", "patched, re-profiled",
                        "patched - projected"], rows)] + ([("p", (
                 "Kernels both passes ran that took longer patched: " + "; ".join(
-                    f"{_short(k['kernel'], 60)} {ms(k['unpatched_ms'])} -> "
+                    f"{kernel_label(k['kernel'])} {ms(k['unpatched_ms'])} -> "
                     f"{ms(k['patched_ms'])}" for k in g["slower_in_both"]) + "."))]
         if g.get("slower_in_both") else [])
 
@@ -455,17 +489,25 @@ def _kernel_blocks(data: dict) -> list[tuple]:
         return []
     b = [("h", 2, "Kernels")]
 
+    # a run whose timings all mean nothing (the CPU interpreter's) says so once, in the
+    # header, instead of in three cells of every row
+    gpu = any(a["meaningful"] for a in k["accepted"])
+
     def t(x):
         return "-" if not x else (f"{x['median_ms']:.4f} ms [{x['p20_ms']:.4f}-{x['p80_ms']:.4f}]"
-                                  + ("" if x["meaningful"] else " (CPU timing)"))
+                                  + ("" if x["meaningful"] or not gpu else " (CPU timing)"))
     if k["accepted"]:
-        b += [("h", 3, "Accepted (verified)"), ("table", [
-            "family", "case", "config", "kernel (median [p20-p80])", "baseline", "kernel speedup",
-            "GB/s", "configs tried / passed screen"], [
+        head = ["family", "case", "config", "kernel (median [p20-p80])", "baseline",
+                "kernel speedup", "GB/s"] if gpu else [
+            "family", "case", "config", "kernel (median [p20-p80]), CPU interpreter: not "
+            "meaningful, no speedup derived", "baseline (CPU)"]
+        b += [("h", 3, "Accepted (verified)"), ("table", head + [
+            "configs tried / passed screen"], [
             [a["family"], case_text(a["case"], a["case_key"]), config_text(a["config"]),
              t(a["kernel"]), t(a["baseline"]),
-             speed(a["speedup"]) if a["meaningful"] else "not meaningful (CPU timing)",
-             f"{a['kernel']['gbps']:.0f}" if a["meaningful"] and a["kernel"]["gbps"] else "-",
+             *([speed(a["speedup"]) if a["meaningful"] else "not meaningful (CPU timing)",
+                f"{a['kernel']['gbps']:.0f}" if a["meaningful"] and a["kernel"]["gbps"] else "-"]
+               if gpu else []),
              f"{a['search']['configs']} / {a['search']['passed_screen']}" if a["search"] else "-"]
             for a in k["accepted"]])]
         shipped = {f for w in data["workloads"] for f in w.get("kept") or ()}

@@ -29,15 +29,42 @@ def speed(v) -> str:
 
 
 def pct(v) -> str:
-    return "-" if v is None else f"{v:.1%}"
+    """A share or an error; one that rounds to zero reads 0.0%, never -0.0% (a rest row of
+    1 - sum(shares) comes out at -1e-16)."""
+    if v is None:
+        return "-"
+    return f"{0.0 if round(v * 100, 1) == 0 else v:.1%}"
 
 
 def ms(v) -> str:
     return "-" if v is None else f"{v:.3f} ms"
 
 
+def more_rows(n: int) -> str:
+    """The label of the row standing for the top-level rows past the table's end."""
+    return f"{n} more row{'s' if n > 1 else ''}"
+
+
 def ci(pair) -> str:
     return "" if not pair else f"[{pair[0]:.3f}x, {pair[1]:.3f}x]"
+
+
+_TEMPLATE_ARG = re.compile(r"<\s*([A-Za-z_]\w{12,})\s*[,>]")
+
+
+def kernel_label(name: str, limit: int = 60) -> str:
+    """A GPU kernel's name as a reader needs it: a C++ symbol loses its return type,
+    namespaces, parameters and template arguments (`void at::native::(anonymous
+    namespace)::elementwise_kernel_with_index<int, ...600 characters...>(...)` ->
+    `elementwise_kernel_with_index`), but keeps a first template argument that names the
+    kernel (`Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>`); anything left longer than
+    `limit` is cut."""
+    text = name.strip().removeprefix("void ").replace("(anonymous namespace)::", "")
+    cut = min((i for i in (text.find("<"), text.find("(")) if i >= 0), default=len(text))
+    base = text[:cut].rsplit("::", 1)[-1] or text
+    arg = _TEMPLATE_ARG.match(text[cut:]) if text[cut:cut + 1] == "<" else None
+    label = f"{base}<{arg.group(1)}>" if arg else base
+    return label if len(label) <= limit else label[: limit - 1] + "\u2026"
 
 
 _PARAM_NAMES = {"num_warps": "warps", "num_stages": "stages"}
@@ -84,11 +111,15 @@ def to_markdown(blocks: list[tuple]) -> str:
     return "\n\n".join(fmt[b[0]](*b[1:]) for b in blocks) + "\n"
 
 
-CSS = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1150px;margin:2em auto;
-padding:0 1em;color:#222;line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;
-padding-bottom:.2em;margin-top:1.8em}table{border-collapse:collapse;margin:.6em 0 1.2em;
-font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f2f2f2}td{overflow-wrap:anywhere}td.num{text-align:right;font-variant-numeric:tabular-nums}
+# wide enough for the first screen (1400 x 900) to hold the verdict, the whole-model table and
+# the kernels table (benchmarks/report_screen.py); running text keeps a readable measure
+CSS = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1320px;margin:1em auto;
+padding:0 1em;color:#222;line-height:1.4}h1{font-size:1.6em;margin:.4em 0}
+p,.note{max-width:75em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.4em}
+table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f2f2f2}td{overflow-wrap:anywhere}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
 img{max-width:100%;border:1px solid #e4e4e4;margin:.4em 0}.note{background:#fff8e1;
 border-left:4px solid #f0b400;padding:.5em .8em;margin:.8em 0}pre{background:#f6f8fa;
 padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em}"""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import os
 import re
 from pathlib import Path
@@ -58,10 +59,23 @@ def latest_run() -> Path:
     return runs[-1].parent
 
 
+def existing_dir(target: str | Path) -> Path:
+    """`target` as a Path; one that does not exist is a UserError naming the run directories
+    beside it that it may have been meant for."""
+    p = Path(target)
+    if p.exists():
+        return p
+    parent = p.parent if str(p.parent) else Path(".")
+    near = difflib.get_close_matches(p.name, [x.name for x in parent.iterdir() if x.is_dir()],
+                                     n=3) if parent.is_dir() else []
+    hint = f"; did you mean {', '.join(str(parent / x) for x in near)}?" if near else ""
+    raise UserError(f"no such directory: {target}{hint}")
+
+
 def load_run(target: str | None) -> Path:
     if target is None:
         return latest_run()
-    p = Path(target)
+    p = existing_dir(target)
     if p.is_dir():
         if not (p / "profile.json").exists():
             raise UserError(f"{p} has no profile.json; run `pipeline profile` first")

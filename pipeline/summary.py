@@ -24,25 +24,28 @@ def module_pattern(path: str) -> str:
 def print_profile(profile: dict, top: int = 10) -> None:
     model = profile["model"]
     for w in profile["workloads"]:
-        basis = w["time_basis"]
-        head = (f"[bold]{model['id']}[/bold] {w['key']} on {w['workload']['device']} "
-                f"({model['weights']} weights): wall {w['wall']['median_ms']:.3f} ms "
-                f"(p10 {w['wall']['p10_ms']:.3f}, p90 {w['wall']['p90_ms']:.3f}), "
-                f"profiled {w['profiled_ms_per_step']:.3f} ms/step")
-        console.print(head)
-        if w.get("gpu_busy_share") is not None:
+        gpu = w["time_basis"] == "device"
+        console.print(f"[bold]{model.get('name') or model['id']}[/bold] {w['key']} on "
+                      f"{w['workload']['device']} ({model['weights']} weights)")
+        console.print(f"  wall {w['wall']['median_ms']:.3f} ms per pass (p10 "
+                      f"{w['wall']['p10_ms']:.3f}, p90 {w['wall']['p90_ms']:.3f}), timed without "
+                      f"the profiler: shares are of this time")
+        console.print(f"  profiled {w['profiled_ms_per_step']:.3f} ms per pass: the same pass "
+                      f"under the profiler, which adds its own cost to every op")
+        if gpu:
             console.print(f"  GPU busy {w['gpu_busy_share']:.1%} of the wall time, idle "
                           f"{w['gpu_idle_share']:.1%}; {w['kernel_count']} kernels, "
                           f"{w['unattributed_us']:.1f} us unattributed")
-        else:
-            console.print("  CPU run: times are host times of top-level aten ops")
-        t = Table(title=f"top ops by {basis} time", show_lines=False)
-        for c in ("op", "calls", f"{basis} ms", "share", "host ms"):
+        t = Table(title=f"top ops by {'device' if gpu else 'CPU'} time", caption=_ops_caption(w))
+        cols = ("op", "calls", "device ms", "share", "host ms") if gpu else \
+            ("op", "calls", "ms", "share")
+        for c in cols:
             t.add_column(c, justify="right" if c != "op" else "left")
         for r in w["by_op"][:top]:
-            t.add_row(r["op"], str(r["calls"]), f"{r['time_us'] / 1e3:.3f}", f"{r['share']:.1%}",
-                      f"{r['cpu_us'] / 1e3:.3f}")
-        t.add_row("(rest: host/launch/idle)", "", "", f"{w['rest_share']:.1%}", "")
+            cells = [r["op"], str(r["calls"]), f"{r['time_us'] / 1e3:.3f}", f"{r['share']:.1%}"]
+            t.add_row(*cells, *([f"{r['cpu_us'] / 1e3:.3f}"] if gpu else []))
+        t.add_row("(rest: host/launch/idle)", "", "", f"{w['rest_share']:.1%}",
+                  *([""] if gpu else []))
         console.print(t)
         mods: dict[str, list] = {}
         for path, row in w["modules"].items():
@@ -50,16 +53,28 @@ def print_profile(profile: dict, top: int = 10) -> None:
             agg[1] += row["calls"]
             agg[2] += row["device_us"]
             agg[3] += row["host_us"]
-        leaves = sorted(mods.items(), key=lambda kv: -(kv[1][2] if basis == "device" else kv[1][3]))
-        t = Table(title="modules (children included)")
-        cols = ("module", "class", "calls") + (("device ms",) if basis == "device" else ()) \
-            + ("host ms",)
+        leaves = sorted(mods.items(), key=lambda kv: -(kv[1][2] if gpu else kv[1][3]))
+        t = Table(title="modules (children included)",
+                  caption="host ms: CPU time under the profiler, as traced (not scaled)")
+        cols = ("module", "class", "calls") + (("device ms",) if gpu else ()) + ("host ms",)
         for c in cols:
             t.add_column(c, justify="left" if c in ("module", "class") else "right")
         for path, (cls, calls, dev, host) in leaves[:top]:
-            cells = [path, cls, str(calls)] + ([f"{dev / 1e3:.3f}"] if basis == "device" else [])
+            cells = [path, cls, str(calls)] + ([f"{dev / 1e3:.3f}"] if gpu else [])
             t.add_row(*cells, f"{host / 1e3:.3f}")
         console.print(t)
+
+
+def _ops_caption(w: dict) -> str:
+    """What the op table's times are: on a GPU its kernels' device time and its call's host
+    time under the profiler; on the CPU one time, the traced one scaled to the wall."""
+    if w["time_basis"] == "device":
+        return ("device ms: the op's kernels on the GPU; host ms: its call on the CPU, under "
+                "the profiler")
+    scale = w.get("time_scale") or 1.0
+    return ("ms: the op's CPU time under the profiler" + (
+        f", scaled by {scale:.3f} so that the ops and the rest sum to the wall" if scale < 1
+        else ""))
 
 
 OPTIMIZE_COLUMNS = ("workload", "kept kernels", "projected (replay)", "projected (Amdahl)",
@@ -103,7 +118,7 @@ def optimize_rows(run_dir) -> list[list[str]]:
             measured, ci = "-", "-"
             note = (comb or {}).get("reason") or "nothing kept"
         if p.get("note"):  # a CPU run projects nothing; said once, in full (rich wraps it)
-            note = f"{p['note']}; {note}"
+            note = p["note"] if measured == "-" and comb else f"{p['note']}; {note}"
         rows.append([key, ", ".join(w["kept"]) or "none",
                      f"{p['replay']:.3f}x" if p.get("replay") else "-",
                      f"{p['amdahl']:.3f}x" if p.get("amdahl") and p.get("replay") is not None

@@ -9,7 +9,6 @@ The wall time, the denominator of every share, is measured separately with no pr
 from __future__ import annotations
 
 import gzip
-import inspect
 import os
 import shutil
 import statistics
@@ -27,6 +26,7 @@ from core.artifacts import write_text
 from core.workload import Workload
 
 WAIT, WARMUP, ACTIVE = 1, 2, 3
+WALL_WARMUP, WALL_REPS = 3, 20  # wall_time's untimed and timed calls
 
 
 @dataclass
@@ -54,12 +54,12 @@ def make_runner(model, workload: Workload, seed: int = 0) -> Runner:
             return model(ids)
 
         return Runner(call, lambda: None, ids)
-    # transformers renamed `past_key_values` to `cache` (5.2x); 5.17 knows only the old name
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    from models.graphs import cache_argument, output_cache
+
+    name = cache_argument(model)
     with torch.no_grad():
         out = model(ids, use_cache=True)
-    cache = getattr(out, "cache", None) or out.past_key_values
+    cache = output_cache(out)
     next_ids = torch.randint(0, vocab, (workload.batch, 1), generator=gen).to(device)
 
     def call():
@@ -138,7 +138,8 @@ def module_names(model, runner: Runner) -> dict[str, str]:
     return names
 
 
-def wall_time(runner: Runner, device: str, warmup: int = 3, reps: int = 20) -> dict:
+def wall_time(runner: Runner, device: str, warmup: int = WALL_WARMUP,
+              reps: int = WALL_REPS) -> dict:
     """Median wall time of the measured call, synchronised, no profiler (milliseconds), and
     the median time the call takes to return before the synchronise (`enqueue_ms`). On a GPU
     that is the host's own time for the pass when the forward never synchronises inside (an

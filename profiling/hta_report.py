@@ -1,6 +1,10 @@
 """A small, JSON-serialisable summary of Holistic Trace Analysis (HTA) on one trace file.
 
-HTA is optional (the `hta` extra, package `traceinsight`, `import hta`). Each analysis runs on
+HTA is optional (package `traceinsight`, `import hta`). Its own dependency list brings
+JupyterLab and the notebook stack, which the analyses below never import: the `hta` extra
+installs what they do import (plotly, PyYAML, psutil, besides the project's pandas, numpy and
+networkx), and traceinsight goes in with `--no-deps` (INSTALL). Without it a GPU profile
+records why and says so in one line. Each analysis runs on
 its own: on real traces some of them fail inside HTA (traceinsight 0.6.1's temporal breakdown
 trips `assert non_compute_time >= 0` on the prefill fixture), and one failure must not cost
 the others. A failure is recorded as one line, never raised. HTA logs and prints a lot while
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 TOP_KERNELS = 10
+INSTALL = "pip install 'kernel-pipeline[hta]' && pip install --no-deps 'traceinsight>=0.6'"
 
 
 def _num(x: Any) -> float | int | None:
@@ -152,7 +157,7 @@ def hta_summary(trace_path: str | Path, *, top: int = TOP_KERNELS,
         with _quiet():
             from hta.trace_analysis import TraceAnalysis
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install at import
-        return {"available": False, "reason": _reason(exc)}
+        return {"available": False, "reason": f"{_reason(exc)}; to install: {INSTALL}"}
 
     trace_path = Path(trace_path)
     out: dict[str, Any] = {"available": True, "trace": trace_path.name, "failures": {}}

@@ -31,10 +31,17 @@ class ModelSpec:
     def model_type(self) -> str:
         return self.config.model_type
 
+    @property
+    def name(self) -> str:
+        """What a run directory and a report title call the model: a local folder's own name,
+        not the whole path that `model_id` keeps to build it again."""
+        return Path(self.model_id).resolve().name if self.source == "local" else self.model_id
+
     def describe(self) -> dict:
         cfg = self.config
         return {
-            "id": self.model_id, "source": self.source, "weights": self.weights,
+            "id": self.model_id, "name": self.name, "source": self.source,
+            "weights": self.weights,
             "model_type": cfg.model_type, "notes": self.notes,
             "num_layers": getattr(cfg, "num_hidden_layers", None),
             "hidden_size": getattr(cfg, "hidden_size", None),
@@ -73,19 +80,29 @@ def _ids_in_vocab(model_type: str, params: dict) -> dict:
     smaller. The last id of the vocabulary stands in; weights are random, so no id means
     anything."""
     from transformers import CONFIG_MAPPING
+    from transformers.utils import logging
 
     vocab = params.get("vocab_size")
     if not vocab:
         return {}
-    defaults = CONFIG_MAPPING[model_type]()
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # a class's defaults may warn about themselves (Starcoder2's)
+    try:
+        defaults = CONFIG_MAPPING[model_type]()
+    finally:
+        logging.set_verbosity(level)
     return {k: vocab - 1 for k in _TOKEN_IDS if k not in params
             and isinstance(getattr(defaults, k, None), int) and getattr(defaults, k) >= vocab}
 
 
 def looks_like_path(model_id: str) -> bool:
-    """A local path rather than a hub id (`org/name`) or a built-in name."""
+    """A local path rather than a hub id (`org/name`) or a built-in name: it starts like a
+    path, has more than one slash, exists, or its first part is a local folder (`runs/typo`
+    beside `runs/` is a mistyped run directory, not a hub id)."""
+    path = Path(model_id)
     return (model_id.startswith(("/", "./", "../", "~", "\\")) or model_id.count("/") > 1
-            or model_id in (".", "..") or Path(model_id).exists())
+            or model_id in (".", "..") or path.exists()
+            or (len(path.parts) > 1 and path.parent.is_dir()))
 
 
 def validation_reason(e: BaseException) -> str:
@@ -109,6 +126,18 @@ def _config(load, model_id: str):
         raise UserError(f"invalid config for {model_id}: {validation_reason(e)}") from None
 
 
+def _json_or_error(path: Path) -> None:
+    """A config.json that is not JSON is the user's to fix: one line saying where."""
+    import json
+
+    try:
+        json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" (line {e.lineno}, column {e.colno})" if hasattr(e, "lineno") else ""
+        raise UserError(f"{path} is not valid JSON{where}: "
+                        f"{getattr(e, 'msg', None) or e.reason}") from None
+
+
 def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
     from transformers import AutoConfig
 
@@ -116,6 +145,7 @@ def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"{model_id} is a folder without config.json")
+        _json_or_error(path / "config.json")
         cfg = _config(lambda: AutoConfig.from_pretrained(path), model_id)
         return ModelSpec(model_id, "local", "pretrained" if pretrained else "random", cfg)
     if looks_like_path(model_id):
@@ -133,7 +163,8 @@ def resolve(model_id: str, pretrained: bool = False) -> ModelSpec:
             return ModelSpec(name, "zoo (hub unreachable)", "random", zoo_config(name),
                              [f"hub unreachable: using the built-in config for {name}"])
         raise UserError(f"unknown model {model_id!r}: not in the built-in zoo and the Hugging "
-                        f"Face hub is unreachable; known offline: {', '.join(sorted(ZOO))}")
+                        f"Face hub is unreachable; a local folder with the model's config.json "
+                        f"works offline; built-in: {', '.join(sorted(ZOO))}")
     try:
         cfg = AutoConfig.from_pretrained(model_id)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/HTTP errors
@@ -166,6 +197,18 @@ def build(spec: ModelSpec, dtype, device: str):
         note = "no SDPA attention in transformers for this model: built with eager attention"
         if note not in spec.notes:
             spec.notes.append(note)
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """The model's parameters, counted on the meta device: no memory, no initialisation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(spec.config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _from_config(spec: ModelSpec, cfg, dtype, device: str):

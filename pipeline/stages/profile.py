@@ -16,14 +16,26 @@ from pathlib import Path
 import torch
 
 from core.artifacts import write_json
-from core.env import environment
+from core.env import environment, steady_cpu_timing
 from core.errors import UserError
 from core.workload import Workload
 from pipeline.projection.replay import LAUNCH_BOUND_BUSY
 from profiling import density
 from profiling.attribution import attribute
-from profiling.capture import capture, make_runner, make_static_runner, module_names, wall_time
-from profiling.loader import ModelSpec, build
+from profiling.capture import (
+    ACTIVE,
+    WAIT,
+    WALL_REPS,
+    WALL_WARMUP,
+    WARMUP,
+    capture,
+    make_runner,
+    make_static_runner,
+    module_names,
+    wall_time,
+)
+from profiling.hta_report import hta_summary
+from profiling.loader import ModelSpec, build, parameter_count
 from profiling.roofline import ceilings
 from profiling.trace import load_trace
 
@@ -36,6 +48,34 @@ def check_device(device: str) -> None:
                         f"({torch.__version__}); use --device cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise UserError(f"unknown device {device!r}; use cpu or cuda")
+
+
+# A model this large on the CPU is named with its size before it is built: a full-size config
+# (what a hub id falls back to offline) profiles there for minutes.
+LARGE_ON_CPU = 100_000_000
+# passes of one workload's profile: wall_time's warm-up and repetitions, the module naming
+# pass, and the profiler's schedule
+PASSES = WALL_WARMUP + WALL_REPS + 1 + WAIT + WARMUP + ACTIVE
+
+
+def cpu_size_note(spec: ModelSpec, workloads: list[Workload]) -> str | None:
+    """A warning for a model of LARGE_ON_CPU parameters or more profiled on the CPU: its
+    size, memory, and the time its passes take at the CPU's measured matmul rate (2 flops per
+    parameter and token); None for a smaller model or a GPU run."""
+    on_cpu = [w for w in workloads if w.device == "cpu"]
+    if not on_cpu:
+        return None
+    n = parameter_count(spec)
+    if n < LARGE_ON_CPU:
+        return None
+    itemsize = torch.empty((), dtype=on_cpu[0].torch_dtype()).element_size()
+    rate = ceilings("cpu")["matmul_TFLOPs"] * 1e12
+    tokens = sum(w.batch * (w.seq if w.mode == "prefill" else 1) for w in on_cpu)
+    seconds = PASSES * 2 * n * tokens / rate
+    return (f"{spec.name} has {n / 1e9:.2f} B parameters: {n * itemsize / 2**30:.1f} GiB in "
+            f"{on_cpu[0].dtype} on the CPU, and its {PASSES * len(on_cpu)} profiled passes take "
+            f"about {seconds:.0f} s at this CPU's matmul rate ({rate / 1e12:.2f} TFLOP/s), "
+            f"after building it; the built-in tiny- configs (tiny-llama, ...) take seconds")
 
 
 def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict:
@@ -81,7 +121,7 @@ def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[st
                                      static_names, static_ms)
     if workload.device.startswith("cuda"):
         say("HTA analyses")
-        result["hta"] = _hta(run_dir / trace_rel)
+        result["hta"] = hta_summary(run_dir / trace_rel)
         say("profiler overhead probe")
         result["host_factor"] = host_factor(model, workload, timed["probe_wall_ms"])
         if (result.get("gpu_busy_share") or 0.0) >= LAUNCH_BOUND_BUSY:
@@ -173,14 +213,6 @@ def _by_op(ops: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: -r["time_us"])
 
 
-def _hta(trace_path: Path) -> dict:
-    try:
-        from profiling.hta_report import hta_summary
-    except ImportError as e:
-        return {"available": False, "reason": f"HTA report unavailable: {e}"}
-    return hta_summary(trace_path)
-
-
 def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
                 say: Callable[[str], None] = lambda s: None,
                 generations: list[tuple[int, int, int]] | None = None) -> dict:
@@ -189,6 +221,8 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
     (`--generation`), kept for `pipeline e2e`'s default grid."""
     for w in workloads:
         check_device(w.device)
+    if any(w.device == "cpu" for w in workloads):
+        steady_cpu_timing()
     built: dict[tuple, torch.nn.Module] = {}
 
     def model_for(w: Workload):
@@ -210,6 +244,9 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
     except torch.OutOfMemoryError:
         raise UserError(f"out of memory building or profiling {spec.model_id} at {w.key}; "
                         f"try a smaller --batch or --seq, or a GPU with more memory") from None
+    skipped = {w["hta"]["reason"] for w in results if "hta" in w and not w["hta"]["available"]}
+    for reason in skipped:  # once, not per workload
+        say(f"HTA analyses skipped: {reason}")
     profile = {
         "stage": "profile",
         "model": spec.describe(),

@@ -107,8 +107,11 @@ def graph_row(w: dict, graph, ceil: dict, candidates: list[dict], static=None) -
     row's (host, launches, idle over the wall time), its gain the replay with every host edge
     removed. Never a family (the family chooser passes it by): the graphs stage applies it
     after integration. A device-bound pass lists it only when the replay says it helps more
-    than GRAPH_MIN_GAIN; a launch-bound or CPU one always does, with its projection or why
-    there is none."""
+    than GRAPH_MIN_GAIN; a launch-bound one always does, with its projection or why there is
+    none. A CPU pass never does: no graph is captured there, and its rest row (host time,
+    which on a CPU is all of the time) is not what a graph would remove."""
+    if w["time_basis"] != "device":
+        return None
     busy = w.get("gpu_busy_share")
     launch_bound = busy is not None and busy < LAUNCH_BOUND_BUSY
     alone = graph_projection(graph, ceil, static=static)
@@ -127,12 +130,9 @@ def graph_row(w: dict, graph, ceil: dict, candidates: list[dict], static=None) -
         left = max(alone["pass_us"] - (wall_us - rest_us), 1e-3)
         attainable = rest_us / left if rest_us > 0 else 1.0
         amdahl_gain = amdahl([(share, attainable)])
-    if w["time_basis"] != "device":
-        why = "CPU profile: no GPU trace to replay; graphs are decided on a GPU run"
-    else:
-        why = (f"{'launch-bound' if launch_bound else 'device-bound'} pass: GPU busy "
-               f"{busy:.0%} of wall; a CUDA graph replays the pass's kernels in their order "
-               "without the host's dispatch and launches")
+    why = (f"{'launch-bound' if launch_bound else 'device-bound'} pass: GPU busy "
+           f"{busy:.0%} of wall; a CUDA graph replays the pass's kernels in their order "
+           "without the host's dispatch and launches")
     return {
         "pattern": GRAPH_PATTERN, "family": None, "remedy": "cuda_graph", "occurrences": 1,
         "modules": [], "time_us": rest_us, "share": share, "host_us": 0.0, "launches": 0,

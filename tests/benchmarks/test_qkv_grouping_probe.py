@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "pro
 from qkv_grouping import group  # noqa: E402
 
 from codegen.qkv_proj.patch import attentions  # noqa: E402
-from models.graphs import cache_argument  # noqa: E402
+from models.graphs import cache_argument, output_cache  # noqa: E402
 from profiling.loader import build, resolve  # noqa: E402
 
 
@@ -34,11 +34,11 @@ def test_grouped_projections_give_the_models_logits_and_undo(model_id):
     with torch.no_grad():
         want = model(ids).logits
         out = model(ids[:, :8], use_cache=True)
-        want_step = model(ids[:, 8:], **{cache_argument(model): out.past_key_values}).logits
+        want_step = model(ids[:, 8:], **{cache_argument(model): output_cache(out)}).logits
         undo = group(model)
         got = model(ids).logits
         out = model(ids[:, :8], use_cache=True)
-        got_step = model(ids[:, 8:], **{cache_argument(model): out.past_key_values}).logits
+        got_step = model(ids[:, 8:], **{cache_argument(model): output_cache(out)}).logits
         # k_proj on an input q_proj never saw: its own weight, not the stashed slice
         x = torch.randn(2, 3, model.config.hidden_size)
         k = attn[0].k_proj

@@ -5,7 +5,6 @@ with a KV cache, stacked with the RMSNorm patch), with undo."""
 from __future__ import annotations
 
 import collections
-import inspect
 
 import family_checks
 import pytest
@@ -19,6 +18,7 @@ from codegen.add_rmsnorm import ADD_RMSNORM_PATTERN, FAMILY
 from codegen.add_rmsnorm.patch import recognise
 from core.source import load_forward
 from core.workload import Workload
+from models.graphs import cache_argument, output_cache
 from profiling.loader import build, resolve
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -150,13 +150,9 @@ def test_patch_prefill_and_decode_and_undo(model_id, tmp_path):
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     nxt = torch.tensor([[5], [7]], device=DEVICE)
 
-    # transformers renamed past_key_values to cache (5.2x); the H200 stack has the old name.
-    params = inspect.signature(inspect.unwrap(type(model).forward)).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-
     def prefill_and_step():
         out = model(ids, use_cache=True)
-        step = model(nxt, **{cache_kw: out.past_key_values})
+        step = model(nxt, **{cache_argument(model): output_cache(out)})
         return out.logits, step.logits
 
     calls = []

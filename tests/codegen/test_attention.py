@@ -28,6 +28,7 @@ from codegen.attention import FAMILY
 from codegen.attention.patch import GLOBAL_NAME, find_attentions
 from codegen.attention.reference import make_case
 from core.workload import Workload
+from models.graphs import cache_argument, output_cache
 from profiling.loader import build, resolve
 
 # fp16 outputs are rounded once from fp32; PV runs in fp32, so 2 fp16 ulps hold everywhere
@@ -221,17 +222,17 @@ def test_other_models_of_the_family_are_untouched(tmp_path):
     undo()
 
 
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_decode_step_falls_back_and_has_no_cases(tmp_path):
     model = build(resolve("tiny-llama"), torch.float32, DEVICE)
     ids = IDS.to(DEVICE)
+    name = cache_argument(model)
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
-        want = model(ids[:, :1], past_key_values=cache, use_cache=True).logits
-        cache = model(ids, use_cache=True).past_key_values
+        cache = output_cache(model(ids, use_cache=True))
+        want = model(ids[:, :1], use_cache=True, **{name: cache}).logits
+        cache = output_cache(model(ids, use_cache=True))
         chooser = CountingChooser(FAMILY, tmp_path)
         undo = FAMILY.patch(model, chooser)
-        step = model(ids[:, :1], past_key_values=cache, use_cache=True).logits
+        step = model(ids[:, :1], use_cache=True, **{name: cache}).logits
         undo()
     assert chooser.cases == [] and chooser.calls == 0
     assert torch.equal(step, want)

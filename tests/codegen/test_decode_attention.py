@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from codegen.decode_attention import FAMILY
 from codegen.decode_attention.reference import make_case
 from core.workload import Workload
-from models.graphs import StaticDecoder, host_reads
+from models.graphs import StaticDecoder, cache_argument, host_reads
 from profiling.loader import build, resolve
 
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
@@ -225,8 +225,8 @@ def test_patched_dynamic_cache_step_gives_the_unpatched_logits(tiny, tmp_path):
     def step():
         cache = DynamicCache()
         with torch.no_grad():
-            tiny(ids, past_key_values=cache, use_cache=True)
-            return tiny(nxt, past_key_values=cache, use_cache=True).logits
+            tiny(ids, use_cache=True, **{cache_argument(tiny): cache})
+            return tiny(nxt, use_cache=True, **{cache_argument(tiny): cache}).logits
 
     want = step()
     chooser = CountingChooser(FAMILY, tmp_path)

@@ -29,6 +29,7 @@ from codegen.gemv.reference import make_case
 from codegen.matmul import PATTERNS as MATMUL_PATTERNS
 from codegen.matmul.reference import gemv_call
 from core.workload import Workload
+from models.graphs import cache_argument
 from profiling.loader import build, resolve
 from profiling.patterns import match
 
@@ -113,8 +114,9 @@ def tiny():
 def _decode_step(model, ids):
     cache = DynamicCache()
     with torch.no_grad():
-        prefill = model(ids, past_key_values=cache, use_cache=True).logits
-        return prefill, model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
+        kw = {cache_argument(model): cache}
+        prefill = model(ids, use_cache=True, **kw).logits
+        return prefill, model(ids[:, -1:], use_cache=True, **kw).logits
 
 
 def test_patched_decode_step_runs_the_kernel_on_unpadded_linears_only(tiny, tmp_path):

@@ -6,7 +6,6 @@ fp16); bf16 kernel checks run on a GPU."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from codegen.kv_cache.reference import (
 )
 from codegen.rope import FAMILY as ROPE
 from core.workload import Workload
+from models.graphs import cache_argument, output_cache
 from pipeline.stages.profile import summarise
 from profiling.attribution import attribute
 from profiling.loader import build, resolve
@@ -151,16 +151,11 @@ def test_pattern_is_found_in_profiled_tiny_models(model_id, tmp_path):
     assert sum(ops["aten::lift_fresh"] for ops in found) == 2 * model.config.num_hidden_layers
 
 
-def _cache_kwarg(model) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
-
-
 def _step(model, ids, cache=None):
     """(logits, cache) of one forward that fills or extends a cache."""
-    kwargs = {} if cache is None else {_cache_kwarg(model): cache}
+    kwargs = {} if cache is None else {cache_argument(model): cache}
     out = model(ids, use_cache=True, **kwargs)
-    return out.logits, getattr(out, "cache", None) or out.past_key_values
+    return out.logits, output_cache(out)
 
 
 def _contents(cache) -> list:

@@ -25,6 +25,7 @@ from codegen.rope import FAMILY
 from codegen.rope.patch import find_rotary_attentions
 from codegen.rope.reference import make_case
 from core.workload import Workload
+from models.graphs import cache_argument, output_cache
 from profiling.loader import build, resolve
 
 TOL = {"float32": (1e-5, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
@@ -163,15 +164,14 @@ def test_other_models_of_the_family_are_untouched(tmp_path):
     undo()
 
 
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_decode_step_uses_the_decode_cases(tmp_path):
     model = build(resolve("tiny-llama"), torch.float32, DEVICE)
     ids = torch.arange(3, 19, device=DEVICE).view(2, 8)
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
+        cache = output_cache(model(ids, use_cache=True))
         chooser = CountingChooser(FAMILY, tmp_path)
         undo = FAMILY.patch(model, chooser)
-        step = model(ids[:, :1], past_key_values=cache, use_cache=True).logits
+        step = model(ids[:, :1], use_cache=True, **{cache_argument(model): cache}).logits
         undo()
     assert chooser.calls == 2
     assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8,

@@ -18,6 +18,7 @@ from models.graphs import (
     cache_argument,
     capture_reason,
     host_reads,
+    output_cache,
 )
 from profiling.loader import build, resolve
 
@@ -47,7 +48,7 @@ def dynamic_run(model, ids, steps: list[torch.Tensor]) -> list[torch.Tensor]:
     """Logits of the prefill and of each step through the model's default dynamic cache."""
     with torch.no_grad():
         out = model(ids, use_cache=True)
-        cache = getattr(out, "cache", None) or out.past_key_values
+        cache = output_cache(out)
         logits = [out.logits]
         for nxt in steps:
             logits.append(model(nxt, use_cache=True, **{cache_argument(model): cache}).logits)
@@ -101,7 +102,7 @@ def test_generate_gives_the_greedy_tokens_of_the_dynamic_cache(tiny):
     want, token = [], None
     with torch.no_grad():
         out = tiny(ids, use_cache=True)
-        cache = getattr(out, "cache", None) or out.past_key_values
+        cache = output_cache(out)
         for _ in range(6):
             token = out.logits[:, -1:].argmax(-1)
             want.append(token)

@@ -4,10 +4,11 @@ input or position, as a wrong capture would; `Failing*` raise a CaptureError."""
 
 from __future__ import annotations
 
-import inspect
 import types
 
 import torch
+
+from models.graphs import cache_argument, output_cache
 
 
 class CaptureError(RuntimeError):
@@ -67,11 +68,6 @@ class ThirdFails(GraphedPrefill):
         super().__init__(model, example_ids, warmup=warmup)
 
 
-def _cache_kw(model) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
-
-
 class StaticDecoder:
     """Eager decode over a dynamic cache cropped on rewind: positions as a static one."""
 
@@ -83,7 +79,7 @@ class StaticDecoder:
     def prefill(self, ids):
         with torch.no_grad():
             out = self.model(ids, use_cache=True)
-        self.cache = getattr(out, "cache", None) or out.past_key_values
+        self.cache = output_cache(out)
         self.position = ids.shape[1]
         return out.logits
 
@@ -91,7 +87,7 @@ class StaticDecoder:
         if self.position >= self.max_len:
             raise ValueError("static cache full")
         with torch.no_grad():
-            out = self.model(next_ids, use_cache=True, **{_cache_kw(self.model): self.cache})
+            out = self.model(next_ids, use_cache=True, **{cache_argument(self.model): self.cache})
         self.position += 1
         return out.logits[:, -1:]
 
@@ -131,4 +127,5 @@ def module(prefill=GraphedPrefill, decoder=StaticDecoder) -> types.ModuleType:
     m = types.ModuleType("models.graphs")
     m.CaptureError, m.capture_reason = CaptureError, capture_reason
     m.GraphedPrefill, m.StaticDecoder = prefill, decoder
+    m.cache_argument, m.output_cache = cache_argument, output_cache  # the profile's runner
     return m

@@ -552,7 +552,14 @@ def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measure, don't reuse
     run_dir = tmp_path / "run"
-    profile = run_profile(resolve("tiny-llama"), [Workload(1, 16)], run_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's default on a 2-core machine
+    try:
+        profile = run_profile(resolve("tiny-llama"), [Workload(1, 16)], run_dir)
+        # timed on one intra-op thread (core.env.steady_cpu_timing), and the profile says so
+        assert torch.get_num_threads() == 1 and profile["environment"]["cpu_threads"] == 1
+    finally:
+        torch.set_num_threads(threads)
     ranking = run_rank(run_dir)
     on_disk = read_json(run_dir / rank_stage.RANKING, "ranking")
     assert on_disk["schema_version"] == SCHEMA_VERSION
@@ -564,9 +571,10 @@ def test_run_rank_writes_ranking_json(tmp_path, monkeypatch):
         assert w["time_basis"] == "cpu" and w["ranked_by"] == "amdahl_gain"
         own = [r for r in w["rows"] if not r["alternative_to"] and not r.get("remedy")]
         assert sum(r["share"] for r in own) + rest[w["key"]] == pytest.approx(1.0, abs=1e-9)
-        # a CPU profile lists the host's remedy with the rest row's share and no projection
-        [host] = [r for r in w["rows"] if r.get("remedy") == "cuda_graph"]
-        assert host["share"] == pytest.approx(rest[w["key"]]) and host["replay_gain"] is None
+        # no CUDA graph on the CPU: the host's remedy is never a row there (it was ranked
+        # first at 98.9 % on tiny-gpt2 once the rest row swelled on a busy core)
+        assert not [r for r in w["rows"] if r.get("remedy")]
+        assert rank_stage.GRAPH_PATTERN not in {r["pattern"] for r in w["rows"]}
         # the named tiny model has the matmul-epilogue alternative beside gated_act's row
         alt = next(r for r in w["rows"] if r["alternative_to"])
         assert alt["family"] == "matmul_epilogue"

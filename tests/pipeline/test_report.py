@@ -301,19 +301,28 @@ def test_full_gpu_run(tmp_path):
     assert json.loads(out["json"].read_text())["schema_version"] == 1
 
 
-def test_a_skipped_family_is_listed_with_its_reason(tmp_path):
+def test_a_family_set_aside_before_integration_is_listed_but_not_as_a_rollback(tmp_path):
+    """A family never patched in (slower at kernel level, or superseded by a rival replacing
+    the same ops) is listed with its reason under its own heading, not under Rollbacks."""
     write_profile_and_ranking(tmp_path)
     write_optimize_artifacts(tmp_path, gpu=True)
     integ = read_json(tmp_path / "integration.json", "integration")
-    why = "not integrated: slower than the code it replaces at kernel level (0.19x)"
+    why = {"attention": "not integrated: slower than the code it replaces at kernel level "
+                        "(0.19x)",
+           "gated_act": "superseded by matmul_epilogue, which replaces the same ops"}
     for w in integ["workloads"].values():
-        w["skipped"] = {"attention": why}
+        w["skipped"] = why
     write_json(tmp_path / "integration.json", integ)
     out = write_report(tmp_path)
     data = read_json(out["json"])
     for w in data["workloads"]:
-        assert {"family": "attention", "stage": "kernel timing", "reason": why} in w["rollbacks"]
-    assert why in section(out["markdown"].read_text(), PRE)
+        assert w["set_aside"] == why
+        assert not {"attention", "gated_act"} & {r["family"] for r in w["rollbacks"]}
+    pre = section(out["markdown"].read_text(), PRE)
+    aside = pre.split("Set aside before integration", 1)[1]
+    assert "Rollbacks: none." in pre.split("Set aside before integration", 1)[0]
+    for fam, reason in why.items():
+        assert f"- {fam}: {reason}" in aside
 
 
 def test_a_kept_family_that_missed_some_calls_is_said_in_the_report(tmp_path):
@@ -357,10 +366,17 @@ def test_cpu_run_labels_timings_not_meaningful(tmp_path):
     for w in data["workloads"]:
         line = next(x for x in head.splitlines() if x.startswith(f"- {w['key']}:"))
         assert f"ships {', '.join(w['shipped']['families']) or 'nothing'};" in line
-        assert "not meaningful" in line or "nothing measured" in line
-        assert "projected: n/a" in line and "CPU" in line and "next: " in line
+        # said once, not three ways ("measured: not meaningful", "projected: n/a", "no
+        # speedup measured")
+        assert "a CPU run (Triton interpreter): nothing is measured or projected as a " \
+            "speedup; next: " in line
+        assert "not meaningful" not in line and "n/a" not in line
         assert not re.search(r"\d\.\d{3}x", line), line
-    assert md.index("## Verdict") < md.index("## Model and environment")
+    # the first screen: verdict, the whole-model table, the kernels; then the rest
+    assert md.index("## Verdict") < md.index("## Whole-model speedup per workload") \
+        < md.index("## Kernels") < md.index("## Model and environment")
+    assert "Measurement conditions" not in md  # no projection on the CPU to blame a machine for
+    assert "-0.0%" not in md
     # the terminal summary projects and measures nothing, and says why in full
     from pipeline.summary import OPTIMIZE_COLUMNS, optimize_rows
 
@@ -368,8 +384,9 @@ def test_cpu_run_labels_timings_not_meaningful(tmp_path):
         cells = dict(zip(OPTIMIZE_COLUMNS, row))
         assert {cells[c] for c in ("projected (replay)", "projected (Amdahl)", "measured",
                                    "95% CI")} == {"-"}
+        # once: not again as "CPU / Triton interpreter: not a GPU timing"
         assert cells["note"].startswith("CPU/interpreter run: kernel times are not GPU timings")
-        assert cells["note"].endswith("not a GPU timing")
+        assert "not a GPU timing;" not in cells["note"] + ";", cells["note"]
 
 
 def test_a_machine_running_at_another_speed_is_said_next_to_the_error(tmp_path):
@@ -572,8 +589,6 @@ def test_a_committed_gpu_report_reads_in_shapes_configs_and_links(tmp_path):
     sys.path.insert(0, str(RESULTS.parent))
     from reproject import unpack_run
 
-    from pipeline.report_acceptance import COMMON
-
     res = RESULTS / "optimize-llama-3.2-1b-b8-s1024-run15"
     if not (res / "trace").is_dir():
         pytest.skip("committed H200 run not present")
@@ -589,9 +604,20 @@ def test_a_committed_gpu_report_reads_in_shapes_configs_and_links(tmp_path):
     links = re.findall(r"- \[(\w+), [^\]]*: kernel\.py\]\((candidates/[^)]+/kernel\.py)\)", md)
     kept = read_json(tmp_path / "integration.json")["workloads"]["prefill-b8-s1024-bf16"]["kept"]
     assert sorted(f for f, _ in links) == sorted(kept)
-    for line in COMMON:
-        assert md.count(line) == 1, line  # stated once, not once per record
-        assert line in (tmp_path / "acceptance" / "rmsnorm.md").read_text()  # the file is whole
+    # the acceptance records are linked, not inlined: each is its own file, whole
+    records = md.split("\n## Acceptance records\n", 1)[1].split("\n## ", 1)[0]
+    assert "| field | value |" not in records and "| Workload |" not in md
+    for fam in kept:
+        assert f"(acceptance/{fam}.md)" in records
+        assert (tmp_path / "acceptance" / f"{fam}.md").read_text().count("Workload:") == 1
     assert "error against the projection" not in md and "projected for that set: " in md
+    # "Patch took effect": each op's count once, none unchanged, GPU kernels by short names
+    effect = next(x for x in md.splitlines() if x.startswith("Patch took effect"))
+    assert effect.count("mul 148->2") == 1 and "0->0" not in effect and "{'" not in effect
+    assert "elementwise_kernel_with_index," in effect and "c10::Scalar" not in effect
+    assert len(effect) < 900, len(effect)
+    # a family set aside before integration is not a rollback
+    assert "- gated_act: superseded by matmul_epilogue" in md
+    assert "gated_act (kernel timing)" not in md
     html = Path(out["html"]).read_text()
-    assert "overflow-wrap:anywhere" in html and "<pre>" not in html.split("Acceptance records")[1]
+    assert "overflow-wrap:anywhere" in html

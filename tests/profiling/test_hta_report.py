@@ -65,3 +65,7 @@ def test_missing_hta_returns_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "hta.trace_analysis", None)  # import now raises
     rep = hta_summary(PREFILL)
     assert rep["available"] is False and "hta.trace_analysis" in rep["reason"]
+    # the one line names the install without the notebook stack
+    assert rep["reason"].endswith("to install: pip install 'kernel-pipeline[hta]' && pip "
+                                  "install --no-deps 'traceinsight>=0.6'")
+    assert "\n" not in rep["reason"]
