@@ -77,7 +77,7 @@ def test_help_explains_the_grid_and_the_variants(tmp_path):
 def test_bad_input_is_one_line(tmp_path, profiled_only):
     for args, words in ((["e2e", str(profiled_only), "--variants", "nope"], "unknown variant"),
                         (["e2e", str(profiled_only), "--batch", "0"], "--batch"),
-                        (["e2e", str(tmp_path / "missing")], "not a run directory"),
+                        (["e2e", str(tmp_path / "missing")], "no such directory"),
                         (["profile", "tiny-llama", "--generation", "1x8"], "BxP+N")):
         proc = run_cli(*args, home=tmp_path)
         assert proc.returncode == 2, (args, proc.stderr)
