@@ -161,6 +161,10 @@ class Family:
     # contiguous tensors HF's MLP multiplies. The baseline (the reference) is timed on it, the
     # candidate on `case`, so a speedup is over what the model ran. None: the same case.
     baseline_case: Callable[[Case], Case] | None = None
+    # whether torch.compile can trace the adapter (each kernel call then becomes the family's
+    # custom op, codegen.ops); False: compiled users are not offered the family (its adapter
+    # reads what a trace cannot: addresses, versions, globals swapped during a call)
+    traceable: bool = True
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

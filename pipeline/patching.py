@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from codegen.ops import compilable
 from codegen.registry import get_family
 from codegen.search import case_key
 from core.source import load_forward
@@ -56,7 +57,8 @@ def patched(model, accepted: dict, families: list[str], workload_cases: dict | N
             if calls is not None:
                 calls.setdefault(name, 0)
                 chooser = counting_chooser(chooser, calls, name, declined)
-            stack.callback(get_family(name).patch(model, chooser))
+            family = get_family(name)
+            stack.callback(family.patch(model, compilable(family, chooser)))
         yield model
 
 

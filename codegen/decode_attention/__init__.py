@@ -93,4 +93,7 @@ FAMILY = Family(
     # code and not in a kernel that rightly skips it)
     params=params,
     stress_inputs=(0,),
+    # swaps transformers' attention function in a global for the call, which a trace
+    # never reads (it would run SDPA silently)
+    traceable=False,
 )
