@@ -402,6 +402,34 @@ def _e2e(run: Path, batch, prompt, new_tokens, variants, rounds, resume) -> None
     console.print(f"e2e: {run / 'e2e.json'}; report: {out['markdown']}")
 
 
+@cli.command("export")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--workload", default=None, metavar="KEY",
+              help="Only the kernels kept for this workload [default: every workload's].")
+def export_cmd(run_dir, out_dir, workload):
+    """Write RUN_DIR's accepted kernels as a package the Hugging Face `kernels` library loads
+    from a local path: a torch-noarch build whose `layers` take the Hugging Face modules'
+    arguments (kernelize them into any model of the run's architecture), the kernel sources
+    and configs per shape, metadata, a README naming the workloads and measured speedups,
+    and the acceptance records. OUT_DIR must not exist (or be empty).
+
+    \b
+    Example:
+      pipeline profile tiny-llama --batch 2 --seq 64 && pipeline optimize --top 3
+      pipeline export runs/tiny-llama-... tiny-llama-kernels
+      # then, in Python: see tiny-llama-kernels/README.md, "Use"
+    """
+    from pipeline.export import export
+    from pipeline.rundir import load_run
+    from pipeline.summary import console
+
+    record = export(load_run(str(run_dir)), out_dir, workload)
+    console.print(f"export: {out_dir} ({record['name']}, build/{record['variant']}): "
+                  f"{', '.join(record['families'])}" + "".join(
+                      f"; {f} not exported: {why}" for f, why in record["not_exported"].items()))
+
+
 @cli.command()
 @click.option("--device", default=None, help="cpu or cuda [default: cuda if available].")
 @click.option("--refresh", is_flag=True, help="Measure again even when cached.")

@@ -1,0 +1,223 @@
+"""`pipeline export` on the README's main run (tiny-llama b2 s64, `optimize --top 3`), loaded
+back through the `kernels` library from the local path: a fresh tiny Llama kernelized with it
+computes apply_kernels' logits with the same kernel calls, eagerly and under
+torch.compile(fullgraph=True), and shapes no kernel was accepted for run the original code.
+
+One optimized run and one export (module scope, ~2 min on 2 cores) are shared; the tests run
+in one xdist group so that a second worker does not build them again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.artifacts import read_json
+from core.errors import UserError
+
+pytestmark = pytest.mark.xdist_group("export")
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD = "prefill-b2-s64-fp32"
+FP32 = {"atol": 1e-5, "rtol": 1e-5}  # verify's float32 tolerances, the families' here
+
+
+def run_cli(*args, home: Path):
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
+        timeout=600,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
+             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": os.pathsep.join(
+                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The README's main run (fewer timing pairs: timings are not what is checked here), then
+    `pipeline export RUN OUT`."""
+    home = tmp_path_factory.mktemp("export")
+    run, out = home / "run", home / "pkg"
+    for args in (("profile", "tiny-llama", "--batch", "2", "--seq", "64", "--run-dir", str(run)),
+                 ("optimize", str(run), "--top", "3", "--pairs", "2"),
+                 ("export", str(run), str(out))):
+        proc = run_cli(*args, home=home)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return home, run, out, proc
+
+
+@pytest.fixture(scope="module")
+def package(exported):
+    """The package as `kernels` loads it, each kernel's forward counting its calls."""
+    from kernels import get_local_kernel
+
+    _, _, out, _ = exported
+    module = get_local_kernel(out)
+    spec = module._runtime.SPEC
+    calls = {family: 0 for family in spec["families"]}
+    for family, fam in spec["families"].items():
+        for k in fam["kernels"]:
+            kernel = importlib.import_module(f"{module.__name__}._kernels.{k['module']}")
+
+            def counted(*args, _f=kernel.forward, _family=family, **kwargs):
+                calls[_family] += 1
+                return _f(*args, **kwargs)
+            kernel.forward = counted
+    return module, calls
+
+
+def tiny_llama():
+    from profiling.loader import build, resolve
+
+    return build(resolve("tiny-llama"), torch.float32, "cpu")
+
+
+def kernelized(record: dict, out: Path, compile_mode: bool = False):
+    from pipeline.hub_readme import usage
+
+    scope = {"model": tiny_llama()}
+    code = usage(record, str(out))
+    if compile_mode:
+        code = code.replace("Mode.INFERENCE", "Mode.INFERENCE | Mode.TORCH_COMPILE")
+    exec(code, scope)  # the package README's own "Use" block
+    return scope["model"]
+
+
+def ids(seq: int = 64) -> torch.Tensor:
+    return torch.randint(0, 256, (2, seq), generator=torch.Generator().manual_seed(seq))
+
+
+@pytest.fixture(scope="module")
+def applied(exported):
+    """apply_kernels' logits on the workload's shape, and its kernel calls."""
+    from pipeline.api import apply_kernels
+
+    _, run, _, _ = exported
+    model = tiny_llama()
+    handle = apply_kernels(model, run, workload=WORKLOAD)
+    with torch.no_grad():
+        logits = model(ids()).logits
+    handle.undo()
+    return logits, dict(handle.calls)
+
+
+def test_the_package_is_laid_out_as_kernels_loads_it(exported, package):
+    from kernels._rust import Digest, DigestAlgorithm, Metadata
+
+    _, run, out, proc = exported
+    module, _ = package
+    variant = out / "build" / "torch-cpu"
+    metadata = Metadata.read_from_file(variant / "metadata.json")
+    assert str(metadata.name) == "tiny-llama-kernels" and metadata.version == 1
+    metadata.digest.validate(Digest.hash_variant(DigestAlgorithm.SHA256, variant))
+    assert module.__name__ == metadata.id and module.__all__ == ["layers"]
+    for layer in ("RMSNorm", "ApplyRotaryPosEmb", "GatedMLP"):
+        cls = getattr(module.layers, layer)
+        assert cls.can_torch_compile and not cls.has_backward
+    record = read_json(out / "export.json")
+    kept = read_json(run / "integration.json")["workloads"][WORKLOAD]["kept"]
+    assert sorted(record["families"]) == sorted(kept) and not record["not_exported"]
+    readme = (out / "README.md").read_text()
+    assert WORKLOAD in readme and "LocalLayerRepository" in readme
+    assert sorted(p.name for p in (out / "acceptance").iterdir()) == sorted(
+        f"{f}.md" for f in kept)
+    assert "tiny-llama-kernels" in proc.stdout
+
+
+def test_a_kernelized_fresh_model_computes_apply_kernels_logits(exported, package, applied):
+    _, _, out, _ = exported
+    _, calls = package
+    want, want_calls = applied
+    model = kernelized(read_json(out / "export.json"), out)
+    before = dict(calls)
+    with torch.no_grad():
+        got = model(ids()).logits
+    assert {f: calls[f] - before[f] for f in calls} == want_calls
+    torch.testing.assert_close(got, want, **FP32)
+
+
+def test_shapes_no_kernel_was_accepted_for_run_the_original_code(exported, package):
+    _, _, out, _ = exported
+    _, calls = package
+    model = kernelized(read_json(out / "export.json"), out)
+    plain = tiny_llama()
+    before = dict(calls)
+    with torch.no_grad():
+        got, want = model(ids(32)).logits, plain(ids(32)).logits
+    assert calls == before
+    assert torch.equal(got, want)
+
+
+def test_the_kernelized_model_compiles_whole(exported, package, applied):
+    _, _, out, _ = exported
+    _, calls = package
+    want, want_calls = applied
+    model = kernelized(read_json(out / "export.json"), out, compile_mode=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    before = dict(calls)
+    with torch.no_grad():
+        got = compiled(ids()).logits
+    assert {f: calls[f] - before[f] for f in calls} == want_calls
+    torch.testing.assert_close(got, want, **FP32)
+
+
+def test_the_main_run_compiles_whole_through_apply_kernels(exported, applied):
+    from pipeline.api import apply_kernels
+
+    _, run, _, _ = exported
+    want, want_calls = applied
+    model = tiny_llama()
+    handle = apply_kernels(model, run, workload=WORKLOAD, compiled=True)
+    assert handle.families == sorted(want_calls) and not handle.left_out
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True, backend="eager")(ids()).logits
+    assert handle.calls == want_calls
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    handle.undo()
+
+
+def test_compiled_users_are_not_offered_an_untraceable_family(exported, monkeypatch):
+    from codegen.registry import get_family
+    from pipeline.api import apply_kernels
+
+    _, run, _, _ = exported
+    monkeypatch.setattr(get_family("rope"), "traceable", False)
+    model = tiny_llama()
+    handle = apply_kernels(model, run, workload=WORKLOAD, compiled=True)
+    assert "rope" not in handle.families and list(handle.left_out) == ["rope"]
+    handle.undo()
+    with pytest.raises(UserError, match="compiled=True alone"):
+        apply_kernels(model, run, workload=WORKLOAD, compiled=True, graphs=True)
+
+
+def test_the_compatibility_folder_exports_the_same_layers(exported):
+    _, _, out, _ = exported
+    init = out / "build" / "torch-cpu" / "tiny_llama_kernels" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("old_kernels_view", init)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_kernels_view"] = module
+    spec.loader.exec_module(module)
+    assert module.__all__ == ["layers"] and module.layers.RMSNorm.__name__ == "RMSNorm"
+
+
+def test_one_workload_and_bad_input(exported, tmp_path):
+    from pipeline.export import export
+
+    home, run, out, _ = exported
+    record = export(run, tmp_path / "one", workload=WORKLOAD)
+    assert list(record["workloads"]) == [WORKLOAD]
+    kernels = json.loads((tmp_path / "one" / "build" / "torch-cpu" / "kernels.json").read_text())
+    assert sorted(kernels["families"]) == sorted(record["families"])
+    proc = run_cli("export", str(run), str(out), home=home)  # exists, not empty
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not an empty" in proc.stderr
+    with pytest.raises(UserError, match="not measured"):
+        export(run, tmp_path / "two", workload="decode-b1-s8-fp32")
+    assert not (tmp_path / "two").exists() and not list(tmp_path.glob(".two.*"))
