@@ -344,8 +344,8 @@ def _family_list(text: str | None) -> list[str] | None:
 @click.option("--new", "new_tokens", default=None,
               help="New tokens per generation, comma-separated [default: 128].")
 @click.option("--variants", default=None, metavar="A,B",
-              help="Of hf-eager, hf-static, graph, ours, ours-graphs [default: all; hf-eager "
-                   "always, as the baseline].")
+              help="Of hf-eager, hf-static, graph, ours, ours-graphs, ours-static-compile "
+                   "[default: all; hf-eager always, as the baseline].")
 @click.option("--rounds", type=int, default=None,
               help="Timed calls per variant and grid point, in rotating order, after one "
                    "untimed call [default: 3 on a GPU, 1 on the CPU].")
@@ -361,6 +361,7 @@ def e2e(run_dir, batch, prompt, new_tokens, variants, rounds, resume):
       graph        the unpatched model, one CUDA graph per step (our generate loop)
       ours         the run's kernels, then model.generate(...)  (eager)
       ours-graphs  the run's kernels + CUDA graph: handle.generate(...), the shipped path
+      ours-static-compile  the kernels torch.compile traces, in hf-static's generate
 
     Every batch x prompt x new combination is a grid point. With none of the three given, the
     grid is the generations the run was profiled for (`pipeline profile --generation`), else

@@ -223,3 +223,31 @@ def _digest(files: dict[str, str]) -> dict[str, str]:
 
 def _short(digest: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(digest, sort_keys=True).encode()).hexdigest()[:7]
+
+
+def kernelize_package(model, out_dir: str | Path, compiled: bool = False):
+    """`model` kernelized with the package at `out_dir`, as its README's "Use" block does
+    (`kernels` installed): for torch.compile too where `compiled`."""
+    import importlib
+
+    from kernels import (
+        LocalLayerRepository,
+        Mode,
+        kernelize,
+        replace_kernel_forward_from_hub,
+        use_kernel_mapping,
+    )
+
+    from pipeline.hub_layers import kernel_mapping
+
+    out_dir = Path(out_dir)
+    record = read_json(out_dir / "export.json", "export record")
+    device = "cuda" if record["device"].startswith("cuda") else "cpu"
+    replaced, mapping = kernel_mapping(record)
+    for module, name, key in replaced:
+        replace_kernel_forward_from_hub(getattr(importlib.import_module(module), name), key)
+    repos = {key: {device: LocalLayerRepository(repo_path=out_dir, layer_name=layer)}
+             for key, layer in mapping.items()}
+    mode = Mode.INFERENCE | Mode.TORCH_COMPILE if compiled else Mode.INFERENCE
+    with use_kernel_mapping(repos, inherit_mapping=False):
+        return kernelize(model, mode=mode, device=device)

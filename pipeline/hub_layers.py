@@ -100,3 +100,18 @@ def classes(model: nn.Module, family: str) -> tuple[list[dict], str | None]:
         if known["facts"] != facts:
             return [], f"instances of {cls.__name__} differ in what the layer must know"
     return list(out.values()), None if out else hub.why_not
+
+
+def kernel_mapping(record: dict) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+    """From an export's record: ([(module, class name, kernelize name)] of the classes that
+    need `replace_kernel_forward_from_hub` first, transformers naming no kernel layer for them),
+    {kernelize name: layer in the package}."""
+    replaced, mapping = [], {}
+    for spec in record["families"].values():
+        for cls in spec["classes"]:
+            key = cls["kernel_layer_name"]
+            if key is None:
+                key = cls["name"]
+                replaced.append((cls["module"], cls["name"], key))
+            mapping.setdefault(key, spec["layer"])
+    return replaced, mapping

@@ -8,23 +8,19 @@ from __future__ import annotations
 def usage(record: dict, repo: str = "OUT_DIR") -> str:
     """Python that kernelizes `model` (in scope) with the package at `repo` for inference;
     for torch.compile, the mode adds Mode.TORCH_COMPILE."""
+    from pipeline.hub_layers import kernel_mapping
+
     device = "cuda" if record["device"].startswith("cuda") else "cpu"
-    imports = ["from pathlib import Path", "",
-               "from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping"]
-    replaced, mapping = [], {}
-    for spec in record["families"].values():
-        for cls in spec["classes"]:
-            key = cls["kernel_layer_name"]
-            if key is None:  # transformers names no kernel layer for this class
-                key = cls["name"]
-                imports.append(f"from {cls['module']} import {cls['name']}")
-                replaced.append(f'replace_kernel_forward_from_hub({cls["name"]}, "{key}")')
-            mapping.setdefault(key, spec["layer"])
+    replaced, mapping = kernel_mapping(record)
+    names = "LocalLayerRepository, Mode, kernelize, use_kernel_mapping"
     if replaced:
-        imports[2] = ("from kernels import (LocalLayerRepository, Mode, kernelize, "
-                      "replace_kernel_forward_from_hub,\n                     "
-                      "use_kernel_mapping)")
-    lines = [*imports, "", *replaced, f"repo = Path({repo!r})", "mapping = {"]
+        names = ("(LocalLayerRepository, Mode, kernelize, replace_kernel_forward_from_hub,\n"
+                 "                     use_kernel_mapping)")
+    lines = ["from pathlib import Path", "", f"from kernels import {names}"]
+    lines += [f"from {module} import {name}" for module, name, _ in replaced]
+    lines += [""] + [f'replace_kernel_forward_from_hub({name}, "{key}")  # no kernel layer name'
+                     for _, name, key in replaced]
+    lines += [f"repo = Path({repo!r})", "mapping = {"]
     lines += [f'    "{key}": {{"{device}": LocalLayerRepository(repo_path=repo, '
               f'layer_name="{layer}")}},' for key, layer in mapping.items()]
     lines += ["}", "with use_kernel_mapping(mapping, inherit_mapping=False):",

@@ -78,14 +78,11 @@ def tiny_llama():
     return build(resolve("tiny-llama"), torch.float32, "cpu")
 
 
-def kernelized(record: dict, out: Path, compile_mode: bool = False):
+def kernelized(record: dict, out: Path):
     from pipeline.hub_readme import usage
 
     scope = {"model": tiny_llama()}
-    code = usage(record, str(out))
-    if compile_mode:
-        code = code.replace("Mode.INFERENCE", "Mode.INFERENCE | Mode.TORCH_COMPILE")
-    exec(code, scope)  # the package README's own "Use" block
+    exec(usage(record, str(out)), scope)  # the package README's own "Use" block
     return scope["model"]
 
 
@@ -158,7 +155,9 @@ def test_the_kernelized_model_compiles_whole(exported, package, applied):
     _, _, out, _ = exported
     _, calls = package
     want, want_calls = applied
-    model = kernelized(read_json(out / "export.json"), out, compile_mode=True)
+    from pipeline.export import kernelize_package
+
+    model = kernelize_package(tiny_llama(), out, compiled=True)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     before = dict(calls)
