@@ -60,6 +60,18 @@ def family_op(name: str):
     return op
 
 
+def for_compile(names: list[str]) -> dict:
+    """What a compiled user of these families is offered: {"families": those torch.compile
+    traces, "left_out": {family: why}} (`Family.traceable`)."""
+    from codegen.registry import get_family
+
+    left_out = {n: UNTRACEABLE for n in names if not get_family(n).traceable}
+    return {"families": [n for n in names if n not in left_out], "left_out": left_out}
+
+
+UNTRACEABLE = "torch.compile cannot trace its adapter (Family.traceable)"
+
+
 def compilable(family, chooser: Callable) -> Callable:
     """`chooser` as the adapters see it: unchanged eagerly; under torch.compile, each kernel
     it gives is called as the family's op. A family that declares itself untraceable gets

@@ -40,7 +40,6 @@ use_interpreter_without_gpu()
 
 # static-cache room a decode handle's decoder has beyond the profiled cache length
 DECODE_HEADROOM = 256
-UNTRACEABLE = "torch.compile cannot trace its adapter (Family.traceable)"
 
 
 def generation_cache_len(prompt: int, new: int) -> int:
@@ -154,7 +153,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     hand to transformers' static-cache `generate`, which compiles its step; `handle.left_out`
     names the others and why."""
     use_interpreter_without_gpu()  # in case the environment changed since the import
-    from codegen.ops import compilable
+    from codegen.ops import compilable, for_compile
     from codegen.registry import get_family
     from pipeline.patching import counting_chooser, make_chooser
 
@@ -187,7 +186,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
                 fams = (w.get("graphs") or {}).get("families", fams)
             for fam in fams:
                 allowed.setdefault(fam, set()).update(w["cases"].get(fam, []))
-    left_out = {f: UNTRACEABLE for f in allowed if compiled and not get_family(f).traceable}
+    left_out = for_compile(list(allowed))["left_out"] if compiled else {}
     allowed = {f: c for f, c in allowed.items() if f not in left_out}
     handle = KernelHandle(sorted(allowed), model=model, graphed=graphed is not None,
                           calls={f: 0 for f in allowed}, declined={}, left_out=left_out)

@@ -220,3 +220,45 @@ def test_one_workload_and_bad_input(exported, tmp_path):
     with pytest.raises(UserError, match="not measured"):
         export(run, tmp_path / "two", workload="decode-b1-s8-fp32")
     assert not (tmp_path / "two").exists() and not list(tmp_path.glob(".two.*"))
+
+
+def readme_blocks() -> tuple[str, str]:
+    """The compile block and the `kernels` block of README.md's "Three ways in", as written."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Three ways in"):].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    assert len(blocks) == 2
+    return tuple("\n".join(line.removeprefix("   ") for line in b.splitlines()) for b in blocks)
+
+
+def test_the_readme_blocks_run_as_a_user_runs_them(exported):
+    """Both blocks in a fresh interpreter, the run and the package at their test paths; the
+    compile block on the eager backend (Inductor's C++ build is benchmarks' cost, not CI's)."""
+    home, run, out, _ = exported
+    compile_block, kernels_block = readme_blocks()
+    assert "latest_run()" in compile_block and 'Path("tiny-llama-kernels")' in kernels_block
+    code = (compile_block.replace("latest_run()", repr(str(run)))
+            .replace("fullgraph=True)", 'fullgraph=True, backend="eager")')
+            + "\n" + kernels_block.replace('"tiny-llama-kernels"', repr(str(out))))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=home, timeout=600,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
+             "PYTHONPATH": os.pathsep.join(
+                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compiled, kernelized = proc.stdout.strip().splitlines()[-2:]
+    assert compiled.startswith("['matmul_epilogue', 'rmsnorm', 'rope'] {} torch.Size([2, 64,")
+    assert "'rmsnorm': 5" in compiled  # the compiled call ran the kernels
+    assert kernelized.startswith("torch.Size([2, 64,")
+
+
+def test_integration_and_the_report_name_what_compiles(exported):
+    from codegen.registry import get_family
+    from pipeline.hub_layers import HUB_LAYERS
+
+    _, run, _, _ = exported
+    record = read_json(run / "integration.json")["workloads"][WORKLOAD]["compiled"]
+    assert record == {"families": ["matmul_epilogue", "rmsnorm", "rope"], "left_out": {}}
+    assert "Under torch.compile (`apply_kernels(..., compiled=True)`" in (
+        run / "report.md").read_text()
+    assert all(get_family(f).traceable for f in HUB_LAYERS)  # the layers all compile
