@@ -41,14 +41,7 @@ esac
 tag=$M-prefill-b8-s1024
 run=/tmp/runs/$tag pkg=/tmp/runs/$tag-kernels
 logs=$OUT/logs-export-$tag; mkdir -p $logs
-step() {  # step NAME LIMIT CMD...: CMD under timeout, its output in $logs/NAME.log
-  local name=$1 limit=$2 t0; shift 2; t0=$(date +%s)
-  timeout -k 15 "$limit" "$@" > $logs/$name.log 2>&1
-  local rc=$?
-  [ $rc -ne 124 ] && [ $rc -ne 137 ] || echo "$name: killed at its ${limit}s limit" >&2
-  echo "$name $tag rc=$rc $(( $(date +%s) - t0 ))s"; tail -n 25 $logs/$name.log
-  return $rc
-}
+source benchmarks/gpu_step.sh
 
 if [ -n "${RESUME:-}" ]; then
   mkdir -p $run && cp -r "$RESUME"/. $run/

@@ -2,10 +2,7 @@
 and what it does with a run it cannot fully serve or an interruption."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +11,10 @@ from core.artifacts import load
 from core.errors import UserError
 from core.records import E2E, GenerationPoint
 from core.workload import for_generation, parse_generations
+from tests.pipeline.cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "e2e.json"
-
-
-def run_cli(*args, home: Path):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
-        timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
-             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": os.pathsep.join(
-                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
 @pytest.fixture(scope="module")

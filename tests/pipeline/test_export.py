@@ -21,6 +21,7 @@ import torch
 
 from core.artifacts import read_json
 from core.errors import UserError
+from tests.pipeline.cli_runs import run_cli
 
 pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.skipif(
     torch.cuda.is_available(), reason="a CPU run's package is a torch-cpu build, which kernels "
@@ -29,15 +30,6 @@ pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.skipif(
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = "prefill-b2-s64-fp32"
 FP32 = {"atol": 1e-5, "rtol": 1e-5}  # verify's float32 tolerances, the families' here
-
-
-def run_cli(*args, home: Path):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
-        timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
-             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": os.pathsep.join(
-                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
 @pytest.fixture(scope="module")
@@ -130,43 +122,41 @@ def test_the_package_is_laid_out_as_kernels_loads_it(exported, package):
     assert "tiny-llama-kernels" in proc.stdout
 
 
-def test_a_kernelized_fresh_model_computes_apply_kernels_logits(exported, package, applied):
-    _, _, out, _ = exported
-    _, calls = package
-    want, want_calls = applied
-    model = kernelized(read_json(out / "export.json"), out)
+def counted_call(model, calls: dict, seq: int = 64) -> tuple[torch.Tensor, dict]:
+    """(logits of one call at batch 2 x seq, each family's kernel calls in it)."""
     before = dict(calls)
     with torch.no_grad():
-        got = model(ids()).logits
-    assert {f: calls[f] - before[f] for f in calls} == want_calls
+        logits = model(ids(seq)).logits
+    return logits, {f: calls[f] - before[f] for f in calls}
+
+
+def test_a_kernelized_fresh_model_computes_apply_kernels_logits(exported, package, applied):
+    _, _, out, _ = exported
+    want, want_calls = applied
+    got, got_calls = counted_call(kernelized(read_json(out / "export.json"), out), package[1])
+    assert got_calls == want_calls
     torch.testing.assert_close(got, want, **FP32)
 
 
 def test_shapes_no_kernel_was_accepted_for_run_the_original_code(exported, package):
     _, _, out, _ = exported
-    _, calls = package
-    model = kernelized(read_json(out / "export.json"), out)
-    plain = tiny_llama()
-    before = dict(calls)
+    got, got_calls = counted_call(kernelized(read_json(out / "export.json"), out), package[1],
+                                  seq=32)
+    assert not any(got_calls.values())
     with torch.no_grad():
-        got, want = model(ids(32)).logits, plain(ids(32)).logits
-    assert calls == before
-    assert torch.equal(got, want)
+        assert torch.equal(got, tiny_llama()(ids(32)).logits)
 
 
 def test_the_kernelized_model_compiles_whole(exported, package, applied):
-    _, _, out, _ = exported
-    _, calls = package
-    want, want_calls = applied
     from pipeline.export import kernelize_package
 
+    _, _, out, _ = exported
+    want, want_calls = applied
     model = kernelize_package(tiny_llama(), out, compiled=True)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    before = dict(calls)
-    with torch.no_grad():
-        got = compiled(ids()).logits
-    assert {f: calls[f] - before[f] for f in calls} == want_calls
+    got, got_calls = counted_call(compiled, package[1])
+    assert got_calls == want_calls
     torch.testing.assert_close(got, want, **FP32)
 
 
