@@ -13,7 +13,11 @@ the kernel through the same launcher as eager.
 `call` names one kernel and the layout of its arguments, fixed at trace time: the chooser is
 asked once, outside the graph (`torch.compiler.assume_constant_result`), and the kernel it
 gives is kept under that name. A family whose adapter cannot be traced says so
-(`Family.traceable`); its chooser is left as it is, so it breaks the graph where it runs.
+(`Family.traceable`): its chooser is left as it is, and compiled users are not offered it
+(`pipeline.patching.for_compile`).
+
+Self-contained (torch alone): `pipeline export` ships this file in its packages, with their
+own namespace.
 """
 
 from __future__ import annotations
@@ -58,18 +62,6 @@ def family_op(name: str):
     op.register_fake(lambda call, inputs, outs: None)
     _ops[name] = op
     return op
-
-
-def for_compile(names: list[str]) -> dict:
-    """What a compiled user of these families is offered: {"families": those torch.compile
-    traces, "left_out": {family: why}} (`Family.traceable`)."""
-    from codegen.registry import get_family
-
-    left_out = {n: UNTRACEABLE for n in names if not get_family(n).traceable}
-    return {"families": [n for n in names if n not in left_out], "left_out": left_out}
-
-
-UNTRACEABLE = "torch.compile cannot trace its adapter (Family.traceable)"
 
 
 def compilable(family, chooser: Callable) -> Callable:

@@ -153,9 +153,9 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     hand to transformers' static-cache `generate`, which compiles its step; `handle.left_out`
     names the others and why."""
     use_interpreter_without_gpu()  # in case the environment changed since the import
-    from codegen.ops import compilable, for_compile
+    from codegen.ops import compilable
     from codegen.registry import get_family
-    from pipeline.patching import counting_chooser, make_chooser
+    from pipeline.patching import counting_chooser, for_compile, make_chooser
 
     run_dir = Path(run_dir)
     summary = read_json(run_dir / "verification" / "summary.json", "verification summary")

@@ -62,6 +62,16 @@ def patched(model, accepted: dict, families: list[str], workload_cases: dict | N
         yield model
 
 
+UNTRACEABLE = "torch.compile cannot trace its adapter (Family.traceable)"
+
+
+def for_compile(names: list[str]) -> dict:
+    """What a compiled user of these families is offered: {"families": those torch.compile
+    traces, "left_out": {family: why}} (`Family.traceable`)."""
+    left_out = {n: UNTRACEABLE for n in names if not get_family(n).traceable}
+    return {"families": [n for n in names if n not in left_out], "left_out": left_out}
+
+
 def patch_memory(model, families: list[str]) -> dict[str, int]:
     """family -> bytes its patch holds beyond the model's own weights (copies it builds when
     patched, such as padded weights: the undo's `extra_bytes`, core.family), nonzero only.

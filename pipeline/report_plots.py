@@ -490,7 +490,7 @@ def _kernel_blocks(data: dict) -> list[tuple]:
 
 def _compiled_words(kept: list[str]) -> str:
     """What a torch.compile user of the kept set gets (`apply_kernels(..., compiled=True)`)."""
-    from codegen.ops import for_compile
+    from pipeline.patching import for_compile
 
     offer = for_compile(kept)
     out = (f"Under torch.compile (`apply_kernels(..., compiled=True)`, each kernel call one "

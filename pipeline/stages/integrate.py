@@ -7,9 +7,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from codegen.ops import for_compile
 from core.artifacts import write_json
-from pipeline.patching import patch_memory, workload_cases
+from pipeline.patching import for_compile, patch_memory, workload_cases
 from pipeline.policy import fallbacks, integrable
 
 
