@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from models.global_copy import reading_global
+
 
 def needs_graph(*tensors: torch.Tensor) -> bool:
     """Whether a backward pass will need these tensors' autograd history: a kernel writes plain
@@ -112,9 +114,19 @@ def with_global(forward: Callable, module_globals: dict, name: str,
     """`forward` with `module_globals[name]` set to make_value(previous) for the duration of its
     own call only: HF calls some functions (apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS) by
     their global name, and rebinding the global for good would change every model of that
-    family in the process. Not thread-safe; the pipeline runs one forward at a time."""
+    family in the process. Not thread-safe; the pipeline runs one forward at a time.
+
+    torch.compile cannot follow the swap: dynamo resolves the callee's global from the module's
+    dict as it was, not as the swap left it (torch 2.13 traces the original function, silently;
+    the recompile-limit warnings of the run in benchmarks/results/export-llama-3.2-1b-prefill-
+    b8-s1024-1207-h100/h2h.log name this wrapper's frame). So under torch.compile the call goes
+    to `reading_global`'s copy of the forward, whose code reads the value from globals of its
+    own, and no dict is written."""
+    traced = reading_global(forward, module_globals, name, make_value(module_globals[name]))
 
     def forward_with_global(*args, **kwargs):
+        if traced is not None and torch.compiler.is_compiling():
+            return traced(*args, **kwargs)
         previous = module_globals[name]
         module_globals[name] = make_value(previous)
         try:
