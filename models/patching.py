@@ -73,6 +73,29 @@ class _InstanceForward:
             del module.forward
 
 
+# On an adapter's forward: every path returns what the module's own forward would (another
+# kernel for the same function of the same parameters, with no side effect), so a caller that
+# computes that function itself from the module's parameters may skip calling the module
+SAME_RESULT = "same_result"
+
+
+def only_same_result_forwards(module: nn.Module) -> bool:
+    """Whether every live instance forward on `module` declares SAME_RESULT, down to the
+    class's forward (none at all counts): skipping the module's call loses nothing but a
+    kernel. An instance forward not installed through this module (accelerate's) does not."""
+    forward = module.__dict__.get("forward")
+    while forward is not None:
+        layer = getattr(forward, "_instance_forward", None)
+        if layer is None:
+            return False
+        if layer.live and not getattr(layer.run, SAME_RESULT, False):
+            return False
+        if not layer.had:
+            break
+        forward = layer.below
+    return True
+
+
 def wrap_instance_forward(module: nn.Module,
                           wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
     """Shadow the forward on this instance only with `wrap(below)`, where `below` is what the

@@ -25,7 +25,7 @@ from codegen.gemv.reference import make_case, params
 from codegen.matmul.patch import layout_of, projections
 from codegen.matmul.reference import gemv_takes
 from core.family import Case, kernel_by_signature
-from models.patching import needs_graph, wrap_instance_forward
+from models.patching import SAME_RESULT, needs_graph, wrap_instance_forward
 
 
 def linears(model: nn.Module) -> list[nn.Module]:
@@ -91,6 +91,9 @@ def _wrapper(module: nn.Module, forward_by_case: Callable) -> Callable[[Callable
                         return out
             return below(*args, **kwargs)
 
+        # F.linear of the module's own weight and bias either way: matmul_epilogue's GEMV,
+        # which computes gate_proj's and up_proj's products itself, may skip this call
+        setattr(forward, SAME_RESULT, True)
         return forward
 
     return wrap
