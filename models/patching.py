@@ -96,6 +96,31 @@ def only_same_result_forwards(module: nn.Module) -> bool:
     return True
 
 
+# On an adapter's forward, a function of the call's one tensor: the module's result computed
+# in one launch with its siblings' (an attention's q/k/v projections), or None where it
+# declines. A SAME_RESULT forward stacked above asks it first (`fused_below`), so the fusion
+# happens whichever of the two adapters was installed last.
+FUSED = "fused"
+
+
+def fused_below(below: Callable) -> Callable | None:
+    """The FUSED function of the first live FUSED forward `below` reaches through live
+    SAME_RESULT ones only (undone layers pass calls through); None where there is none.
+    Asked per call."""
+    layer = getattr(below, "_instance_forward", None)
+    while layer is not None:
+        if layer.live:
+            fused = getattr(layer.run, FUSED, None)
+            if fused is not None:
+                return fused
+            if not getattr(layer.run, SAME_RESULT, False):
+                return None
+        if not layer.had:
+            return None
+        layer = getattr(layer.below, "_instance_forward", None)
+    return None
+
+
 def wrap_instance_forward(module: nn.Module,
                           wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
     """Shadow the forward on this instance only with `wrap(below)`, where `below` is what the

@@ -11,6 +11,9 @@ patch time with the same storage (reassigned, or moved with `.to()`, falls back)
 dtype and device, and the chooser gives a kernel for the signature
 (`core.family.kernel_by_signature`). An in-place update of the weight needs no check: the
 kernel reads the weight as it is. Otherwise, a prefill included, the module's own code runs.
+Where a fused adapter sits below (qkv_proj's, `models.patching.FUSED`: q, k and v in one
+launch), it is asked first and this kernel runs where it declines, so the two families
+compose in either patch order.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from codegen.gemv.reference import make_case, params
 from codegen.matmul.patch import layout_of, projections
 from codegen.matmul.reference import gemv_takes
 from core.family import Case, kernel_by_signature
-from models.patching import SAME_RESULT, needs_graph, wrap_instance_forward
+from models.patching import SAME_RESULT, fused_below, needs_graph, wrap_instance_forward
 
 
 def linears(model: nn.Module) -> list[nn.Module]:
@@ -81,6 +84,11 @@ def _wrapper(module: nn.Module, forward_by_case: Callable) -> Callable[[Callable
         def forward(*args, **kwargs):
             if len(args) == 1 and not kwargs:
                 (x,) = args
+                fused = fused_below(below)
+                if fused is not None:  # qkv_proj's one launch below: it serves q, k and v
+                    out = fused(x)
+                    if out is not None:
+                        return out
                 if (isinstance(x, torch.Tensor) and x.dtype == weight.dtype
                         and x.device == weight.device and x.shape[-1] == k
                         and x.dim() in (2, 3) and unchanged() and not needs_graph(x, weight)):
