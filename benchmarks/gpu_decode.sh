@@ -13,7 +13,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export M=${M:-llama-3.2-1b} B=${B:-1} S=${S:-1024} MODE=decode
-export FAMILIES=${FAMILIES:-gemv,matmul_epilogue,decode_attention,kv_cache,rope,rmsnorm,add_rmsnorm}
+export FAMILIES=${FAMILIES:-gemv,qkv_proj,matmul_epilogue,decode_attention,kv_cache,rope,rmsnorm,add_rmsnorm}
 export MAXC=${MAXC:-4} PAIRS=${PAIRS:-12} ROUNDS=${ROUNDS:-20} VARIANTS=graph,ours-graphs
 export T_PROFILE=${T_PROFILE:-75} T_OPTIMIZE=${T_OPTIMIZE:-230} T_H2H=${T_H2H:-90}
 TABLE_MODELS=${TABLE_MODELS:-llama-3.2-1b,llama-3.1-8b,qwen2.5-0.5b} TABLE_ROWS=${TABLE_ROWS:-1,8}

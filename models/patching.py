@@ -121,6 +121,42 @@ def fused_below(below: Callable) -> Callable | None:
     return None
 
 
+# On an adapter's forward, a function (x, out) -> bool: out += the module's result for x,
+# written in place in one launch (a residual add in a GEMV's epilogue), True where it did
+ACCUMULATES = "accumulates"
+
+
+def _layers_from_top(module: nn.Module):
+    """The module's instance-forward layers (installed here), top first; stops at one that
+    was not (accelerate's) or at the class's forward."""
+    layer = getattr(module.__dict__.get("forward"), "_instance_forward", None)
+    while layer is not None:
+        yield layer
+        if not layer.had:
+            return
+        layer = getattr(layer.below, "_instance_forward", None)
+
+
+def accumulator(module: nn.Module) -> Callable | None:
+    """The ACCUMULATES function of the first live forward on `module` declaring one, or None."""
+    for layer in _layers_from_top(module):
+        if layer.live and getattr(layer.run, ACCUMULATES, None) is not None:
+            return getattr(layer.run, ACCUMULATES)
+    return None
+
+
+def reaches(module: nn.Module, forward: Callable) -> bool:
+    """Whether a call of `module` reaches the instance forward `forward` (installed on it),
+    through live SAME_RESULT forwards only, which pass it down (`fused_below`) where it is
+    FUSED. Undone layers pass calls through."""
+    for layer in _layers_from_top(module):
+        if layer.forward is forward:
+            return layer.live
+        if layer.live and not getattr(layer.run, SAME_RESULT, False):
+            return False
+    return False
+
+
 def wrap_instance_forward(module: nn.Module,
                           wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
     """Shadow the forward on this instance only with `wrap(below)`, where `below` is what the

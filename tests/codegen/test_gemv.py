@@ -254,3 +254,24 @@ def test_the_decode_gemv_table_counts_bytes_and_reads_against_the_copy_bandwidth
     assert "Copy bandwidth (`pipeline calibrate`): 3000 GB/s" in md
     assert "| llama-3.2-1b | k/v | 1 | 2048 | 512 | 2.1 | 1.5 | 1400.0 | 1.0 | 2100.0 | 70% |" in md
     assert "| down |" in md and md.count("\n|") == 4
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_config_accumulates_into_out_in_its_epilogue(bias, tmp_path):
+    """`accumulate=True`: out += x @ W^T with the sum rounded once, cuBLAS's config (addmm_),
+    the split configs (in the sum kernel) and the direct ones alike; a biased projection
+    refuses it (the residual add it serves has none)."""
+    case = make_case(3, 300, 40, "float32", bias, (3, 1))
+    space = FAMILY.search_space(case)
+    assert any(c.get("SPLIT_K", 1) > 1 for c in space) and space[0] == CUBLAS
+    inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(3))
+    total = torch.randn(3, 1, 40, device=DEVICE)
+    for config in space:
+        forward = load_rendered(FAMILY, config, case, tmp_path)
+        out = total.clone()
+        if bias:
+            with pytest.raises(ValueError, match="without a bias"):
+                forward(*inputs, out=out, accumulate=True, **FAMILY.params(case))
+            continue
+        forward(*inputs, out=out, accumulate=True, **FAMILY.params(case))
+        assert_close(out, total + F.linear(*inputs), (1e-5, 1e-5))
