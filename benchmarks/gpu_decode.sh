@@ -15,9 +15,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export M=${M:-llama-3.2-1b} B=${B:-1} S=${S:-1024} MODE=decode
 export FAMILIES=${FAMILIES:-gemv,qkv_proj,matmul_epilogue,decode_attention,kv_cache,rope,rmsnorm,add_rmsnorm}
 export MAXC=${MAXC:-4} PAIRS=${PAIRS:-12} ROUNDS=${ROUNDS:-20} VARIANTS=graph,ours-graphs
-export T_PROFILE=${T_PROFILE:-75} T_OPTIMIZE=${T_OPTIMIZE:-230} T_H2H=${T_H2H:-90}
+export T_PROFILE=${T_PROFILE:-70} T_OPTIMIZE=${T_OPTIMIZE:-270} T_H2H=${T_H2H:-80}
 TABLE_MODELS=${TABLE_MODELS:-llama-3.2-1b,llama-3.1-8b,qwen2.5-0.5b} TABLE_ROWS=${TABLE_ROWS:-1,8}
-TABLE_MAXC=${TABLE_MAXC:-3} T_TABLE=${T_TABLE:-100} QWEN=${QWEN:-0}
+TABLE_MAXC=${TABLE_MAXC:-3} T_TABLE=${T_TABLE:-70} QWEN=${QWEN:-0}
 
 anatomy() {  # the graphs stage's decode_step record of a run, as the report prints it
   PYTHONPATH=/tmp/site:$PWD timeout 60 python3 - "$1" <<'EOF'

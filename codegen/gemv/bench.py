@@ -11,8 +11,8 @@ GB/s: the bytes a GEMV must move (weights, x, the output; gpt-fast's "achieved b
 over its time. Weights are cold: each graph cycles over copies of them worth more than three
 L2s (an H100's 50 MB would otherwise hold Llama's k/v projection and overstate it), as a
 decode step finds them, each layer's weights read once per token. Every config of
-`search_space` (or `--max-configs` of them, spread as the search spreads them), rendered as
-the search writes it, is checked against the float64 product first.
+`search_space` (or its first `--max-configs`: cuBLAS and the best guesses), rendered as the
+search writes it, is checked against the float64 product first.
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ def graph_us(calls: list) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def spread(configs: list, budget: int | None) -> list:
-    from codegen.search import spread as search_spread
-
-    return search_spread(configs, budget)
+def first(configs: list, budget: int | None) -> list:
+    """The first `budget` configs (all: None): the spaces list cuBLAS, then their best
+    guesses, last the interpreter's cheapest."""
+    return list(configs[:budget] if budget else configs)
 
 
 def _rendered(family, config: dict, case: dict, tmp: Path, tag: str):
@@ -111,7 +111,7 @@ def run_shape(model: str, name: str, k: int, n: int, bias: bool, rows: int, dtyp
     nbytes = gemv_bytes(rows, k, n, bias, x.element_size())
     cublas_us = graph_us([lambda s=s: F.linear(*s) for s in sets])
     results = []
-    for i, config in enumerate(spread(FAMILY.search_space(case), budget)):
+    for i, config in enumerate(first(FAMILY.search_space(case), budget)):
         tag = f"{model}_{name.replace('/', '_')}_{rows}_{i}".replace(".", "_").replace("-", "_")
         forward = _rendered(FAMILY, config, case, tmp, tag)
         outs = [torch.empty((rows, 1, n), dtype=x.dtype, device="cuda") for _ in sets]
@@ -152,7 +152,7 @@ def run_gate_up(model: str, k: int, n: int, rows: int, dtype: str, tmp: Path,
     hf_us = graph_us([lambda s=s: FAMILY.reference(*s) for s in sets])
     results = []
     gemvs = [c for c in FAMILY.search_space(case) if c.get("GEMV")]
-    for i, config in enumerate(spread(gemvs, budget)):
+    for i, config in enumerate(first(gemvs, budget)):
         tag = f"{model}_gate_up_{rows}_{i}".replace(".", "_").replace("-", "_")
         forward = _rendered(FAMILY, config, case, tmp, tag)
         outs = [FAMILY.make_out(case, s) for s in sets]
@@ -201,7 +201,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-configs", type=int, default=None,
-                    help="configs per shape, spread over the space as the search does")
+                    help="configs per shape: the first N of the space (cuBLAS, best guesses)")
     ap.add_argument("--out", default=None, help="folder for gemv_table.json and .md")
     a = ap.parse_args()
     if not torch.cuda.is_available():
