@@ -34,7 +34,7 @@ import triton.language as tl
 from codegen.gemv.kernel import _rows_times_tile
 from codegen.gemv.reference import MAX_ROWS
 from codegen.launch import cdiv
-from codegen.matmul_epilogue.kernel import _gated
+from codegen.matmul_epilogue.epilogue import _gated
 from core.family import Case
 from core.source import kernel_source
 
