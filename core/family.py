@@ -213,6 +213,10 @@ class Family:
     weights: tuple[int, ...] = ()
     # The inputs that hold a cache kept across calls (`Cache`); None: no cache input.
     cache: Cache | None = None
+    # whether torch.compile can trace the adapter (each kernel call then becomes the family's
+    # custom op, codegen.ops); False: compiled users are not offered the family (its adapter
+    # reads what a trace cannot: addresses, versions, globals swapped during a call)
+    traceable: bool = True
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

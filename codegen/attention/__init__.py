@@ -110,4 +110,7 @@ FAMILY = Family(
     # reference multiplies it by a zero probability and gets NaN.
     params=params,
     declines=declines,
+    # swaps transformers' attention function in a global for the call, which a trace
+    # never reads (it would run SDPA silently)
+    traceable=False,
 )

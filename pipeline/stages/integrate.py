@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from core.artifacts import write_json
-from pipeline.patching import patch_memory, workload_cases
+from pipeline.patching import for_compile, patch_memory, workload_cases
 from pipeline.policy import fallbacks, integrable
 
 
@@ -91,6 +91,8 @@ def integrate_stage(run_dir: Path, spec, workloads, summary: dict, families: lis
             result["workloads"][w.key] = {
                 "workload": w.to_dict(), "check": check, "patch_effect": effect, "cases": cases,
                 "patch_memory": patch_memory(model, m["kept"]),
+                # what `apply_kernels(..., compiled=True)` and `pipeline export` offer
+                "compiled": for_compile(m["kept"]),
                 # a family tried in place of another has its measurement, not a reason
                 "skipped": {f: why for f, why in skipped.items() if f not in m["per_family"]},
                 **({"fallback_checks": spare_checks} if spare_checks else {}), **m}
