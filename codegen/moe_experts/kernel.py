@@ -405,7 +405,8 @@ def _check(x, router_weight, gate_up, down, biases, out, params):
 def _strides(gate_up, down, biases):
     """(gate's expert, column and k strides, the up half's offset; down's expert, column and k
     strides; the gate/up bias's expert and column strides and the up bias's offset)."""
-    if BIASED:  # gate_up (E, HIDDEN, 2 INTER), columns gate0, up0, gate1, ...; down (E, INTER, HIDDEN)
+    # gate_up (E, HIDDEN, 2 INTER), columns gate0, up0, gate1, ...; down (E, INTER, HIDDEN)
+    if BIASED:
         s0, s1, s2 = gate_up.stride()
         gate = (s0, 2 * s2, s1, s2)
         d0, d1, d2 = down.stride()

@@ -72,8 +72,9 @@ def test_rendered_kernels_match_the_block_with_edge_routings(model_id, tmp_path)
     for config in _path_configs(case):
         for c in [case] + edges:
             out, ref = run_candidate(FAMILY, config, c, tmp_path, rendered_for=case)
+            where = f"{config['PATH']} {c}"
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5,
-                                       msg=lambda m: f"{config['PATH']} {c}: {m}")
+                                       msg=lambda m, where=where: f"{where}: {m}")
 
 
 def test_skewed_routing_leaves_an_expert_empty_and_one_full():
