@@ -220,6 +220,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         "row sum to 1; the plot above shows the same rows.")),
         ("table", ["#", "pattern", "family", "occ", "share", "time", "attainable",
                    "gain (Amdahl)", "gain (replay)", "rank_gain", "target"], rows)]
+    if w.get("experts_note"):
+        b.append(("note", w["experts_note"]))
     b += _headroom_blocks(w)
     if f"cumulative/{k}" in plots:
         last = w["cumulative"][-1]
