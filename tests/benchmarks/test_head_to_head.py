@@ -133,9 +133,9 @@ def test_hf_best_experts_times_every_option_on_a_twin_and_keeps_the_fastest():
     the same weights; the fastest that runs is returned, the model itself left as built, and
     an option that cannot run here is named with its reason."""
     import torch
+    from head_to_head import best_experts
 
     from core.workload import Workload
-    from head_to_head import best_experts
     from models.moe import experts_options
     from profiling.loader import build, resolve
 
