@@ -448,7 +448,7 @@ def _at_timing_host(reading: dict | None, measured: dict | None) -> dict | None:
 def _check_summary(res: dict | None) -> dict:
     res = res or {}
     return {"families": res.get("families"), "passed": res.get("passed"),
-            "trials": res.get("trials") or []}
+            "trials": res.get("trials") or [], "reference": res.get("reference", "fp32 copy")}
 
 
 def _check_reason(res: dict) -> str:
