@@ -53,8 +53,19 @@ def copy_fits(model: torch.nn.Module) -> bool:
     return _fp32_bytes(model) <= COPY_SHARE * free_bytes(p.device)
 
 
+def plain_experts(ref: torch.nn.Module) -> torch.nn.Module:
+    """An MoE reference runs transformers' eager experts loop: torch's grouped GEMM (the
+    default) takes bf16 only on a GPU, and a reference wants the plainest path anyway. The
+    reference's config is its own (a copy or a twin's), so the model keeps its option."""
+    from models.moe import is_moe, set_experts
+
+    if is_moe(ref):
+        set_experts(ref, "eager")
+    return ref
+
+
 def fp32_copy(model: torch.nn.Module) -> torch.nn.Module:
-    return copy.deepcopy(model).float().eval()
+    return plain_experts(copy.deepcopy(model).float().eval())
 
 
 def _floating(tensors: dict) -> list[str]:
@@ -67,7 +78,7 @@ def layerwise(model: torch.nn.Module) -> torch.nn.Module:
     own parameters and buffers, made at its call and dropped after it."""
     from pipeline.patching import twin
 
-    ref = twin(model).eval()
+    ref = plain_experts(twin(model).eval())
     for m in ref.modules():
         params, bufs = _floating(m._parameters), _floating(m._buffers)
         if not params and not bufs:

@@ -101,3 +101,12 @@ def test_the_copy_is_used_only_where_it_fits(monkeypatch):
     ref = fr.fp32_reference(model)
     assert fr.describe(ref).startswith("fp32 layer by layer")
     assert next(ref.parameters()) is next(model.parameters())
+
+
+@pytest.mark.parametrize("layer_by_layer", [False, True])
+def test_an_moe_reference_runs_eager_experts_and_the_model_keeps_its_own(layer_by_layer):
+    model = _model("tiny-olmoe")
+    own = model.config._experts_implementation
+    ref = fr.fp32_reference(model, layer_by_layer)
+    assert ref.model.layers[0].mlp.experts.config._experts_implementation == "eager"
+    assert model.model.layers[0].mlp.experts.config._experts_implementation == own != "eager"
