@@ -31,7 +31,26 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:Runt
 MODELS = ["tiny-mixtral", "tiny-qwen3-moe", "tiny-olmoe"]
 
 
+# MoE blocks the zoo has no tiny name for: Qwen2-MoE (a shared expert beside the routed ones)
+# and gpt-oss (biased router and experts, transposed interleaved gate/up, clamped SwiGLU)
+_TINY = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)
+CONFIGS = {
+    "qwen2_moe": dict(_TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=88,
+                      shared_expert_intermediate_size=96),
+    "gpt_oss": dict(_TINY, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=32, layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+}
+
+
 def _model(model_id, dtype=torch.float32):
+    if model_id in CONFIGS:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        config = AutoConfig.for_model(model_id, **CONFIGS[model_id])
+        return AutoModelForCausalLM.from_config(config).to(dtype=dtype, device=DEVICE).eval()
     return build(resolve(model_id), dtype, DEVICE)
 
 
@@ -61,7 +80,7 @@ def test_reference_is_bitwise_the_models_block(model_id):
         assert torch.equal(got.reshape(want.shape), want), impl
 
 
-@pytest.mark.parametrize("model_id", MODELS)
+@pytest.mark.parametrize("model_id", MODELS + ["gpt_oss"])
 def test_rendered_kernels_match_the_block_with_edge_routings(model_id, tmp_path):
     """Both paths, on the model's case and every edge case the verifier runs: one token, a
     prime count, one past a row block, and the skewed (an expert with no token, one with one
@@ -97,7 +116,7 @@ def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
     verify_on_cpu_or_gpu(FAMILY, case, tmp_path, config=_path_configs(case)[-1])
 
 
-@pytest.mark.parametrize("model_id", MODELS)
+@pytest.mark.parametrize("model_id", MODELS + list(CONFIGS))
 def test_one_row_holds_router_experts_and_combine(model_id, tmp_path):
     """Each MoE block is one moe_experts occurrence, which took in the router's softmax (the
     softmax pattern claims F.softmax calls first); no softmax row is left inside a block."""
@@ -114,7 +133,7 @@ def test_one_row_holds_router_experts_and_combine(model_id, tmp_path):
     assert not [o for o in found if o.family == "softmax" and set(o.ops) & inside]
 
 
-@pytest.mark.parametrize("model_id", MODELS)
+@pytest.mark.parametrize("model_id", MODELS + list(CONFIGS))
 def test_patch_runs_the_kernel_and_undo_restores(model_id, tmp_path):
     model = _model(model_id)
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
