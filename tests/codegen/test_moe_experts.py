@@ -182,3 +182,15 @@ def test_a_lookalike_block_keeps_its_own_code():
     odd = type(cls.__name__, (cls,), {"forward": forward})
     block.__class__ = odd
     assert [b.path for b in find_moe_blocks(model)] == ["model.layers.1.mlp"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [8, 512])
+def test_bf16_kernels_pass_the_verifier_on_a_gpu(rows, tmp_path):
+    """bf16 (which the interpreter gets wrong) on each path: the decode path at 8 tokens, the
+    grouped path at 512 (a few row blocks per expert)."""
+    case = make_case(rows, 256, 128, 8, 2, "bfloat16", "olmoe")
+    for i, config in enumerate(_path_configs(case)):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        verify_on_cpu_or_gpu(FAMILY, case, folder, config=config)
