@@ -34,6 +34,17 @@ Variants (`--variants`, eager always included; the default is the first three):
   installed transformers offers (`models.moe.experts_options`; each option timed on a few
   calls first, `best_experts`), called as eager is; the option and each one's time are in
   the result (`hf_best_experts`).
+The compiled variants (COMPILED) are twins of one model class, so they share code objects, and
+dynamo's recompile limit (8 entries per code object by default, then the frame runs eager) is
+per code object, not per model: in one process a second compiled twin would get what the first
+left of it. So the limit is raised to 8 times the number of compiled variants timed, for the
+whole process: fair to each, since each keeps the budget it has when compiled alone, and a
+variant whose frames recompile beyond it (a graph break per decoder layer, say: each layer's
+frame then recompiles per layer index) still falls back to eager as it would alone. Separate
+code objects per twin (copies of the model's classes) were not taken: they would time a model
+that no user compiles. Each compiled variant's dynamo counts over its calls are recorded
+(`dynamo`: graphs compiled, graph breaks in its warm-up calls), so a variant that broke its
+graph shows it.
 Static-cache decode variants time `rewind(seq)` then `step`, so every call writes position
 `seq` as the dynamic cache's does; the cache holds `--max-len` slots (default: seq + 1 rounded
 up to 16), which the mask spans. First calls (compiling, capturing) are warm-up, never timed.
@@ -70,6 +81,8 @@ VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has
 ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
                            "ours-compile", "ours-kernels", "hf-best-experts")
 DECODE_ONLY = ("eager-static",)
+COMPILED = ("compile", "compile-reduce-overhead", "ours-compile")  # torch.compile's twins
+RECOMPILE_LIMIT = 8  # dynamo's default, per code object
 FAST_HOST = 1.1  # a round within 10 % of eager's fastest host time counts as a fast host
 # ratios beside those over eager: the graph's own gain, the kernels' share inside the graph,
 # and the contender the issue sets for graphed ours
@@ -207,6 +220,33 @@ def ratios(times: dict) -> dict:
                     if a in times and b in times}
     if "ours_over_compile" in out["pairs"]:
         out["ours_over_compile"] = out["pairs"]["ours_over_compile"]
+    return out
+
+
+def share_recompile_limit(variants: list[str]) -> int | None:
+    """Dynamo's recompile limit raised to RECOMPILE_LIMIT per compiled variant (module doc);
+    the limit set, or None with fewer than two."""
+    n = sum(v in COMPILED for v in variants)
+    if n < 2:
+        return None
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT * n
+    return RECOMPILE_LIMIT * n
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """(graphs dynamo compiled, graph breaks it took) in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def counted(call, tally: dict):
+    """`call`, adding the graphs and graph breaks dynamo took during it to `tally`."""
+    graphs, breaks = dynamo_counts()
+    out = call()
+    after = dynamo_counts()
+    tally["graphs"] += after[0] - graphs
+    tally["graph_breaks"] += after[1] - breaks
     return out
 
 
@@ -408,6 +448,7 @@ def main() -> None:
     workload = Workload.from_dict(entry["workload"])
     variants, skipped = parse_variants(args.variants, workload.mode)
     max_len = args.max_len or static_len(workload.seq)
+    recompile_limit = share_recompile_limit(variants)
     model = build(resolve(profile["model"]["id"]), workload.torch_dtype(), workload.device)
     eager_alone = alone(make_runner(model, workload).once, workload.device,
                         args.alone_rounds)
@@ -417,6 +458,7 @@ def main() -> None:
     if "eager" not in calls:
         raise SystemExit(f"eager did not run: {skipped.get('eager')}")
     names = [v for v in variants if v in calls]
+    dynamo = {n: {"graphs": 0, "graph_breaks": 0} for n in names if n in COMPILED}
     first_call_s = {}
     t = time.perf_counter()
     for _ in range(3):  # compiles, captures, autotunes, warms the caching allocator
@@ -424,20 +466,25 @@ def main() -> None:
             if name in setups:
                 setups[name]()
             t1 = time.perf_counter()
-            calls[name]()
+            counted(calls[name], dynamo.get(name, {"graphs": 0, "graph_breaks": 0}))
             sync(workload.device)
             first_call_s.setdefault(name, time.perf_counter() - t1)
     warm_s = time.perf_counter() - t
     times = {name: [] for name in names}
     host = {name: [] for name in names}
     allocs = {name: [] for name in names}
-    for i in range(args.rounds):
-        for name in rotation(names, i):
-            wall, returned, made = timed_counting(calls[name], workload.device,
-                                                  setups.get(name))
-            times[name].append(wall)
-            host[name].append(returned)
-            allocs[name].append(made)
+
+    def timed_rounds():
+        for i in range(args.rounds):
+            for name in rotation(names, i):
+                wall, returned, made = timed_counting(calls[name], workload.device,
+                                                      setups.get(name))
+                times[name].append(wall)
+                host[name].append(returned)
+                allocs[name].append(made)
+
+    in_rounds = {"graphs": 0, "graph_breaks": 0}
+    counted(timed_rounds, in_rounds)
     # after the timing: a profiler session leaves CUPTI attached and later launches slower
     kernels = {}
     if workload.device.startswith("cuda") and not args.no_kernel_count:
@@ -473,6 +520,9 @@ def main() -> None:
         **ratios(times),
         "by_host_speed": by_host_speed(times, host),
         "first_call_s": first_call_s,
+        # per compiled variant over its warm-up calls; in_rounds: all variants while timed
+        # (nonzero: a variant recompiled then)
+        "dynamo": {**dynamo, "in_rounds": in_rounds}, "recompile_limit": recompile_limit,
         "pool_bytes": pools,
         "kernels_per_pass": kernels,
         "kernels_note": "torch.profiler over one synchronised call after the timing; null "

@@ -107,11 +107,36 @@ class Projection(Record):
     workloads: dict[str, ProjectedWorkload]
 
 
+class StepKernel(Record):
+    kernel: str
+    calls: int
+    ms: float
+    share: float
+
+
+class DecodeStep(Record):
+    """A graphed decode step's anatomy (pipeline.decode_step)."""
+    kernels_per_step: int
+    kernels_per_layer: float | None
+    step_ms: float
+    busy_ms: float
+    floor_ms: float | None
+    floor_multiple: float | None
+    kernels: list[StepKernel]
+    levers_ms: dict[str, float]
+    verdict: str
+
+
+class GraphsRecord(Record):
+    # on a GPU, for a decode workload; absent in runs from before it
+    decode_step: DecodeStep | None = None
+
+
 class IntegratedWorkload(Record):
     kept: list[str]
     cases: dict[str, list[str]] = {}
     # the graphs stage's record (pipeline.stages.graphs); absent in runs from before it
-    graphs: dict | None = None
+    graphs: GraphsRecord | None = None
 
 
 class Integration(Record):

@@ -433,6 +433,12 @@ def graphs_blocks(w: dict) -> list[tuple]:
             (name, ", ".join(s["families"]) or "none", ms(s.get("graphed_ms")),
              s.get("kernels_per_pass", "-")) for name, s in
             (("eager shipped", sets["kept"]), ("integrable", sets["integrable"]))]))
+    if g.get("decode_step"):
+        from pipeline.decode_step import blocks
+
+        b += blocks(g["decode_step"])
+    elif g.get("decode_step_error"):
+        b.append(("note", f"Decode step anatomy failed: {g['decode_step_error']}"))
     return b
 
 

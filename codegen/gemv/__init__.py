@@ -76,7 +76,4 @@ FAMILY = Family(
     stress_inputs=(0,),
     weights=(1, 2),  # the module's weight(s) (and bias), after x
     order_bound=order_bound,
-    # matmul_epilogue's kernel replaces an MLP's gate and up Linears, which gemv also patches
-    # at decode: one of the two is integrated
-    rivals=("matmul_epilogue",),
 )

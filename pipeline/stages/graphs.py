@@ -152,6 +152,11 @@ def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases:
                                                  rec["graphed_vs_eager_kept"])
         if count_kernels:
             rec["kernels_per_pass"] = sides.kernels_per_pass()
+            if workload.mode == "decode":
+                try:
+                    rec["decode_step"] = sides.decode_step(rec["medians"].get("graphed_kept_ms"))
+                except Exception as e:  # noqa: BLE001 - a diagnostic must not end the stage
+                    rec["decode_step_error"] = _one_line(e)
         rec["measured_speedup"] = _speedup(rec["graphed_vs_eager"])
         return rec
 
@@ -392,6 +397,17 @@ class _Sides:
             if g is not None:
                 counts[name] = graph_kernels(self.graphed(g))
         return counts
+
+    def decode_step(self, step_ms: float | None) -> dict:
+        """The graphed step's anatomy (`pipeline.decode_step`): its kernels with the set in
+        the graph, their shares of the measured step, its multiple of the weight-read floor."""
+        from pipeline.decode_step import anatomy, step_kernels, weight_bytes
+        from profiling.roofline import ceilings
+
+        copy = ceilings(self.device).get("bandwidth_GBps")
+        layers = getattr(self.model.config, "num_hidden_layers", 0) or 0
+        return anatomy(step_kernels(self.graphed(self.graph_kept)), step_ms,
+                       weight_bytes(self.model), copy, layers)
 
     def close(self) -> None:
         while self.open:

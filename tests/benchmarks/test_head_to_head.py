@@ -16,10 +16,12 @@ from head_to_head import (  # noqa: E402
     VARIANTS,
     alone,
     by_host_speed,
+    counted,
     kernel_count,
     parse_variants,
     ratios,
     rotation,
+    share_recompile_limit,
     static_len,
 )
 
@@ -152,3 +154,30 @@ def test_hf_best_experts_times_every_option_on_a_twin_and_keeps_the_fastest():
         model.model.layers[0].mlp.experts.gate_up_proj  # shared, never copied
     with pytest.raises(ValueError, match="not a mixture-of-experts"):
         best_experts(build(resolve("tiny-llama"), torch.float32, "cpu"), Workload(1, 8))
+
+
+def test_compiled_twins_share_a_recompile_limit_raised_for_each():
+    import torch
+
+    with torch._dynamo.config.patch(recompile_limit=8):  # restored on exit
+        assert share_recompile_limit(["eager", "ours", "compile"]) is None
+        assert torch._dynamo.config.recompile_limit == 8
+        assert share_recompile_limit(["eager", "compile", "ours-compile"]) == 16
+        assert torch._dynamo.config.recompile_limit == 16
+
+
+def test_a_compiled_call_that_breaks_its_graph_is_counted():
+    import torch
+
+    def f(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="eager")
+    tally = {"graphs": 0, "graph_breaks": 0}
+    assert counted(lambda: fn(torch.ones(3)), tally).tolist() == [4.0] * 3
+    assert tally == {"graphs": 2, "graph_breaks": 1}
+    counted(lambda: fn(torch.ones(3)), tally)  # cached: nothing new
+    assert tally == {"graphs": 2, "graph_breaks": 1}
