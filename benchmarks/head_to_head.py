@@ -294,7 +294,10 @@ def best_experts(model, workload: Workload, calls: int = BEST_EXPERTS_CALLS):
             medians[option] = statistics.median(timed(run, workload.device)[0]
                                                 for _ in range(calls))
         except Exception as exc:  # an option this machine cannot run is named, not fatal
+            # (batched_mm gathers every pair's expert weights: out of memory at a long prefill)
             failed[option] = capture_reason(exc)
+            if workload.device.startswith("cuda"):
+                torch.cuda.empty_cache()
             continue
         if best is None or medians[option] < medians[best[0]]:
             best = (option, variant)
