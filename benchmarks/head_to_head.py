@@ -3,7 +3,7 @@
 
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
         [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static,
-                    ours-compile,ours-kernels] [--export PKG]
+                    ours-compile,ours-kernels,hf-best-experts] [--export PKG]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
@@ -30,6 +30,10 @@ Variants (`--variants`, eager always included; the default is the first three):
   its default mode, called as compile is.
 - ours-kernels: a twin kernelized with the run's `pipeline export` package (`--export PKG`)
   through the Hugging Face `kernels` library, called as ours is.
+- hf-best-experts (MoE models): a twin under the fastest `experts_implementation` the
+  installed transformers offers (`models.moe.experts_options`; each option timed on a few
+  calls first, `best_experts`), called as eager is; the option and each one's time are in
+  the result (`hf_best_experts`).
 The compiled variants (COMPILED) are twins of one model class, so they share code objects, and
 dynamo's recompile limit (8 entries per code object by default, then the frame runs eager) is
 per code object, not per model: in one process a second compiled twin would get what the first
@@ -75,7 +79,7 @@ from verify.stats import bootstrap_ci
 
 VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has always run
 ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
-                           "ours-compile", "ours-kernels")
+                           "ours-compile", "ours-kernels", "hf-best-experts")
 DECODE_ONLY = ("eager-static",)
 COMPILED = ("compile", "compile-reduce-overhead", "ours-compile")  # torch.compile's twins
 RECOMPILE_LIMIT = 8  # dynamo's default, per code object
@@ -84,7 +88,8 @@ FAST_HOST = 1.1  # a round within 10 % of eager's fastest host time counts as a 
 # and the contender the issue sets for graphed ours
 PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
          ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"),
-         ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"))
+         ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"),
+         ("ours", "hf-best-experts"), ("ours-graphs", "hf-best-experts"))
 
 
 def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -264,6 +269,44 @@ def mark_step(call):
     return run
 
 
+BEST_EXPERTS_CALLS = 5  # timed calls per experts option when choosing hf-best-experts
+
+
+def best_experts(model, workload: Workload, calls: int = BEST_EXPERTS_CALLS):
+    """(a twin under the fastest experts implementation that runs here, {"option", "median_ms"
+    per option, "failed": option -> why}). Raises ValueError for a model without experts."""
+    from models.moe import experts_options, is_moe, set_experts
+
+    if not is_moe(model):
+        raise ValueError("not a mixture-of-experts model")
+    medians, failed, best = {}, {}, None
+    for option in experts_options():
+        try:
+            variant = twin(model)
+            set_experts(variant, option)
+            runner = make_runner(variant, workload)
+
+            def run(r=runner):
+                with torch.no_grad():
+                    r.call()
+                r.reset()
+            run()  # warm-up
+            medians[option] = statistics.median(timed(run, workload.device)[0]
+                                                for _ in range(calls))
+        except Exception as exc:  # an option this machine cannot run is named, not fatal
+            # (batched_mm gathers every pair's expert weights: out of memory at a long prefill)
+            failed[option] = capture_reason(exc)
+            if workload.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            continue
+        if best is None or medians[option] < medians[best[0]]:
+            best = (option, variant)
+    if best is None:
+        raise ValueError(f"no experts implementation ran: {failed}")
+    return best[1], {"option": best[0], "median_ms": medians, "failed": failed,
+                     "calls_per_option": calls}
+
+
 def build_variants(model, workload: Workload, variants: list[str], run_dir: Path,
                    max_len: int, package: Path | None = None
                    ) -> tuple[dict, dict, dict, dict, list]:
@@ -366,6 +409,10 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                     owned.append(graphed)
                     calls[name] = lambda g=graphed: g(ids)
                     pools[name] = graphed.pool_bytes
+            elif name == "hf-best-experts":
+                best, chosen = best_experts(model, workload)
+                calls[name] = runner_call(make_runner(best, workload))
+                calls[name].experts = chosen
             elif name == "eager-static":
                 calls[name] = static_step(
                     name, StaticDecoder(plain_twin(), workload.batch, max_len, graph=False))
@@ -461,6 +508,7 @@ def main() -> None:
     result = {
         "run_dir": str(args.run_dir), "workload": workload.key, "kept": kept,
         "graph_families": in_graph, "compiled_families": compiled,
+        "hf_best_experts": getattr(calls.get("hf-best-experts"), "experts", None),
         "torch": torch.__version__, "device": torch.cuda.get_device_name(0)
         if workload.device.startswith("cuda") else "cpu",
         "rounds": args.rounds, "warmup_s": warm_s, "variants": names, "skipped": skipped,

@@ -153,6 +153,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["conditions"] = _conditions(w["wall_ms"], iw) if w["time_basis"] == "device" else None
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
+    w["experts_note"] = _experts_note(rows, p)
     w.update(headroom(r, iw))
     w["verdict"] = verdict(w)
     return w
@@ -447,7 +448,7 @@ def _at_timing_host(reading: dict | None, measured: dict | None) -> dict | None:
 def _check_summary(res: dict | None) -> dict:
     res = res or {}
     return {"families": res.get("families"), "passed": res.get("passed"),
-            "trials": res.get("trials") or []}
+            "trials": res.get("trials") or [], "reference": res.get("reference", "fp32 copy")}
 
 
 def _check_reason(res: dict) -> str:
@@ -457,6 +458,17 @@ def _check_reason(res: dict) -> str:
     return (f"whole-model check failed: patched logits error {t['error_patched']:.3g} > limit "
             f"{t['limit']:.3g} (1.5x the unpatched error {t['error_unpatched']:.3g}, "
             f"seed {t['seed']})")
+
+
+def _experts_note(rows: list[dict], p: dict | None) -> str | None:
+    """The experts blocks' share of the pass and the tokens per expert the profile saw."""
+    from profiling.expert_load import describe
+
+    load = (p or {}).get("expert_load")
+    if not load:
+        return None
+    share = sum(x["share"] for x in _own(rows) if x.get("family") == "moe_experts") or None
+    return describe(load, share)
 
 
 def _suggestions(w: dict, p: dict | None) -> list[str]:

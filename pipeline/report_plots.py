@@ -220,6 +220,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         "row sum to 1; the plot above shows the same rows.")),
         ("table", ["#", "pattern", "family", "occ", "share", "time", "attainable",
                    "gain (Amdahl)", "gain (replay)", "rank_gain", "target"], rows)]
+    if w.get("experts_note"):
+        b.append(("note", w["experts_note"]))
     b += _headroom_blocks(w)
     if f"cumulative/{k}" in plots:
         last = w["cumulative"][-1]
@@ -290,7 +292,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
             for f in w["per_family"]])]
         chk, eff = w["check"], w["patch_effect"]
         if chk:
-            b.append(("p", (f"Whole-model check (fp32 reference, {len(chk['trials'])} trials): "
+            b.append(("p", (f"Whole-model check ({chk.get('reference', 'fp32 copy')} "
+                           f"reference, {len(chk['trials'])} trials): "
                            f"{_check_words(chk)}. Kept: {', '.join(w['kept']) or 'none'}.")))
         if w["kept"]:
             b.append(("p", _compiled_words(w["kept"])))
