@@ -147,8 +147,10 @@ def _moe_align_kernel(ids_ptr, rank_ptr, counts_ptr, sorted_ptr, block_expert_pt
     if pid == 0:
         n_pairs = n_tokens * K
         pads = tl.arange(0, BM)
-        slot = (start + total)[:, None] + pads[None, :]
-        tl.store(sorted_ptr + slot, tl.zeros((EP, BM), dtype=tl.int32) + n_pairs,
+        # its own name: a variable of the loop above reassigned inside an `if` with another
+        # shape fails to compile on Triton 3.6 (then and else blocks must agree on its type)
+        pad_slot = (start + total)[:, None] + pads[None, :]
+        tl.store(sorted_ptr + pad_slot, tl.zeros((EP, BM), dtype=tl.int32) + n_pairs,
                  mask=e_ok[:, None] & (pads[None, :] < (padded - total)[:, None]))
         used = tl.sum(padded, axis=0)
         for b0 in range(0, max_blocks, BB):
