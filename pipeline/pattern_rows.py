@@ -22,7 +22,7 @@ def _patterns():
 def _occurrence_case(family: str | None):
     from codegen.registry import get_family
 
-    return get_family(family).occurrence_case if family else None
+    return get_family(family).rank.occurrence_case if family else None
 
 
 def launch_ceilings(w: dict, ceil: dict) -> dict:
@@ -114,7 +114,7 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
             "attainable_speedup": (time_us / target) if target > 0 else 1.0,
             "achieved_GBps": nbytes / time_us / 1e3 if time_us > 0 else None,
             "kernel_correlations": corr if gpu else [],
-            # per occurrence, the case keys its ops give (`Family.occurrence_case`)
+            # per occurrence, the case keys its ops give (`RankHooks.occurrence_case`)
             "occurrence_cases": cases if gpu and case_of is not None else None,
             "host_share": host / wall_us,
             # the rows this one overlaps (same ops): at most one of them is ever replaced
@@ -132,13 +132,13 @@ def pattern_rows(w: dict, ceil: dict, kernel_times: dict[str, float] | None = No
 
 
 def _apply_decline(row: dict) -> None:
-    """A family that declines its row (`Family.declines`: GEMMs already at their roofline,
+    """A family that declines its row (`RankHooks.declines`: GEMMs already at their roofline,
     a kernel measured slower than the library everywhere) leaves it without a family, so it is
     never chosen or generated; the row says which family and why."""
     from codegen.registry import families
 
     fam = families().get(row["family"]) if row["family"] else None
-    reason = fam.declines(row) if fam is not None and fam.declines is not None else None
+    reason = fam.rank.declines(row) if fam is not None and fam.rank.declines is not None else None
     if reason:
         row["declined"] = {"family": row["family"], "reason": reason}
         row["family"] = None

@@ -5,7 +5,7 @@ rivals, and the rival set aside tried where the other does not ship.
   whole-model gain, best rank over all profiled workloads.
 - `--top N` means N families that reach the model: one that has no accepted kernel, or cannot
   win by its own kernel-level numbers, gives its place to the next in the ranking.
-- Of two families declared rivals (`Family.rivals`), the one that saves less device time per
+- Of two families declared rivals (`RankHooks.rivals`), the one that saves less device time per
   call is set aside (on the CPU, whose interpreter timings say nothing, the one lower in the
   ranking), and tried only where the other does not ship.
 """
@@ -20,7 +20,7 @@ def choose_families(ranking: dict, top: int | None) -> list[str]:
     (`rank_gain`: on a launch-bound pass the row's gain inside the graph, where the eager
     replay's host savings of a few percent had left Llama-3.2-1B decode's decode_attention out
     of the top 5); the first `top` (all: None). Two families that replace the same ops may
-    both be chosen: they are rivals (`Family.rivals`), and the measured one goes on."""
+    both be chosen: they are rivals (`RankHooks.rivals`), and the measured one goes on."""
     best: dict[str, tuple] = {}
     for w in ranking["workloads"]:
         fam_rows = [r for r in w["rows"] if r["family"]]
@@ -72,11 +72,11 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
 
 
 def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dict[str, str]:
-    """Of two families that replace the same ops (`Family.rivals`: the matmul with the
+    """Of two families that replace the same ops (`RankHooks.rivals`: the matmul with the
     gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
     less device time per call, summed over its cases, gives way: both patch the same MLP, and
     each one's saving is measured against the same HF code, on the layout that code runs on
-    (`Family.baseline_case`), by the same harness.
+    (`VerifyHooks.baseline_case`), by the same harness.
     Interpreter timings (CPU) decide nothing: there the one earlier in `families` (the
     ranking's order) is kept, and the reason says so and what a GPU would decide on.
     Decided once per run, before any in-model measurement: where each family wins on another
@@ -116,7 +116,7 @@ def superseded_by(accepted: dict, families: list[str], device: str = "cuda") -> 
     saved_us = _device_saved_us(accepted)
     out: dict[str, str] = {}
     for fam in families:
-        for other in get_family(fam).rivals:
+        for other in get_family(fam).rank.rivals:
             if other not in families or fam in out or other in out:
                 continue
             if on_gpu:

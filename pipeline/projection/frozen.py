@@ -33,7 +33,7 @@ def in_graph_speedups(summary: dict, speed: dict[str, float]) -> dict[str, float
 def in_graph_case_speedups(summary: dict, speed: dict[str, float]) -> dict[str, list]:
     """family -> [(case, speedup inside a graph, else by events)] of its accepted cases, for
     the families in `speed`: the graph projection matches occurrences to cases with them
-    (`Family.occurrence_case`)."""
+    (`RankHooks.occurrence_case`)."""
     return case_speedups(summary, speed, graphed=True)
 
 

@@ -93,7 +93,7 @@ def project_graphs_with(run_dir: Path, key: str, speedups: dict[str, float],
     and the patterns in `speedups` sped up (measured kernel speedups) then graphed. Gains over
     the replayed eager pass; None with a note where there is no trace or no calibration.
     `case_speedups`: per pattern, [(case, speedup)] of its accepted cases; a pattern whose
-    family matches occurrences to cases (`Family.occurrence_case`) is sped up per case."""
+    family matches occurrences to cases (`RankHooks.occurrence_case`) is sped up per case."""
     profile = read_json(run_dir / "profile.json", "profile")
     w = next(x for x in profile["workloads"] if x["key"] == key)
     graph = workload_graph(w, run_dir / w["trace"] if w.get("trace") else None)

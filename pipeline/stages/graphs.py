@@ -104,14 +104,15 @@ def can_graph(device: str) -> bool:
 def integrable_set(rec: dict) -> list[str]:
     """The eager shipped set plus every family the whole-model check kept for the workload
     (verified, correct in the model) that the eager timing rolled back, less any that replaces
-    the same ops as one already in the set (`Family.rivals`: both would patch one MLP) or whose
+    the same ops as one already in the set (`RankHooks.rivals`: both would patch one MLP) or whose
     kernel the set's pass never called (`integrate.reach`)."""
     from codegen.registry import get_family
 
     out = list(rec.get("kept") or [])
     unreached = set(rec.get("unreached") or ())
     for fam in (rec.get("check") or {}).get("kept") or []:
-        if fam not in out and fam not in unreached and not set(get_family(fam).rivals) & set(out):
+        rivals = set(get_family(fam).rank.rivals)
+        if fam not in out and fam not in unreached and not rivals & set(out):
             out.append(fam)
     return out
 
