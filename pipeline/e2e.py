@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from core.artifacts import load, read_json, write_json
+from core.artifacts import load, write_json
 from core.errors import UserError
-from core.records import E2E, GenerationPoint, GenerationVariant, TokenTimes
+from core.records import E2E, GenerationPoint, GenerationVariant, Integration, Profile, TokenTimes
 from core.workload import SHORT, parse_int_list
 from pipeline.e2e_variants import GRAPHED, NEEDS_RUN, VARIANTS, Clock, Ledger, hf_variant
 
@@ -59,8 +59,8 @@ DEFAULT_GRID = ("1,8", "128,1024", "128")
 
 def run_grid(run_dir: Path) -> list[tuple[int, int, int]]:
     """The generations the run was profiled for (`pipeline profile --generation`)."""
-    profile = read_json(run_dir / "profile.json", "profile")
-    return [tuple(g) for g in profile.get("generations") or []]
+    profile = load(run_dir / "profile.json", Profile, "profile")
+    return [tuple(g) for g in profile.generations or []]
 
 
 def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str | None,
@@ -71,12 +71,12 @@ def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str
     path = run_dir / "integration.json"
     if not path.exists():
         return None, None, "the run has no integration.json (run `pipeline optimize` first)"
-    measured = read_json(path, "integration")["workloads"]
-    specs = {k: w.get("workload") or {} for k, w in measured.items()}
-    pre = next((k for k, s in specs.items() if s.get("mode") == "prefill"
-                and s.get("batch") == batch and s.get("seq") == prompt), None)
-    decode = sorted((abs(s["seq"] - (prompt + new)), k) for k, s in specs.items()
-                    if s.get("mode") == "decode" and s.get("batch") == batch)
+    measured = load(path, Integration, "integration").workloads
+    specs = {k: w.workload for k, w in measured.items() if w.workload is not None}
+    pre = next((k for k, s in specs.items() if s.mode == "prefill"
+                and s.batch == batch and s.seq == prompt), None)
+    decode = sorted((abs(s.seq - (prompt + new)), k) for k, s in specs.items()
+                    if s.mode == "decode" and s.batch == batch)
     if not decode:
         return pre, None, (f"the run has no decode workload of batch {batch}: profile it with "
                            f"`pipeline profile MODEL --generation {batch}x{prompt}+{new}`")
@@ -136,9 +136,9 @@ def run_e2e(run_dir: Path, points: list[tuple[int, int, int]], variants: list[st
     """Measure every grid point; writes run_dir/e2e.json after each one and returns it."""
     from profiling.loader import build, resolve
 
-    profile = read_json(run_dir / "profile.json", "profile")
-    spec_w = profile["workloads"][0]["workload"]
-    device, dtype = spec_w["device"], spec_w["dtype"]
+    profile = load(run_dir / "profile.json", Profile, "profile")
+    spec_w = profile.workloads[0].workload
+    device, dtype = spec_w.device, spec_w.dtype
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"{run_dir} was profiled on {device}, and no CUDA GPU is visible here")
     rounds = rounds or ROUNDS["cuda" if device.startswith("cuda") else "cpu"]
@@ -146,10 +146,10 @@ def run_e2e(run_dir: Path, points: list[tuple[int, int, int]], variants: list[st
     done: dict[str, GenerationPoint] = {}
     if resume and path.exists():
         done = {p.key: p for p in load(path, E2E, "e2e").points}
-    spec = resolve(profile["model"]["id"])
+    spec = resolve(profile.model.id)
     say(f"building {spec.model_id} ({dtype}, {device})")
     model = build(spec, getattr(torch, dtype), device)
-    bandwidth = (profile.get("ceilings") or {}).get("bandwidth_GBps")
+    bandwidth = profile.ceilings.bandwidth_GBps if profile.ceilings else None
     notes = ["greedy, EOS ignored: every variant makes exactly the tokens asked for"]
     if not device.startswith("cuda"):
         notes.append("CPU run: Triton's interpreter runs the kernels and transformers does not "

@@ -14,42 +14,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.records import Accepted, Ranking, VerificationSummary
 
-def choose_families(ranking: dict, top: int | None) -> list[str]:
+
+def choose_families(ranking: Ranking | dict, top: int | None) -> list[str]:
     """Families by their best whole-model gain on any workload, the gain the ranking orders by
     (`rank_gain`: on a launch-bound pass the row's gain inside the graph, where the eager
     replay's host savings of a few percent had left Llama-3.2-1B decode's decode_attention out
     of the top 5); the first `top` (all: None). Two families that replace the same ops may
     both be chosen: they are rivals (`RankHooks.rivals`), and the measured one goes on."""
     best: dict[str, tuple] = {}
-    for w in ranking["workloads"]:
-        fam_rows = [r for r in w["rows"] if r["family"]]
+    for w in Ranking.of(ranking).workloads:
+        fam_rows = [r for r in w.rows if r.family]
         for i, r in enumerate(fam_rows):
-            gain = r.get("rank_gain") or r["replay_gain"] or r["amdahl_gain"]
-            cur = best.get(r["family"])
+            gain = r.rank_gain or r.replay_gain or r.amdahl_gain
+            cur = best.get(r.family)
             if cur is None or (-gain, i) < cur:
-                best[r["family"]] = (-gain, i)
+                best[r.family] = (-gain, i)
     return [f for f, _ in sorted(best.items(), key=lambda kv: kv[1])][:top]
 
 
-def backfill(ranking: dict, families: list[str], top: int, device: str,
-             say: Callable[[str], None], summary: dict,
-             search: Callable[[list[str]], tuple[dict, dict]]) -> tuple[list[str], dict]:
+def backfill(ranking: Ranking | dict, families: list[str], top: int, device: str,
+             say: Callable[[str], None], summary: VerificationSummary | dict,
+             search: Callable[[list[str]], tuple]) -> tuple[list[str], VerificationSummary]:
     """`--top N` means N families that reach the model: a chosen family with no accepted
     kernel, or one that cannot win (`cannot_win`: our attention, ranked 3rd on Llama-3.2-1B b8
     by its roofline and 0.23x of cuDNN's SDPA once measured), gives its place to the next
     family in the ranking; `search(more)` generates and verifies those (without proposals)
     and returns (search log, verification summary)."""
     ranked = choose_families(ranking, None)
+    summary = VerificationSummary.of(summary)
     while True:
-        useful, _ = integrable(summary["accepted"], families, device)
+        useful, _ = integrable(summary.accepted, families, device)
         more = [f for f in ranked if f not in families][:top - len(useful)]
         if not more:
             return families, summary
         say(f"{', '.join(sorted(set(families) - set(useful)))} will not reach the model; next "
             f"in the ranking: {', '.join(more)}")
         families = families + more
-        _, summary = search(more)
+        summary = VerificationSummary.of(search(more)[1])
+
+
+def _accepted(accepted: dict) -> dict[str, Accepted]:
+    return Accepted.map_of(accepted)
 
 
 def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
@@ -59,13 +66,14 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
     measurement time on a certain rollback (an attention kernel at a fraction of cuDNN's
     SDPA's speed)."""
     out = {}
+    accepted = _accepted(accepted)
     for fam in families:
-        accs = [a for a in accepted.values() if a["family"] == fam]
+        accs = [a for a in accepted.values() if a.family == fam]
         # a kernel faster inside a CUDA graph can still pay where the graphs stage runs it
-        if accs and all(a["speedup"] < 1 and (a.get("host_delta_us") or 0.0) <= 0
-                        and (a.get("graph_speedup") or 0.0) <= 1 for a in accs):
-            speeds = ", ".join(f"{a['speedup']:.2f}x" for a in accs)
-            hosts = ", ".join(f"{-(a.get('host_delta_us') or 0.0):+.1f} us" for a in accs)
+        if accs and all(a.speedup < 1 and (a.host_delta_us or 0.0) <= 0
+                        and (a.graph_speedup or 0.0) <= 1 for a in accs):
+            speeds = ", ".join(f"{a.speedup:.2f}x" for a in accs)
+            hosts = ", ".join(f"{-(a.host_delta_us or 0.0):+.1f} us" for a in accs)
             out[fam] = (f"not integrated: slower than the code it replaces at kernel level "
                         f"({speeds}) and no host time saved per call ({hosts})")
     return out
@@ -102,9 +110,11 @@ def _saving(us: float) -> str:
 
 
 def _device_saved_us(accepted: dict) -> Callable[[str], float]:
+    accepted = _accepted(accepted)
+
     def saved_us(fam: str) -> float:
-        return sum((a["baseline"]["median_ms"] - a["kernel"]["median_ms"]) * 1e3
-                   for a in accepted.values() if a["family"] == fam)
+        return sum((a.baseline.median_ms - a.kernel.median_ms) * 1e3
+                   for a in accepted.values() if a.family == fam)
     return saved_us
 
 
@@ -130,7 +140,7 @@ def superseded_by(accepted: dict, families: list[str], device: str = "cuda") -> 
 def _may_win(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
     """(families with an accepted kernel that may gain somewhere, {the others: why}). Only GPU
     timings say a kernel is slower; the interpreter's say nothing."""
-    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
+    fams = [f for f in families if any(a.family == f for a in _accepted(accepted).values())]
     skipped = cannot_win(accepted, fams) if device.startswith("cuda") else {}
     return [f for f in fams if f not in skipped], skipped
 
