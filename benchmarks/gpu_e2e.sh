@@ -19,14 +19,8 @@ tag=$M-e2e
 run=/tmp/runs/$tag
 logs=$OUT/logs-$tag; mkdir -p $logs
 
-step() {  # step NAME LIMIT CMD...: CMD under timeout, its output in $OUT/logs-$tag/NAME.log
-  local name=$1 limit=$2 t0; shift 2; t0=$(date +%s)
-  timeout -k 15 "$limit" "$@" > $logs/$name.log 2>&1
-  local rc=$?
-  [ $rc -ne 124 ] && [ $rc -ne 137 ] || echo "$name: killed at its ${limit}s limit" >&2
-  echo "$name $tag rc=$rc $(( $(date +%s) - t0 ))s"; tail -n 30 $logs/$name.log
-  return $rc
-}
+TAIL=${TAIL:-30}
+source benchmarks/gpu_step.sh
 
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
 step profile $T_PROFILE python3 -m pipeline profile $M --generation $G --mode $MODE \

@@ -2,7 +2,8 @@
 (GPU).
 
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
-        [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static]
+        [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static,
+                    ours-compile,ours-kernels] [--export PKG]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
@@ -24,6 +25,11 @@ Variants (`--variants`, eager always included; the default is the first three):
   in the graph (`apply_kernels(graph_set=True)`: the eager shipped set or the integrable one)
   captured (`GraphedPrefill` on `use_cache=False`; `StaticDecoder(graph=True)`).
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
+- ours-compile: the twin patched with the kept kernels torch.compile traces
+  (`apply_kernels(compiled=True)`: each kernel call one custom op), then torch.compile in
+  its default mode, called as compile is.
+- ours-kernels: a twin kernelized with the run's `pipeline export` package (`--export PKG`)
+  through the Hugging Face `kernels` library, called as ours is.
 Static-cache decode variants time `rewind(seq)` then `step`, so every call writes position
 `seq` as the dynamic cache's does; the cache holds `--max-len` slots (default: seq + 1 rounded
 up to 16), which the mask spans. First calls (compiling, capturing) are warm-up, never timed.
@@ -57,13 +63,15 @@ from profiling.loader import build, resolve
 from verify.stats import bootstrap_ci
 
 VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has always run
-ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static")
+ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
+                           "ours-compile", "ours-kernels")
 DECODE_ONLY = ("eager-static",)
 FAST_HOST = 1.1  # a round within 10 % of eager's fastest host time counts as a fast host
 # ratios beside those over eager: the graph's own gain, the kernels' share inside the graph,
 # and the contender the issue sets for graphed ours
 PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
-         ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"))
+         ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"),
+         ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"))
 
 
 def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -217,7 +225,8 @@ def mark_step(call):
 
 
 def build_variants(model, workload: Workload, variants: list[str], run_dir: Path,
-                   max_len: int) -> tuple[dict, dict, dict, dict, list]:
+                   max_len: int, package: Path | None = None
+                   ) -> tuple[dict, dict, dict, dict, list]:
     """({variant: timed call}, {variant: untimed setup before each call}, {variant: pool
     bytes}, {variant: why skipped}, handles to undo or close). A variant that cannot be built
     (a capture that fails) is skipped with its reason."""
@@ -273,7 +282,8 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
 
     # the patched twins first: gated_act's first patch moves the shared gate/up weights into
     # one buffer, and a graph of another twin captured before that would read their old storage
-    for name in sorted(variants, key=lambda n: n not in ("ours", "ours-graphs")):
+    for name in sorted(variants, key=lambda n: n not in ("ours", "ours-graphs",
+                                                         "ours-compile")):
         try:
             if name == "eager":
                 calls[name] = runner_call(runner)
@@ -281,6 +291,19 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                 calls[name] = runner_call(make_runner(ours_twin(), workload))
             elif name == "compile":
                 calls[name] = runner_call(make_runner(torch.compile(twin(model)), workload))
+            elif name == "ours-compile":
+                patched = twin(model)
+                handle = apply_kernels(patched, run_dir, workload=workload.key, compiled=True)
+                handle.role = "ours-compile"
+                owned.append(handle)
+                calls[name] = runner_call(make_runner(torch.compile(patched), workload))
+            elif name == "ours-kernels":
+                if package is None:
+                    raise ValueError("needs --export PKG, the run's `pipeline export` package")
+                from pipeline.export import kernelize_package
+
+                calls[name] = runner_call(make_runner(kernelize_package(twin(model), package),
+                                                      workload))
             elif name == "compile-reduce-overhead":
                 base = twin(model)
                 compiled = torch.compile(base, mode="reduce-overhead")
@@ -330,6 +353,8 @@ def main() -> None:
     ap.add_argument("--alone-rounds", type=int, default=5,
                     help="eager passes timed before the other variants are built, to tell "
                          "their presence from the host's own drift [default: 5; 0: none]")
+    ap.add_argument("--export", type=Path, default=None,
+                    help="the run's `pipeline export` package, for ours-kernels")
     ap.add_argument("--no-kernel-count", action="store_true",
                     help="skip counting kernels per pass (one profiled call per variant)")
     args = ap.parse_args()
@@ -343,7 +368,7 @@ def main() -> None:
     eager_alone = alone(make_runner(model, workload).once, workload.device,
                         args.alone_rounds)
     calls, setups, pools, failed, owned = build_variants(model, workload, variants, args.run_dir,
-                                                 max_len)
+                                                         max_len, args.export)
     skipped.update(failed)
     if "eager" not in calls:
         raise SystemExit(f"eager did not run: {skipped.get('eager')}")
@@ -381,12 +406,14 @@ def main() -> None:
     kept = next((h.families for h in owned if getattr(h, "role", None) == "ours"), [])
     in_graph = next((h.families for h in owned if getattr(h, "role", None) == "graph_set"),
                     None)
+    compiled = next(({"families": h.families, "left_out": h.left_out} for h in owned
+                     if getattr(h, "role", None) == "ours-compile"), None)
     for h in reversed(owned):
         (h.undo if hasattr(h, "undo") else h.close)()
 
     result = {
         "run_dir": str(args.run_dir), "workload": workload.key, "kept": kept,
-        "graph_families": in_graph,
+        "graph_families": in_graph, "compiled_families": compiled,
         "torch": torch.__version__, "device": torch.cuda.get_device_name(0)
         if workload.device.startswith("cuda") else "cpu",
         "rounds": args.rounds, "warmup_s": warm_s, "variants": names, "skipped": skipped,

@@ -25,7 +25,8 @@ LATEST = Path(__file__).resolve().parent / "results" / "latest.json"
 MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
            "transformers 5.17.0")
 VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
-            "eager-static", "liger", "hf-eager", "hf-static")
+            "eager-static", "liger", "hf-eager", "hf-static", "ours-compile", "ours-kernels",
+            "ours-static-compile")
 
 
 def key(row: dict) -> tuple:

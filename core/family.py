@@ -234,6 +234,10 @@ class Family:
     # the module of the family's contenders in benchmarks/kernel_table.py's per-kernel table (its
     # case at a model's shape, HF's own code, Liger's kernel); None: not in that table
     benchmark: str | None = None
+    # whether torch.compile can trace the adapter (each kernel call then becomes the family's
+    # custom op, codegen.ops); False: compiled users are not offered the family (its adapter
+    # reads what a trace cannot: addresses, versions, globals swapped during a call)
+    traceable: bool = True
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -170,6 +170,12 @@ class Graphs(Record):
     kernels_per_pass: KernelsPerPass | None = None
 
 
+class Compiled(Record):
+    """What a compiled user of the shipped set is offered (`pipeline.patching.for_compile`)."""
+    families: list[str] = []
+    left_out: dict[str, str] = {}  # family -> why torch.compile is not offered it
+
+
 class IntegratedWorkload(Record):
     kept: Needed[list[str]]
     cases: dict[str, list[str]] = {}
@@ -178,6 +184,7 @@ class IntegratedWorkload(Record):
     fallback_checks: dict[str, Check] = {}
     patch_effect: PatchEffect | None = None
     patch_memory: dict[str, int] = {}
+    compiled: Compiled | None = None  # absent in runs from before compiled users were offered
     # set aside before integration, never patched in: family -> why
     skipped: dict[str, str] = {}
     per_family: dict[str, Ratio] = {}

@@ -31,6 +31,14 @@ def intercepted(module: nn.Module) -> bool:
                 or "_hf_hook" in module.__dict__)
 
 
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors view one storage. A torch.compile trace has no addresses (dynamo
+    cannot read `data_ptr`); there, views of one buffer share their `_base`."""
+    if torch.compiler.is_compiling():
+        return a._base is not None and a._base is b._base
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 class _InstanceForward:
     """One instance-level forward. Live, it runs `wrap(below)`; once undone it passes calls
     straight to `below`, so a forward stacked on top of it (another family's, which captured

@@ -65,6 +65,9 @@ class KernelHandle:
     # calls ran the original code): which kernels served a generation
     calls: dict[str, int] = field(default_factory=dict)
     declined: dict[str, list[str]] = field(default_factory=dict)
+    # families kept for the workload but not patched: {family: why} (compiled=True leaves out
+    # those torch.compile cannot trace)
+    left_out: dict[str, str] = field(default_factory=dict)
     _generator: object = None  # the StaticDecoder `generate` steps over, kept between calls
 
     def __call__(self, input_ids):
@@ -128,7 +131,7 @@ class KernelHandle:
 
 def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None = None,
                   graphs: bool = False, max_len: int | None = None,
-                  graph_set: bool = False) -> KernelHandle:
+                  graph_set: bool = False, compiled: bool = False) -> KernelHandle:
     """Patch `model` with the run's accepted kernels (kept for `workload`, if given; a list
     of workloads takes each one's kernels, each dispatched by shape: a generation's prefill
     and decode workloads together).
@@ -145,10 +148,16 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     The graph holds the set the graphs stage chose for it (workloads[key]["graphs"]
     ["families"]), which may differ from the eager shipped set: families rolled back in eager
     for host time can win once the host is gone. `graph_set=True` patches that set without
-    capturing anything (to capture it yourself, as benchmarks/head_to_head.py does)."""
+    capturing anything (to capture it yourself, as benchmarks/head_to_head.py does).
+
+    `compiled=True` patches only the families torch.compile traces (`Family.traceable`: each
+    kernel call then becomes a custom op, `codegen.ops`), for a model you compile yourself or
+    hand to transformers' static-cache `generate`, which compiles its step; `handle.left_out`
+    names the others and why."""
     use_interpreter_without_gpu()  # in case the environment changed since the import
+    from codegen.ops import compilable
     from codegen.registry import get_family
-    from pipeline.patching import counting_chooser, make_chooser
+    from pipeline.patching import counting_chooser, for_compile, make_chooser
 
     run_dir = Path(run_dir)
     accepted = load(run_dir / "verification" / "summary.json", VerificationSummary,
@@ -162,6 +171,9 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
         if key not in measured:
             raise UserError(f"workload {key!r} not measured in {run_dir}; measured: "
                             f"{', '.join(measured)}")
+    if compiled and graphs:
+        raise UserError("graphs=True captures the eager patched model; for torch.compile "
+                        "use compiled=True alone (mode='reduce-overhead' graphs it)")
     if (graphs or graph_set) and not keys:
         raise UserError(f"{'graphs' if graphs else 'graph_set'}=True needs a workload: a graph "
                         "is captured for one shape, its set chosen per workload")
@@ -175,14 +187,17 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
                 fams = w.graphs.families
             for fam in fams:
                 allowed.setdefault(fam, set()).update(w.cases.get(fam, []))
+    left_out = for_compile(list(allowed))["left_out"] if compiled else {}
+    allowed = {f: c for f, c in allowed.items() if f not in left_out}
     handle = KernelHandle(sorted(allowed), model=model, graphed=graphed is not None,
-                          calls={f: 0 for f in allowed}, declined={})
+                          calls={f: 0 for f in allowed}, declined={}, left_out=left_out)
     try:
         for name in handle.families:
             chooser = counting_chooser(make_chooser(accepted, name, allowed[name],
                                                     run_dir=run_dir),
                                        handle.calls, name, handle.declined)
-            handle._undo.append(get_family(name).patch(model, chooser))
+            family = get_family(name)
+            handle._undo.append(family.patch(model, compilable(family, chooser)))
         if graphed is not None:
             _capture(handle, model, measured[graphed].workload, max_len)
     except BaseException:

@@ -354,8 +354,8 @@ def _family_list(text: str | None) -> list[str] | None:
 @click.option("--new", "new_tokens", default=None,
               help="New tokens per generation, comma-separated [default: 128].")
 @click.option("--variants", default=None, metavar="A,B",
-              help="Of hf-eager, hf-static, graph, ours, ours-graphs [default: all; hf-eager "
-                   "always, as the baseline].")
+              help="Of hf-eager, hf-static, graph, ours, ours-graphs, ours-static-compile "
+                   "[default: all; hf-eager always, as the baseline].")
 @click.option("--rounds", type=int, default=None,
               help="Timed calls per variant and grid point, in rotating order, after one "
                    "untimed call [default: 3 on a GPU, 1 on the CPU].")
@@ -371,6 +371,7 @@ def e2e(run_dir, batch, prompt, new_tokens, variants, rounds, resume):
       graph        the unpatched model, one CUDA graph per step (our generate loop)
       ours         the run's kernels, then model.generate(...)  (eager)
       ours-graphs  the run's kernels + CUDA graph: handle.generate(...), the shipped path
+      ours-static-compile  the kernels torch.compile traces, in hf-static's generate
 
     Every batch x prompt x new combination is a grid point. With none of the three given, the
     grid is the generations the run was profiled for (`pipeline profile --generation`), else
@@ -410,6 +411,34 @@ def _e2e(run: Path, batch, prompt, new_tokens, variants, rounds, resume) -> None
     print_e2e(result)
     out = write_report(run)
     console.print(f"e2e: {run / 'e2e.json'}; report: {out['markdown']}")
+
+
+@cli.command("export")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--workload", default=None, metavar="KEY",
+              help="Only the kernels kept for this workload [default: every workload's].")
+def export_cmd(run_dir, out_dir, workload):
+    """Write RUN_DIR's accepted kernels as a package the Hugging Face `kernels` library loads
+    from a local path: a torch-noarch build whose `layers` take the Hugging Face modules'
+    arguments (kernelize them into any model of the run's architecture), the kernel sources
+    and configs per shape, metadata, a README naming the workloads and measured speedups,
+    and the acceptance records. OUT_DIR must not exist (or be empty).
+
+    \b
+    Example:
+      pipeline profile tiny-llama --batch 2 --seq 64 && pipeline optimize --top 3
+      pipeline export runs/tiny-llama-... tiny-llama-kernels
+      # then, in Python: see tiny-llama-kernels/README.md, "Use"
+    """
+    from pipeline.export import export
+    from pipeline.rundir import load_run
+    from pipeline.summary import console
+
+    record = export(load_run(str(run_dir)), out_dir, workload)
+    console.print(f"export: {out_dir} ({record['name']}, build/{record['variant']}): "
+                  f"{', '.join(record['families'])}" + "".join(
+                      f"; {f} not exported: {why}" for f, why in record["not_exported"].items()))
 
 
 @cli.command()

@@ -308,11 +308,14 @@ def _build(name: str, model, run_dir: Path, pre: str | None, dec: str | None, ne
         return handle_variant(name, KernelHandle([], model=copy, graphed=True), new,
                               time.perf_counter() - t)
     keys = [k for k in (pre, dec) if k is not None]
-    handle = apply_kernels(copy, run_dir, workload=keys, graphs=name == "ours-graphs")
+    handle = apply_kernels(copy, run_dir, workload=keys, graphs=name == "ours-graphs",
+                           compiled=name == "ours-static-compile")
     if name == "ours-graphs":
         return handle_variant(name, handle, new, time.perf_counter() - t)
     v = hf_variant(name, copy, new)
-    return Variant(name, v.call, handle=handle, setup_s=time.perf_counter() - t)
+    left_out = [f"{f} left out (torch.compile cannot trace it)" for f in handle.left_out]
+    return Variant(name, v.call, handle=handle, setup_s=time.perf_counter() - t,
+                   notes=v.notes + left_out)
 
 
 def _against(t: TokenTimes, eager: TokenTimes | None) -> dict:

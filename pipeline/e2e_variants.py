@@ -7,7 +7,10 @@ Every variant is one call a user can make, run as its documentation says:
 - graph: the unpatched model behind `KernelHandle.generate`, one CUDA graph per step;
 - ours: the run's kernels patched in, then `model.generate(...)` as hf-eager;
 - ours-graphs: the run's kernels and the CUDA graph, `apply_kernels(..., graphs=True)`
-  and `handle.generate(...)`, the shipped decode path.
+  and `handle.generate(...)`, the shipped decode path;
+- ours-static-compile: the run's kernels that torch.compile traces (`apply_kernels(...,
+  compiled=True)`: each call one custom op) in hf-static's generate, which compiles its step
+  with them on CUDA; on a CPU it runs eagerly.
 The patched and graphed variants run on twins over the same weights (`pipeline.patching.twin`).
 Greedy, EOS ignored (`eos_token_id=None`, as vLLM's `ignore_eos`), so every variant makes
 exactly N tokens and their tokens can be compared.
@@ -21,9 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-VARIANTS = ("hf-eager", "hf-static", "graph", "ours", "ours-graphs")
+VARIANTS = ("hf-eager", "hf-static", "graph", "ours", "ours-graphs", "ours-static-compile")
 GRAPHED = ("graph", "ours-graphs")
-NEEDS_RUN = ("ours", "ours-graphs")
+NEEDS_RUN = ("ours", "ours-graphs", "ours-static-compile")
+STATIC = ("hf-static", "ours-static-compile")  # transformers' static cache, compiling on CUDA
 
 
 class Clock:
@@ -135,8 +139,9 @@ class Ledger:
 
 
 def hf_variant(name: str, model, new: int) -> Variant:
-    """hf-eager or hf-static (and ours, on a patched twin): transformers' own generate."""
-    static = {"cache_implementation": "static"} if name == "hf-static" else {}
+    """hf-eager or hf-static (and ours or ours-static-compile, on a patched twin):
+    transformers' own generate."""
+    static = {"cache_implementation": "static"} if name in STATIC else {}
 
     def call(ids, clock):
         clock.start()
@@ -144,7 +149,7 @@ def hf_variant(name: str, model, new: int) -> Variant:
                               stopping_criteria=_clock_criteria(clock, ids.shape[0], ids.device),
                               **static)
     notes = []
-    if name == "hf-static" and not next(model.parameters()).is_cuda:
+    if name in STATIC and not next(model.parameters()).is_cuda:
         notes.append("on a CPU transformers does not compile: the static cache runs eagerly")
     return Variant(name, call, notes=notes)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from codegen.ops import compilable
 from codegen.registry import get_family
 from codegen.search import case_key
 from core.records import Accepted
@@ -57,8 +58,19 @@ def patched(model, accepted: dict, families: list[str], workload_cases: dict | N
             if calls is not None:
                 calls.setdefault(name, 0)
                 chooser = counting_chooser(chooser, calls, name, declined)
-            stack.callback(get_family(name).patch(model, chooser))
+            family = get_family(name)
+            stack.callback(family.patch(model, compilable(family, chooser)))
         yield model
+
+
+UNTRACEABLE = "torch.compile cannot trace its adapter (Family.traceable)"
+
+
+def for_compile(names: list[str]) -> dict:
+    """What a compiled user of these families is offered: {"families": those torch.compile
+    traces, "left_out": {family: why}} (`Family.traceable`)."""
+    left_out = {n: UNTRACEABLE for n in names if not get_family(n).traceable}
+    return {"families": [n for n in names if n not in left_out], "left_out": left_out}
 
 
 def patch_memory(model, families: list[str]) -> dict[str, int]:

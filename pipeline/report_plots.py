@@ -292,6 +292,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         if chk:
             b.append(("p", (f"Whole-model check (fp32 reference, {len(chk['trials'])} trials): "
                            f"{_check_words(chk)}. Kept: {', '.join(w['kept']) or 'none'}.")))
+        if w["kept"]:
+            b.append(("p", _compiled_words(w["kept"])))
         for fam, c in (w.get("fallback_checks") or {}).items():
             b.append(("p", (f"Whole-model check of {fam} in the set it ships in "
                            f"({', '.join(c['families'] or [])}): {_check_words(c)}.")))
@@ -526,3 +528,15 @@ def _kernel_blocks(data: dict) -> list[tuple]:
     if k["not_applicable"]:
         b += [("p", "Families chosen but not applicable:"), ("ul", k["not_applicable"])]
     return b
+
+
+def _compiled_words(kept: list[str]) -> str:
+    """What a torch.compile user of the kept set gets (`apply_kernels(..., compiled=True)`)."""
+    from pipeline.patching import for_compile
+
+    offer = for_compile(kept)
+    out = (f"Under torch.compile (`apply_kernels(..., compiled=True)`, each kernel call one "
+           f"custom op): {', '.join(offer['families']) or 'none'}")
+    if offer["left_out"]:
+        out += f"; left out, not traceable: {', '.join(offer['left_out'])}"
+    return out + "."

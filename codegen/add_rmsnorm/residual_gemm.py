@@ -74,6 +74,13 @@ def class_returns_down_proj(cls: type) -> bool:
             and [ast.unparse(t) for t in body[-2].targets] == [returned.id])
 
 
+@torch.compiler.assume_constant_result
+def _class_returns_down_proj(cls: type) -> bool:
+    """`class_returns_down_proj`, asked once by torch.compile, at trace time: dynamo cannot
+    read source text, and a class's source does not change while its model runs."""
+    return class_returns_down_proj(cls)
+
+
 def mlp_returns_down_proj(mlp: nn.Module) -> bool:
     """Whether calling `mlp(x)` now returns its down_proj's output unchanged: each live
     instance forward on it declares so, down to the class's forward (or one that never calls
@@ -95,7 +102,7 @@ def mlp_returns_down_proj(mlp: nn.Module) -> bool:
         if not layer.had:
             break
         forward = layer.below
-    return class_returns_down_proj(type(mlp))
+    return _class_returns_down_proj(type(mlp))
 
 
 def plain_down_proj(mlp: nn.Module) -> nn.Linear | None:

@@ -114,4 +114,7 @@ FAMILY = Family(
     rank=RankHooks(
         declines=declines,
     ),
+    # swaps transformers' attention function in a global for the call, which a trace
+    # never reads (it would run SDPA silently)
+    traceable=False,
 )

@@ -24,6 +24,7 @@ from codegen.gated_act.reference import ACTS, activation
 from codegen.gated_act.reference import flops as activation_flops
 from codegen.shapes import lead_key, lead_of, with_rows
 from core.family import Case, distinct
+from models.patching import same_storage
 
 # The largest row block (BM) in kernel.search_space; kernel.py checks it agrees. Lives here
 # because edge cases must go just past it without importing the kernel (which applies
@@ -51,7 +52,7 @@ def packed_weight(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor | No
     (contiguous, up right after gate in one storage), or None."""
     if w_gate.shape != w_up.shape or w_gate.dim() != 2 or not w_gate.is_contiguous() \
             or not w_up.is_contiguous() \
-            or w_gate.untyped_storage().data_ptr() != w_up.untyped_storage().data_ptr() \
+            or not same_storage(w_gate, w_up) \
             or w_up.storage_offset() != w_gate.storage_offset() + w_gate.numel():
         return None
     return w_gate.as_strided((2 * w_gate.shape[0], w_gate.shape[1]), w_gate.stride(),

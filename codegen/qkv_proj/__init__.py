@@ -93,4 +93,7 @@ FAMILY = Family(
         # gemv patches the same three Linears one by one at a decode step
         rivals=("gemv",),
     ),
+    # k_proj's and v_proj's calls take what q_proj's kept by the input's version, a number
+    # a trace does not know
+    traceable=False,
 )

@@ -24,6 +24,11 @@ rebind both names to the result at once, so nothing else holds the unrotated ten
 place saves the output allocation and a few percent of the kernel's time, and
 the verifier checks every candidate gives the same bits when `out` is its inputs (`in_place`).
 Any other forward gets new tensors, as HF's function returns.
+
+Where transformers gives each attention its own rotary slot (`use_kernelized_func`, with the
+`kernels` package installed: `attention._kernel_funcs["rotary_pos_emb"]`), the rotary
+goes into that slot's forward instead, as `kernels.kernelize` puts a layer there: torch.compile
+traces through the slot, while a global swapped during the call is one it never reads.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import cache
+from types import MethodType
 
 import torch
 from torch import nn
@@ -38,7 +44,13 @@ from torch import nn
 from codegen.dtypes import dtype_name
 from codegen.rope.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import code_shape, plain_function, with_global, wrap_instance_forwards
+from models.patching import (
+    code_shape,
+    plain_function,
+    same_storage,
+    with_global,
+    wrap_instance_forwards,
+)
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
 
@@ -195,14 +207,10 @@ def fused_qkv(module: nn.Module) -> bool:
                for name in ("qkv_proj", "query_key_value"))
 
 
-def _shares_storage(q: torch.Tensor, k: torch.Tensor) -> bool:
-    return q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
-
-
 def _layout(q: torch.Tensor, k: torch.Tensor) -> tuple[bool, bool, int | None] | None:
     """(qkv, interleaved, head_width) of the case keys (reference.make_case) for q and k as
     given, or None for views of heads wider than they are that no case describes."""
-    shared = _shares_storage(q, k)
+    shared = same_storage(q, k)
     heads, seq, dim = q.shape[1], q.shape[2], q.shape[3]
     interleaved = shared and heads > 1 and k.storage_offset() - q.storage_offset() == dim
     width = q.stride(1)
@@ -269,11 +277,39 @@ def whole_table_fallback(forward_by_case: Callable[[Case], Callable | None]) -> 
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]):
-    wrappers, halves = [], tables_have_equal_halves(model)
+    wrappers, slots, halves = [], [], tables_have_equal_halves(model)
     choose = whole_table_fallback(forward_by_case)
     for _, module, module_globals, form in find_rotary_attentions(model):
-        rotary = dispatching_rotary(module_globals[GLOBAL_NAME], form, choose,
-                                    in_place_ok(type(module)), halves)
-        wrappers.append((module, lambda below, g=module_globals, r=rotary: with_global(
-            below, g, GLOBAL_NAME, lambda _previous: r)))
-    return wrap_instance_forwards(wrappers)
+        slot = rotary_slot(module, module_globals[GLOBAL_NAME])
+        original = module_globals[GLOBAL_NAME] if slot is None else plain_function(slot)
+        rotary = dispatching_rotary(original, form, choose, in_place_ok(type(module)), halves)
+        if slot is not None:
+            slots.append(_into_slot(slot, rotary))
+        else:
+            wrappers.append((module, lambda below, g=module_globals, r=rotary: with_global(
+                below, g, GLOBAL_NAME, lambda _previous: r)))
+    undo_wrappers = wrap_instance_forwards(wrappers)
+
+    def undo() -> None:
+        undo_wrappers()
+        while slots:
+            slots.pop()()
+
+    return undo
+
+
+def rotary_slot(attention: nn.Module, rotary) -> nn.Module | None:
+    """The attention's own instance of the global rotary module `rotary` (transformers'
+    `use_kernelized_func` keeps one per attention, by its kernel layer name), if any."""
+    for slot in attention.__dict__.get("_kernel_funcs", {}).values():
+        if type(slot) is type(rotary) and isinstance(slot, nn.Module) \
+                and "forward" not in slot.__dict__:
+            return slot
+    return None
+
+
+def _into_slot(slot: nn.Module, rotary: Callable) -> Callable[[], None]:
+    """`rotary` as the slot's forward, a bound method as `kernels` installs one (it reads the
+    slot's `forward.__func__`); the undo gives the slot its class's forward back."""
+    slot.forward = MethodType(lambda _self, *args, **kwargs: rotary(*args, **kwargs), slot)
+    return lambda: slot.__dict__.pop("forward", None)

@@ -11,7 +11,7 @@ from pathlib import Path
 from core.artifacts import write_json
 from core.integration_records import Check, IntegratedWorkload, Integration, PatchEffect
 from core.records import Accepted, VerificationSummary
-from pipeline.patching import patch_memory, workload_cases
+from pipeline.patching import for_compile, patch_memory, workload_cases
 from pipeline.policy import fallbacks, integrable
 
 
@@ -84,6 +84,8 @@ def _integrate_model(model, ws: list, plan: _Plan) -> dict[str, IntegratedWorklo
         out[w.key] = IntegratedWorkload(
             workload=w.to_dict(), check=check, patch_effect=effect, cases=cases,
             patch_memory=patch_memory(model, m.kept),
+            # what `apply_kernels(..., compiled=True)` and `pipeline export` offer
+            compiled=for_compile(m.kept),
             # a family tried in place of another has its measurement, not a reason
             skipped={f: why for f, why in plan.skipped.items() if f not in m.per_family},
             **({"fallback_checks": spare_checks} if spare_checks else {}), **m.to_dict())

@@ -129,7 +129,7 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, tmp_path):
         before = model(ids).logits
         chooser = CountingChooser(FAMILY, tmp_path)
         undo = FAMILY.patch(model, chooser)
-        assert len(instance_forwards(model)) == 2
+        assert patched_rotaries(model) == 2
         patched = model(ids).logits
         # between calls the module global is the original: other models never see the swap
         assert module_globals["apply_rotary_pos_emb"] is original
@@ -141,8 +141,16 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, tmp_path):
         assert chooser.cases[0]["rot_dim"] == chooser.cases[0]["head_dim"] // 2
     torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
     assert torch.equal(after, before)
-    assert instance_forwards(model) == []
+    assert instance_forwards(model) == [] and patched_rotaries(model) == 0
     assert module_globals["apply_rotary_pos_emb"] is original
+
+
+def patched_rotaries(model) -> int:
+    """Attentions whose rotary runs ours: an instance forward on the attention, or on its own
+    rotary slot (transformers' `use_kernelized_func`, where `kernels` is installed)."""
+    return sum("forward" in m.__dict__ or any("forward" in slot.__dict__ for slot in
+                                               m.__dict__.get("_kernel_funcs", {}).values())
+               for _, m, _, _ in find_rotary_attentions(model))
 
 
 def test_other_models_of_the_family_are_untouched(tmp_path):

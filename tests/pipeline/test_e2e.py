@@ -2,10 +2,7 @@
 and what it does with a run it cannot fully serve or an interruption."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +11,10 @@ from core.artifacts import load
 from core.errors import UserError
 from core.records import E2E, GenerationPoint
 from core.workload import for_generation, parse_generations
+from tests.pipeline.cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "e2e.json"
-
-
-def run_cli(*args, home: Path):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
-        timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
-             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": os.pathsep.join(
-                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +66,7 @@ def test_help_explains_the_grid_and_the_variants(tmp_path):
 def test_bad_input_is_one_line(tmp_path, profiled_only):
     for args, words in ((["e2e", str(profiled_only), "--variants", "nope"], "unknown variant"),
                         (["e2e", str(profiled_only), "--batch", "0"], "--batch"),
-                        (["e2e", str(tmp_path / "missing")], "not a run directory"),
+                        (["e2e", str(tmp_path / "missing")], "no such directory"),
                         (["profile", "tiny-llama", "--generation", "1x8"], "BxP+N")):
         proc = run_cli(*args, home=tmp_path)
         assert proc.returncode == 2, (args, proc.stderr)
@@ -95,16 +84,19 @@ def test_e2e_runs_every_cpu_variant_and_writes_a_valid_record(generated):
         "prefill-b1-s8-fp32", "decode-b1-s12-fp32")
     assert point.floor_ms > 0 and point.weight_bytes > 0
     by = {v.name: v for v in point.variants}
-    assert list(by) == ["hf-eager", "hf-static", "graph", "ours", "ours-graphs"]
+    assert list(by) == ["hf-eager", "hf-static", "graph", "ours", "ours-graphs",
+                        "ours-static-compile"]
     for name in ("graph", "ours-graphs"):
         assert by[name].skipped == "CUDA graphs need a CUDA device" and by[name].times is None
-    for name in ("hf-eager", "hf-static", "ours"):
+    for name in ("hf-eager", "hf-static", "ours", "ours-static-compile"):
         t = by[name].times
         assert t is not None and t.ttft_p50 > 0 and t.tpot_p50 > 0 and t.tok_s > 0
         assert t.tpot_p99 >= t.tpot_p50 and by[name].first_call_s > 0
         assert by[name].same_tokens == 1.0 and by[name].first_divergence is None
     assert "does not compile" in by["hf-static"].note
-    assert by["ours"].families == ["rmsnorm"]
+    assert "does not compile" in by["ours-static-compile"].note  # the CPU: eager steps
+    assert by["ours"].families == by["ours-static-compile"].families == ["rmsnorm"]
+    assert by["ours-static-compile"].kernel_calls["steps"]["rmsnorm"] == 5 * 3
     # the kernel served both phases: 2 layers x 2 norms + the final one per forward
     assert by["ours"].kernel_calls["prefill"]["rmsnorm"] == 5
     assert by["ours"].kernel_calls["steps"]["rmsnorm"] == 5 * 3

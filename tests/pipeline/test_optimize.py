@@ -23,6 +23,7 @@ import torch
 
 from core.artifacts import read_json
 from core.records import IntegratedWorkload
+from tests.pipeline.cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 PROPOSER = Path(__file__).with_name("fake_proposer.py")
@@ -44,15 +45,6 @@ def forward(*inputs, out, **params):
     for o in (out if isinstance(out, tuple) else (out,)):
         o.sub_(1.0)
 '''
-
-
-def run_cli(*args, home: Path):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=home,
-        timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(home),
-             "PIPELINE_RUNS": str(home / "runs"), "PYTHONPATH": os.pathsep.join(
-                 [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
 def say(_msg: str) -> None:

@@ -1,0 +1,129 @@
+"""Patched models under torch.compile(fullgraph=True): every family that declares itself
+traceable (`Family.traceable`) calls its kernels as its custom op (`codegen.ops`), the graph
+has no break, and the logits are the eager patched model's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import CountingChooser
+
+from codegen.ops import compilable
+from codegen.registry import families, get_family
+from core.family import no_patch
+from profiling.loader import build, resolve
+
+# (model, families patched together, backend): each traceable family in one group where the
+# model calls it; aot_eager once, for functionalisation and the ops' fake implementations
+PREFILL = [("tiny-llama", ("rmsnorm", "rope", "matmul_epilogue"), "aot_eager"),
+           ("tiny-llama", ("add_rmsnorm",), "eager"),
+           ("tiny-gpt2", ("layernorm", "gelu", "add_layernorm"), "eager"),
+           ("tiny-gpt2", ("matmul_gelu",), "eager")]
+DECODE = ("gemv",)  # families a decode step calls and a prefill does not
+
+
+def patched(model_id, names, tmp_path):
+    model = build(resolve(model_id), torch.float32, "cpu")
+    choosers = {n: CountingChooser(get_family(n), tmp_path) for n in names}
+    undos = [get_family(n).patch(model, compilable(get_family(n), choosers[n])) for n in names]
+    return model, choosers, undos
+
+
+def test_every_traceable_family_is_compiled_here():
+    covered = {n for _, names, _ in PREFILL for n in names} | set(DECODE)
+    traceable = {n for n, f in families().items() if f.traceable and f.patch is not no_patch}
+    assert traceable == covered
+
+
+@pytest.mark.parametrize("model_id, names, backend", PREFILL, ids=lambda v: str(v))
+def test_a_patched_prefill_compiles_whole_and_runs_its_kernels(model_id, names, backend,
+                                                               tmp_path):
+    model, choosers, undos = patched(model_id, names, tmp_path)
+    ids = torch.arange(3, 19).view(2, 8)
+    with torch.no_grad():
+        eager = model(ids).logits
+        calls = {n: c.calls for n, c in choosers.items()}
+        assert all(calls.values()), calls  # each family's kernel ran eagerly
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
+    for u in undos:
+        u()
+    assert {n: c.calls - calls[n] for n, c in choosers.items()} == calls
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6)
+
+
+def test_a_patched_decode_step_compiles_in_transformers_static_generate(tmp_path):
+    """What `generate(cache_implementation="static")` does on a GPU, made to happen on the CPU
+    (`_compile_all_devices`): its compiled step calls the kernels, fullgraph."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    model, choosers, undos = patched("tiny-llama", DECODE + ("rmsnorm",), tmp_path)
+    ids = torch.arange(3, 19).view(2, 8)
+    config = CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True
+    kwargs = {"max_new_tokens": 3, "do_sample": False, "cache_implementation": "static",
+              "return_dict_in_generate": True, "output_logits": True,
+              "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        eager = model.generate(ids, disable_compile=True, **kwargs)
+        calls = {n: c.calls for n, c in choosers.items()}
+        torch._dynamo.reset()
+        compiled = model.generate(ids, compile_config=config, **kwargs)
+    for u in undos:
+        u()
+    assert model._compiled_call is not None  # the steps ran compiled
+    assert {n: c.calls - calls[n] for n, c in choosers.items()} == calls
+    assert torch.equal(compiled.sequences, eager.sequences)
+    for a, b in zip(compiled.logits, eager.logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_new_shape_recompiles_for_its_own_kernel(tmp_path):
+    """A second shape makes torch.compile trace with symbolic sizes; a kernel is chosen per exact
+    case, so the graph is specialised to the shape and the kernel still runs."""
+    model, choosers, undos = patched("tiny-llama", ("rmsnorm",), tmp_path)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for seq in (8, 12):
+            ids = torch.arange(3, 3 + 2 * seq).view(2, seq)
+            before = choosers["rmsnorm"].calls
+            torch.testing.assert_close(compiled(ids).logits, model(ids).logits, rtol=0,
+                                       atol=1e-6)
+            # the compiled call and the eager one each ran the kernel in all five norms
+            assert choosers["rmsnorm"].calls - before == 10
+    for u in undos:
+        u()
+
+
+def test_an_untraceable_family_keeps_its_chooser():
+    def chooser(case):
+        return None
+
+    for name, family in families().items():
+        wrapped = compilable(family, chooser)
+        assert (wrapped is chooser) == (not family.traceable), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_inductor_keeps_the_kernels_of_a_patched_bf16_model(mode, tmp_path):
+    """On CUDA, Inductor (default mode, and reduce-overhead's CUDA graphs) calls the families'
+    ops with the real Triton kernels: logits within bf16 rounding of the eager patched ones."""
+    names = PREFILL[0][1] + ("add_rmsnorm",)
+    model = build(resolve("tiny-llama"), torch.bfloat16, "cuda")
+    choosers = {n: CountingChooser(get_family(n), tmp_path) for n in names}
+    undos = [get_family(n).patch(model, compilable(get_family(n), choosers[n]))
+             for n in names]
+    ids = torch.arange(3, 131, device="cuda").view(2, 64)
+    with torch.no_grad():
+        eager = model(ids).logits.float()
+        calls = {n: c.calls for n, c in choosers.items()}
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        for _ in range(3):  # compile, record, replay
+            got = compiled(ids).logits.float()
+    for u in undos:
+        u()
+    assert all(c.calls > calls[n] for n, c in choosers.items())
+    torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)
