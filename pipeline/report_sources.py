@@ -62,44 +62,58 @@ def source_tables(arts: dict, data: dict) -> list[tuple]:
                       if t.get("verdict") == "rejected"}
     shipped = {a["source"]: a for a in summ.get("accepted", {}).values()}
     blocks: list[tuple] = [("h", 2, "Candidates per source")]
-    llm = log.get("llm")
-    if llm:
-        b = llm.get("budgets") or {}
-        blocks.append(("p", f"Language-model proposer: {llm.get('model')} at "
-                            f"{llm.get('endpoint')}; budgets {b.get('rounds_per_case')} "
-                            f"rounds per case, {b.get('max_tokens_per_reply')} tokens per "
-                            f"reply, {b.get('timeout_s_per_request')} s per request, "
-                            f"{b.get('wall_s')} s in all; {llm.get('tokens_used', 0)} tokens "
-                            f"used."))
-        for line in llm.get("events") or []:
-            blocks.append(("note", line))
+    blocks += _llm_blocks(log.get("llm"))
     for fam, cands in by_family.items():
-        groups: dict[str, list[dict]] = defaultdict(list)
-        for c in cands:
-            groups[_source(c)].append(c)
-        rows = []
-        for src, cs in groups.items():
-            why = Counter(w for w in (_why(c, verify_reasons) for c in cs) if w)
-            verified = sum((c.get("verification") or {}).get("verdict") == "accepted"
-                           or c["path"] in shipped for c in cs)
-            timed = [c["timing"] for c in cs if c.get("timing")]
-            best = min(timed, key=lambda t: t["median_ms"]) if timed else None
-            best_s = "-" if best is None else ms(best["median_ms"]) + (
-                "" if best.get("meaningful", True) else " (not meaningful)")
-            rows.append([src, len(cs), sum(c.get("screen") == "pass" for c in cs), verified,
-                         "; ".join(f"{n}x {w}" for w, n in why.most_common()) or "-",
-                         best_s, sum(c["path"] in shipped for c in cs)])
-        blocks += [("h", 3, f"{fam}: candidates per source"),
-                   ("table", ["source", "candidates", "passed screen", "verified",
-                              "rejected (why)", "best kernel time", "cases shipped"], rows)]
-        from_src = Counter(_source(c) for c in cands if c["path"] in shipped)
-        if from_src:
-            effect = _effect(fam, data.get("workloads") or [])
-            blocks.append(("p", f"Shipped: {fam} kernels from "
-                                + ", ".join(f"{s} ({n} case{'s' * (n > 1)})"
-                                            for s, n in from_src.items())
-                                + (". " + "; ".join(effect) if effect else
-                                   "; not integrated in this run.")))
-        else:
-            blocks.append(("p", f"Shipped: no {fam} kernel passed verification."))
+        blocks += _family_blocks(fam, cands, verify_reasons, shipped, data)
     return blocks
+
+
+def _llm_blocks(llm: dict | None) -> list[tuple]:
+    """The built-in language-model proposer's budgets, tokens used and events."""
+    if not llm:
+        return []
+    b = llm.get("budgets") or {}
+    return [("p", f"Language-model proposer: {llm.get('model')} at "
+                  f"{llm.get('endpoint')}; budgets {b.get('rounds_per_case')} "
+                  f"rounds per case, {b.get('max_tokens_per_reply')} tokens per "
+                  f"reply, {b.get('timeout_s_per_request')} s per request, "
+                  f"{b.get('wall_s')} s in all; {llm.get('tokens_used', 0)} tokens "
+                  f"used."),
+            *[("note", line) for line in llm.get("events") or []]]
+
+
+def _family_blocks(fam: str, cands: list[dict], verify_reasons: dict[str, str],
+                   shipped: dict, data: dict) -> list[tuple]:
+    """One family's candidates per source, and which source's kernels shipped."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for c in cands:
+        groups[_source(c)].append(c)
+    rows = [_source_row(src, cs, verify_reasons, shipped) for src, cs in groups.items()]
+    blocks = [("h", 3, f"{fam}: candidates per source"),
+              ("table", ["source", "candidates", "passed screen", "verified",
+                         "rejected (why)", "best kernel time", "cases shipped"], rows)]
+    from_src = Counter(_source(c) for c in cands if c["path"] in shipped)
+    if from_src:
+        effect = _effect(fam, data.get("workloads") or [])
+        blocks.append(("p", f"Shipped: {fam} kernels from "
+                            + ", ".join(f"{s} ({n} case{'s' * (n > 1)})"
+                                        for s, n in from_src.items())
+                            + (". " + "; ".join(effect) if effect else
+                               "; not integrated in this run.")))
+    else:
+        blocks.append(("p", f"Shipped: no {fam} kernel passed verification."))
+    return blocks
+
+
+def _source_row(src: str, cs: list[dict], verify_reasons: dict[str, str],
+                shipped: dict) -> list:
+    why = Counter(w for w in (_why(c, verify_reasons) for c in cs) if w)
+    verified = sum((c.get("verification") or {}).get("verdict") == "accepted"
+                   or c["path"] in shipped for c in cs)
+    timed = [c["timing"] for c in cs if c.get("timing")]
+    best = min(timed, key=lambda t: t["median_ms"]) if timed else None
+    best_s = "-" if best is None else ms(best["median_ms"]) + (
+        "" if best.get("meaningful", True) else " (not meaningful)")
+    return [src, len(cs), sum(c.get("screen") == "pass" for c in cs), verified,
+            "; ".join(f"{n}x {w}" for w, n in why.most_common()) or "-",
+            best_s, sum(c["path"] in shipped for c in cs)]
