@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.records import Environment, VerificationRecord, VerifyEnvironment
 from pipeline.report_render import NOT_MEANINGFUL, case_text, ci, config_text, speed
 
 CONCURRENCY = ("concurrency: one process, one stream, one call at a time (the batch is the only "
@@ -45,9 +46,9 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
     """One kernel family's acceptance record in the DESIGN.md form: six labelled fields."""
     acc = [a for a in data["kernels"]["accepted"] if a["family"] == fam]
     rej = [r for r in data["kernels"]["rejected"] if r["family"] == fam]
-    recs = [(a["case_key"], load(a["record"])) for a in acc]
-    tried = [(x, load(x["record"])) for r in rej for x in r["tried"]]
-    renv = next((r["environment"] for _, r in recs + tried if r), {})
+    recs = [(a["case_key"], _record(load(a["record"]))) for a in acc]
+    tried = [(x, _record(load(x["record"]))) for r in rej for x in r["tried"]]
+    renv = next((r.environment for _, r in recs + tried if r), None) or VerifyEnvironment()
     cases = [(a["case_key"], a["case"]) for a in acc] + [(r["key"].split("/", 1)[-1], r["case"])
                                                          for r in rej]
     dtypes = sorted({str((c or {}).get("dtype")) for _, c in cases})
@@ -58,6 +59,10 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
             "Correctness": _correctness_field(fam, recs, tried, renv, dtypes, ws),
             "Measurements": _measurements_field(fam, acc, ws),
             "Decision": _decision_field(fam, acc, rej, ws)}
+
+
+def _record(r) -> VerificationRecord | None:
+    return VerificationRecord.of(r) if r is not None else None
 
 
 def _workload_field(m: dict, cases: list, ws: list[dict]) -> list[str]:
@@ -71,12 +76,13 @@ def _workload_field(m: dict, cases: list, ws: list[dict]) -> list[str]:
         CONCURRENCY]
 
 
-def _environment_field(env: dict, renv: dict, dtypes: list[str]) -> list[str]:
+def _environment_field(env: dict, renv: VerifyEnvironment, dtypes: list[str]) -> list[str]:
+    env = Environment.of(env)
     return [
-        (f"accelerator: {env.get('gpu') or renv.get('accelerator') or 'none (CPU)'}, driver "
-         f"{env.get('driver') or 'n/a'}"),
-        (f"compiler: triton {renv.get('triton') or env.get('triton')}, torch "
-         f"{renv.get('torch') or env.get('torch')}, CUDA {env.get('cuda') or 'n/a'}"),
+        (f"accelerator: {env.gpu or renv.accelerator or 'none (CPU)'}, driver "
+         f"{env.driver or 'n/a'}"),
+        (f"compiler: triton {renv.triton or env.triton}, torch "
+         f"{renv.torch or env.torch}, CUDA {env.cuda or 'n/a'}"),
         "precision: " + ", ".join(dtypes)]
 
 
@@ -94,13 +100,14 @@ def _comparison_field(acc: list, recs: list, tried: list, run_dir: Path | None) 
         END_TO_END]
 
 
-def _correctness_field(fam: str, recs: list, tried: list, renv: dict, dtypes: list[str],
+def _correctness_field(fam: str, recs: list, tried: list, renv: VerifyEnvironment,
+                       dtypes: list[str],
                        ws: list[dict]) -> list[str]:
     out = [
         REFERENCE,
         "tolerances: " + "; ".join(
-            f"{d} atol {t['atol']:g} rtol {t['rtol']:g}"
-            for d, t in (renv.get("tolerances") or {}).items() if d in dtypes) or "not recorded"]
+            f"{d} atol {t.atol:g} rtol {t.rtol:g}"
+            for d, t in renv.tolerances.items() if d in dtypes) or "not recorded"]
     for name, r in recs + [(Path(str(x["candidate"])).parent.name, r) for x, r in tried]:
         out += _record_lines(name, r)
     for w in ws:
@@ -114,18 +121,18 @@ def _correctness_field(fam: str, recs: list, tried: list, renv: dict, dtypes: li
     return out
 
 
-def _record_lines(name: str, r: dict | None) -> list[str]:
+def _record_lines(name: str, r: VerificationRecord | None) -> list[str]:
     """A candidate's verification record in a line, with its first failures."""
     if r is None:
         return [f"{name}: verification record not found"]
-    edges = [c["label"] for c in r.get("cases", []) if c.get("origin") != "given"]
-    ok = sum(1 for c in r.get("checks", []) if c.get("passed"))
+    edges = [c.label for c in r.cases if c.origin != "given"]
+    ok = sum(1 for c in r.checks if c.passed)
+    seeds = r.seeds
     return [
-        f"{r.get('candidate', name)}: {r.get('verdict')}, {ok}/{len(r.get('checks', []))} "
-        f"checks passed on {len(r.get('cases', []))} input sets ({len(edges)} edge cases), "
-        f"seeds master {r.get('seeds', {}).get('master')} x {r.get('seeds', {}).get('trials')}"
-        f" trials",
-        *[f"  failure: {x}" for x in r.get("reasons", [])[:3]]]
+        f"{r.candidate if r.candidate is not None else name}: {r.verdict}, "
+        f"{ok}/{len(r.checks)} checks passed on {len(r.cases)} input sets ({len(edges)} edge "
+        f"cases), seeds master {seeds and seeds.master} x {seeds and seeds.trials} trials",
+        *[f"  failure: {x}" for x in (r.reasons or [])[:3]]]
 
 
 def _measurements_field(fam: str, acc: list, ws: list[dict]) -> list[str]:
