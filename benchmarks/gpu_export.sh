@@ -11,8 +11,12 @@
 #   PART=tests    `pytest -m gpu` of the compile tests (Inductor and reduce-overhead on CUDA)
 #                 (~2 min)
 # About 21 device minutes for the three. A run left in /tmp/runs by an earlier PART=prefill
-# on the same warm machine is reused (RESUME=DIR: a carried run folder instead). Env as
+# on the same warm machine is reused (RESUME=DIR: a carried run folder instead, such as the
+# run folder of the last call's export-$tag.tgz unpacked into the repository; then profile
+# and optimize are skipped and the call takes ~5 min: export 30 s, h2h ~200 s). Env as
 # gpu_graphs.sh: M, TOP, MAXC, PAIRS, ROUNDS, T_PROFILE, T_OPTIMIZE, T_EXPORT, T_H2H.
+# h2h.log carries dynamo's graph breaks and recompiles with their reasons (TORCH_LOGS), and
+# h2h.json each compiled variant's graph and graph-break counts (`dynamo`).
 # `kernels` must be importable for ours-kernels (pip wheel in .whl/ otherwise); without it
 # the variant is skipped with the reason and the rest runs.
 # Afterwards, on this machine: python3 benchmarks/results_table.py --h2h OUT/logs-*/h2h.json
@@ -54,13 +58,16 @@ if [ ! -f $run/integration.json ]; then
 fi
 rm -rf $pkg
 [ -f $run/integration.json ] && step export $T_EXPORT python3 -m pipeline export $run $pkg
-[ -f $run/integration.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
+[ -f $run/integration.json ] && TORCH_LOGS=${TORCH_LOGS:-graph_breaks,recompiles} \
+  step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
   $logs/h2h.json --rounds $ROUNDS --variants eager,ours,compile,ours-compile,ours-kernels \
   --export $pkg
 [ -f $logs/h2h.json ] && python3 - $logs/h2h.json <<'EOF'
 import json, sys
 h = json.load(open(sys.argv[1]))
 print("kept", h["kept"], "compiled", h.get("compiled_families"), "skipped", h["skipped"])
+print("dynamo", h.get("dynamo"), "recompile_limit", h.get("recompile_limit"))
+print("kernels per pass", h.get("kernels_per_pass"))
 for k, v in h["over_eager"].items():
     print(f"{k} over eager {v['speedup']:.3f}x {v['ci']}")
 for k, v in h["pairs"].items():

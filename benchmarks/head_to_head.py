@@ -3,7 +3,7 @@
 
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
         [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static,
-                    ours-compile,ours-kernels] [--export PKG]
+                    ours-compile,ours-kernels,hf-best-experts] [--export PKG]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
@@ -30,6 +30,21 @@ Variants (`--variants`, eager always included; the default is the first three):
   its default mode, called as compile is.
 - ours-kernels: a twin kernelized with the run's `pipeline export` package (`--export PKG`)
   through the Hugging Face `kernels` library, called as ours is.
+- hf-best-experts (MoE models): a twin under the fastest `experts_implementation` the
+  installed transformers offers (`models.moe.experts_options`; each option timed on a few
+  calls first, `best_experts`), called as eager is; the option and each one's time are in
+  the result (`hf_best_experts`).
+The compiled variants (COMPILED) are twins of one model class, so they share code objects, and
+dynamo's recompile limit (8 entries per code object by default, then the frame runs eager) is
+per code object, not per model: in one process a second compiled twin would get what the first
+left of it. So the limit is raised to 8 times the number of compiled variants timed, for the
+whole process: fair to each, since each keeps the budget it has when compiled alone, and a
+variant whose frames recompile beyond it (a graph break per decoder layer, say: each layer's
+frame then recompiles per layer index) still falls back to eager as it would alone. Separate
+code objects per twin (copies of the model's classes) were not taken: they would time a model
+that no user compiles. Each compiled variant's dynamo counts over its calls are recorded
+(`dynamo`: graphs compiled, graph breaks in its warm-up calls), so a variant that broke its
+graph shows it.
 Static-cache decode variants time `rewind(seq)` then `step`, so every call writes position
 `seq` as the dynamic cache's does; the cache holds `--max-len` slots (default: seq + 1 rounded
 up to 16), which the mask spans. First calls (compiling, capturing) are warm-up, never timed.
@@ -64,14 +79,17 @@ from verify.stats import bootstrap_ci
 
 VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has always run
 ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
-                           "ours-compile", "ours-kernels")
+                           "ours-compile", "ours-kernels", "hf-best-experts")
 DECODE_ONLY = ("eager-static",)
+COMPILED = ("compile", "compile-reduce-overhead", "ours-compile")  # torch.compile's twins
+RECOMPILE_LIMIT = 8  # dynamo's default, per code object
 FAST_HOST = 1.1  # a round within 10 % of eager's fastest host time counts as a fast host
 # ratios beside those over eager: the graph's own gain, the kernels' share inside the graph,
 # and the contender the issue sets for graphed ours
 PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
          ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"),
-         ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"))
+         ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"),
+         ("ours", "hf-best-experts"), ("ours-graphs", "hf-best-experts"))
 
 
 def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -205,6 +223,33 @@ def ratios(times: dict) -> dict:
     return out
 
 
+def share_recompile_limit(variants: list[str]) -> int | None:
+    """Dynamo's recompile limit raised to RECOMPILE_LIMIT per compiled variant (module doc);
+    the limit set, or None with fewer than two."""
+    n = sum(v in COMPILED for v in variants)
+    if n < 2:
+        return None
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT * n
+    return RECOMPILE_LIMIT * n
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """(graphs dynamo compiled, graph breaks it took) in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def counted(call, tally: dict):
+    """`call`, adding the graphs and graph breaks dynamo took during it to `tally`."""
+    graphs, breaks = dynamo_counts()
+    out = call()
+    after = dynamo_counts()
+    tally["graphs"] += after[0] - graphs
+    tally["graph_breaks"] += after[1] - breaks
+    return out
+
+
 def no_grad(call):
     def run():
         with torch.no_grad():
@@ -222,6 +267,44 @@ def mark_step(call):
             mark()
         call()
     return run
+
+
+BEST_EXPERTS_CALLS = 5  # timed calls per experts option when choosing hf-best-experts
+
+
+def best_experts(model, workload: Workload, calls: int = BEST_EXPERTS_CALLS):
+    """(a twin under the fastest experts implementation that runs here, {"option", "median_ms"
+    per option, "failed": option -> why}). Raises ValueError for a model without experts."""
+    from models.moe import experts_options, is_moe, set_experts
+
+    if not is_moe(model):
+        raise ValueError("not a mixture-of-experts model")
+    medians, failed, best = {}, {}, None
+    for option in experts_options():
+        try:
+            variant = twin(model)
+            set_experts(variant, option)
+            runner = make_runner(variant, workload)
+
+            def run(r=runner):
+                with torch.no_grad():
+                    r.call()
+                r.reset()
+            run()  # warm-up
+            medians[option] = statistics.median(timed(run, workload.device)[0]
+                                                for _ in range(calls))
+        except Exception as exc:  # an option this machine cannot run is named, not fatal
+            # (batched_mm gathers every pair's expert weights: out of memory at a long prefill)
+            failed[option] = capture_reason(exc)
+            if workload.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            continue
+        if best is None or medians[option] < medians[best[0]]:
+            best = (option, variant)
+    if best is None:
+        raise ValueError(f"no experts implementation ran: {failed}")
+    return best[1], {"option": best[0], "median_ms": medians, "failed": failed,
+                     "calls_per_option": calls}
 
 
 def build_variants(model, workload: Workload, variants: list[str], run_dir: Path,
@@ -326,6 +409,10 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                     owned.append(graphed)
                     calls[name] = lambda g=graphed: g(ids)
                     pools[name] = graphed.pool_bytes
+            elif name == "hf-best-experts":
+                best, chosen = best_experts(model, workload)
+                calls[name] = runner_call(make_runner(best, workload))
+                calls[name].experts = chosen
             elif name == "eager-static":
                 calls[name] = static_step(
                     name, StaticDecoder(plain_twin(), workload.batch, max_len, graph=False))
@@ -364,6 +451,7 @@ def main() -> None:
     workload = Workload.from_dict(entry["workload"])
     variants, skipped = parse_variants(args.variants, workload.mode)
     max_len = args.max_len or static_len(workload.seq)
+    recompile_limit = share_recompile_limit(variants)
     model = build(resolve(profile["model"]["id"]), workload.torch_dtype(), workload.device)
     eager_alone = alone(make_runner(model, workload).once, workload.device,
                         args.alone_rounds)
@@ -373,6 +461,7 @@ def main() -> None:
     if "eager" not in calls:
         raise SystemExit(f"eager did not run: {skipped.get('eager')}")
     names = [v for v in variants if v in calls]
+    dynamo = {n: {"graphs": 0, "graph_breaks": 0} for n in names if n in COMPILED}
     first_call_s = {}
     t = time.perf_counter()
     for _ in range(3):  # compiles, captures, autotunes, warms the caching allocator
@@ -380,20 +469,25 @@ def main() -> None:
             if name in setups:
                 setups[name]()
             t1 = time.perf_counter()
-            calls[name]()
+            counted(calls[name], dynamo.get(name, {"graphs": 0, "graph_breaks": 0}))
             sync(workload.device)
             first_call_s.setdefault(name, time.perf_counter() - t1)
     warm_s = time.perf_counter() - t
     times = {name: [] for name in names}
     host = {name: [] for name in names}
     allocs = {name: [] for name in names}
-    for i in range(args.rounds):
-        for name in rotation(names, i):
-            wall, returned, made = timed_counting(calls[name], workload.device,
-                                                  setups.get(name))
-            times[name].append(wall)
-            host[name].append(returned)
-            allocs[name].append(made)
+
+    def timed_rounds():
+        for i in range(args.rounds):
+            for name in rotation(names, i):
+                wall, returned, made = timed_counting(calls[name], workload.device,
+                                                      setups.get(name))
+                times[name].append(wall)
+                host[name].append(returned)
+                allocs[name].append(made)
+
+    in_rounds = {"graphs": 0, "graph_breaks": 0}
+    counted(timed_rounds, in_rounds)
     # after the timing: a profiler session leaves CUPTI attached and later launches slower
     kernels = {}
     if workload.device.startswith("cuda") and not args.no_kernel_count:
@@ -414,6 +508,7 @@ def main() -> None:
     result = {
         "run_dir": str(args.run_dir), "workload": workload.key, "kept": kept,
         "graph_families": in_graph, "compiled_families": compiled,
+        "hf_best_experts": getattr(calls.get("hf-best-experts"), "experts", None),
         "torch": torch.__version__, "device": torch.cuda.get_device_name(0)
         if workload.device.startswith("cuda") else "cpu",
         "rounds": args.rounds, "warmup_s": warm_s, "variants": names, "skipped": skipped,
@@ -428,6 +523,9 @@ def main() -> None:
         **ratios(times),
         "by_host_speed": by_host_speed(times, host),
         "first_call_s": first_call_s,
+        # per compiled variant over its warm-up calls; in_rounds: all variants while timed
+        # (nonzero: a variant recompiled then)
+        "dynamo": {**dynamo, "in_rounds": in_rounds}, "recompile_limit": recompile_limit,
         "pool_bytes": pools,
         "kernels_per_pass": kernels,
         "kernels_note": "torch.profiler over one synchronised call after the timing; null "

@@ -26,7 +26,7 @@ MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
            "transformers 5.17.0")
 VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
             "eager-static", "liger", "hf-eager", "hf-static", "ours-compile", "ours-kernels",
-            "ours-static-compile")
+            "ours-static-compile", "hf-best-experts")
 
 
 def key(row: dict) -> tuple:
@@ -135,6 +135,8 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
                      "kernels_per_pass":
                      (h2h.get("kernels_per_pass") or {}).get(variant), "commit": commit,
                      "date": date, "source": "head_to_head.py"})
+        if variant == "hf-best-experts" and h2h.get("hf_best_experts"):
+            rows[-1]["option"] = h2h["hf_best_experts"]["option"]  # which experts_implementation
     return rows
 
 

@@ -92,6 +92,10 @@ class Pattern:
     # recorded shapes (a one-token decode query against a prefill's causal square, both one
     # SDPA call); None: the op names decide alone
     accepts: Callable[[list[dict]], bool] | None = None
+    # names of patterns whose occurrences inside this one's scope belong to it: they claim
+    # their ops first (an inner scope), and this occurrence takes them over (an MoE block's
+    # router softmax, a call of F.softmax, is part of the block's row, not a softmax row)
+    inner: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class CheckRun(Record):
     families: list[str] | None = None
     trials: list[Trial] = []
     passed: bool | None = None
+    reference: str | None = None  # what the fp32 reference was (pipeline.fp32_reference)
     failure: str | None = None
     paths_skipped: dict[str, str] | None = None
     workloads: list[str] | None = None
@@ -146,6 +147,26 @@ class KernelsPerPass(Record):
     graphed: int | None = None
 
 
+class StepKernel(Record):
+    kernel: Needed[str]
+    calls: Needed[int]
+    ms: Needed[float]
+    share: Needed[float]
+
+
+class DecodeStep(Record):
+    """A graphed decode step's anatomy (`pipeline.decode_step`)."""
+    kernels_per_step: Needed[int]
+    kernels_per_layer: Needed[float | None]
+    step_ms: Needed[float]
+    busy_ms: Needed[float]
+    floor_ms: Needed[float | None]
+    floor_multiple: Needed[float | None]
+    kernels: Needed[list[StepKernel]]
+    levers_ms: Needed[dict[str, float]]
+    verdict: Needed[str]
+
+
 class Graphs(Record):
     """The graphs stage's record of one workload (`stages.graphs.graph_workload`)."""
     skipped: str | None = None
@@ -168,6 +189,9 @@ class Graphs(Record):
     measured_speedup: float | None = None
     pool_bytes: dict[str, int | None] = {}
     kernels_per_pass: KernelsPerPass | None = None
+    # on a GPU, for a decode workload; absent in runs from before it
+    decode_step: DecodeStep | None = None
+    decode_step_error: str | None = None  # why the anatomy failed, where it did
 
 
 class Compiled(Record):

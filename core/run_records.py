@@ -164,6 +164,8 @@ class ProfiledWorkload(ProfiledStep):
     density: list[DensityPoint] | None = None
     floor: Floor | None = None
     density_error: str | None = None
+    # an MoE model's tokens per expert in one more pass (`profiling.expert_load.measure`)
+    expert_load: dict | None = None
 
 
 class Profile(Record):

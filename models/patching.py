@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from models.global_copy import reading_global
+
 
 def needs_graph(*tensors: torch.Tensor) -> bool:
     """Whether a backward pass will need these tensors' autograd history: a kernel writes plain
@@ -73,6 +75,90 @@ class _InstanceForward:
             del module.forward
 
 
+# On an adapter's forward: every path returns what the module's own forward would (another
+# kernel for the same function of the same parameters, with no side effect), so a caller that
+# computes that function itself from the module's parameters may skip calling the module
+SAME_RESULT = "same_result"
+
+
+def only_same_result_forwards(module: nn.Module) -> bool:
+    """Whether every live instance forward on `module` declares SAME_RESULT, down to the
+    class's forward (none at all counts): skipping the module's call loses nothing but a
+    kernel. An instance forward not installed through this module (accelerate's) does not."""
+    forward = module.__dict__.get("forward")
+    while forward is not None:
+        layer = getattr(forward, "_instance_forward", None)
+        if layer is None:
+            return False
+        if layer.live and not getattr(layer.run, SAME_RESULT, False):
+            return False
+        if not layer.had:
+            break
+        forward = layer.below
+    return True
+
+
+# On an adapter's forward, a function of the call's one tensor: the module's result computed
+# in one launch with its siblings' (an attention's q/k/v projections), or None where it
+# declines. A SAME_RESULT forward stacked above asks it first (`fused_below`), so the fusion
+# happens whichever of the two adapters was installed last.
+FUSED = "fused"
+
+
+def fused_below(below: Callable) -> Callable | None:
+    """The FUSED function of the first live FUSED forward `below` reaches through live
+    SAME_RESULT ones only (undone layers pass calls through); None where there is none.
+    Asked per call."""
+    layer = getattr(below, "_instance_forward", None)
+    while layer is not None:
+        if layer.live:
+            fused = getattr(layer.run, FUSED, None)
+            if fused is not None:
+                return fused
+            if not getattr(layer.run, SAME_RESULT, False):
+                return None
+        if not layer.had:
+            return None
+        layer = getattr(layer.below, "_instance_forward", None)
+    return None
+
+
+# On an adapter's forward, a function (x, out) -> bool: out += the module's result for x,
+# written in place in one launch (a residual add in a GEMV's epilogue), True where it did
+ACCUMULATES = "accumulates"
+
+
+def _layers_from_top(module: nn.Module):
+    """The module's instance-forward layers (installed here), top first; stops at one that
+    was not (accelerate's) or at the class's forward."""
+    layer = getattr(module.__dict__.get("forward"), "_instance_forward", None)
+    while layer is not None:
+        yield layer
+        if not layer.had:
+            return
+        layer = getattr(layer.below, "_instance_forward", None)
+
+
+def accumulator(module: nn.Module) -> Callable | None:
+    """The ACCUMULATES function of the first live forward on `module` declaring one, or None."""
+    for layer in _layers_from_top(module):
+        if layer.live and getattr(layer.run, ACCUMULATES, None) is not None:
+            return getattr(layer.run, ACCUMULATES)
+    return None
+
+
+def reaches(module: nn.Module, forward: Callable) -> bool:
+    """Whether a call of `module` reaches the instance forward `forward` (installed on it),
+    through live SAME_RESULT forwards only, which pass it down (`fused_below`) where it is
+    FUSED. Undone layers pass calls through."""
+    for layer in _layers_from_top(module):
+        if layer.forward is forward:
+            return layer.live
+        if layer.live and not getattr(layer.run, SAME_RESULT, False):
+            return False
+    return False
+
+
 def wrap_instance_forward(module: nn.Module,
                           wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
     """Shadow the forward on this instance only with `wrap(below)`, where `below` is what the
@@ -112,9 +198,19 @@ def with_global(forward: Callable, module_globals: dict, name: str,
     """`forward` with `module_globals[name]` set to make_value(previous) for the duration of its
     own call only: HF calls some functions (apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS) by
     their global name, and rebinding the global for good would change every model of that
-    family in the process. Not thread-safe; the pipeline runs one forward at a time."""
+    family in the process. Not thread-safe; the pipeline runs one forward at a time.
+
+    torch.compile cannot follow the swap: dynamo resolves the callee's global from the module's
+    dict as it was, not as the swap left it (torch 2.13 traces the original function, silently;
+    the recompile-limit warnings of the run in benchmarks/results/export-llama-3.2-1b-prefill-
+    b8-s1024-1207-h100/h2h.log name this wrapper's frame). So under torch.compile the call goes
+    to `reading_global`'s copy of the forward, whose code reads the value from globals of its
+    own, and no dict is written."""
+    traced = reading_global(forward, module_globals, name, make_value(module_globals[name]))
 
     def forward_with_global(*args, **kwargs):
+        if traced is not None and torch.compiler.is_compiling():
+            return traced(*args, **kwargs)
         previous = module_globals[name]
         module_globals[name] = make_value(previous)
         try:

@@ -45,6 +45,21 @@ ZOO: dict[str, dict] = {
     "phi-3-mini": dict(model_type="phi3", hidden_size=3072, intermediate_size=8192,
                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                        vocab_size=32064, max_position_embeddings=4096),
+    # mixtures of experts: 64 experts of which 8 per token, unnormalised top-k weights (OLMoE);
+    # 128 experts, 8 per token, renormalised (Qwen3-30B-A3B)
+    "olmoe-1b-7b": dict(model_type="olmoe", hidden_size=2048, intermediate_size=1024,
+                        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+                        num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+                        vocab_size=50304, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                        tie_word_embeddings=False, pad_token_id=1, eos_token_id=50279),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                          moe_intermediate_size=768, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                          tie_word_embeddings=False),
 }
 
 _TINY = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -99,6 +114,8 @@ HUB_ALIASES = {
     "meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
     "mistralai/mistral-7b-v0.1": "mistral-7b", "google/gemma-2b": "gemma-2b",
     "microsoft/phi-3-mini-4k-instruct": "phi-3-mini",
+    "allenai/olmoe-1b-7b-0924": "olmoe-1b-7b", "allenai/olmoe-1b-7b-0924-instruct": "olmoe-1b-7b",
+    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
 }
 
 

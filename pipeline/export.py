@@ -8,6 +8,8 @@ its kernel requirements describe for a Python-only (Triton) kernel:
         layers.py                    pure layers taking the Hugging Face modules' arguments
         _runtime.py, _ops.py         dispatch by exact case; the kernels as custom ops
         _launch.py                   the launcher the kernels call (codegen/launch.py)
+        _globals.py                  a forward copied to read one global as another value
+                                     (models/global_copy.py: RotaryAttention's rotary)
         _kernels/<family>_<i>.py     each accepted kernel's source, specialised to its case
         kernels.json                 per family: cases, configs, workloads, speedups, classes
         metadata.json                name, id (the ops' namespace), version, license,
@@ -15,7 +17,8 @@ its kernel requirements describe for a Python-only (Triton) kernel:
         <name>/__init__.py           the same symbols, where kernels before 0.11 look
 
 Only the kernels kept for the workloads (`--workload`, default all of the run's) go in, and
-only families with a `kernels` layer (`pipeline.hub_layers`); the others are listed with why.
+only families with a `kernels` layer for the model's classes (`pipeline.hub_layers`); the
+others are listed with why, in export.json, the README and the command's output.
 Inside a layer a call whose exact case no kernel was accepted for runs the original forward.
 The folder is written under a temporary name and renamed when complete.
 """
@@ -109,9 +112,9 @@ def _meta_model(profile: dict, dtype: str):
 
 def _family(family: str, cases: dict, accepted: dict, run_dir: Path, model, record: dict,
             sources: dict) -> None:
-    from pipeline.hub_layers import HUB_LAYERS, classes
+    from pipeline.hub_layers import classes
 
-    found, why = classes(model, family)
+    layer, found, why = classes(model, family)
     if why:
         record["not_exported"][family] = why
         return
@@ -133,7 +136,7 @@ def _family(family: str, cases: dict, accepted: dict, run_dir: Path, model, reco
     if not kernels:
         record["not_exported"][family] = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         return
-    record["families"][family] = {"layer": HUB_LAYERS[family].layer, "classes": found,
+    record["families"][family] = {"layer": layer, "classes": found,
                                   "kernels": kernels, "skipped": skipped}
 
 
@@ -184,6 +187,7 @@ def _write(root: Path, run_dir: Path, record: dict, sources: dict) -> None:
              "layers.py": (PACKAGE_FILES / "layers.py").read_text(),
              "_runtime.py": (PACKAGE_FILES / "runtime.py").read_text(),
              "_launch.py": (Path(__file__).parents[1] / "codegen" / "launch.py").read_text(),
+             "_globals.py": (Path(__file__).parents[1] / "models" / "global_copy.py").read_text(),
              "_kernels/__init__.py": '"""The accepted kernels, one module per case."""\n',
              f"{python_name}/__init__.py": (PACKAGE_FILES / "compat.py").read_text(),
              "kernels.json": json.dumps({"schema_version": 1, "model": record["model"],

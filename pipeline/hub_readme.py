@@ -32,6 +32,18 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}x"
 
 
+def _rotary_note(record: dict) -> str:
+    layer = record["families"].get("rope", {}).get("layer")
+    if layer == "ApplyRotaryPosEmb":
+        return (" (and a transformers that takes that `kernels` version: it then gives each "
+                "attention its own rotary slot, which `rotary_pos_emb` maps)")
+    if layer == "RotaryAttention":
+        return (" (the transformers this was exported with gave the attentions no rotary "
+                "slot, so `RotaryAttention` replaces the attention's forward: a copy of it "
+                "that calls the package's rotary)")
+    return ""
+
+
 def readme(record: dict) -> str:
     name, model = record["name"], record["model"]
     out = [f"# {name}", "",
@@ -70,11 +82,13 @@ def readme(record: dict) -> str:
             out.append(f"| {family} | {case} | {config} | {', '.join(k['workloads'])} | "
                        f"{_x(k['speedup'])} |")
     if record["not_exported"]:
-        out += ["", "## Not in this package", ""]
+        out += ["", "## Not in this package", "",
+                "Kept by the run but not exported, and why: the speedups above include their "
+                "share, which a model kernelized with this package does not get "
+                "(`apply_kernels` runs them).", ""]
         out += [f"- {f}: {why}" for f, why in record["not_exported"].items()]
-    out += ["", "## Use", "",
-            "With `kernels` installed (transformers then gives each attention its own "
-            "rotary slot, which `rotary_pos_emb` maps), on a model you built or loaded:", "",
+    out += ["", "## Use", "", f"With `kernels` installed{_rotary_note(record)}, on a model "
+            "you built or loaded:", "",
             "```python", usage(record).rstrip(), "```", "",
             "For torch.compile, kernelize with `mode=Mode.INFERENCE | Mode.TORCH_COMPILE`, "
             "then `torch.compile(model)`: every layer declares `can_torch_compile`, and each "

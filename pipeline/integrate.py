@@ -2,8 +2,9 @@
 
 - Patches go through each family's adapter, per model instance, reversibly; a chooser maps each
   call's case to the accepted kernel for that exact case, or to the original code.
-- Whole-model check (DESIGN.md): with an fp32 copy of the model as reference, the patched
-  logits' relative error may be at most 1.5x the unpatched model's in the same dtype, on several
+- Whole-model check (DESIGN.md): with the model in fp32 as reference (a copy, or layer by
+  layer where a copy does not fit: pipeline.fp32_reference), the patched logits' relative
+  error may be at most 1.5x the unpatched model's in the same dtype, on several
   fresh random inputs; on a decode workload at every step of a decode over the dynamic cache,
   the static cache (eager, and graphed on a GPU) and a left-padded batch (decode_check.py). A
   failure is bisected to the families that cause it, which are rejected, each with a one-line
@@ -19,7 +20,6 @@
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -180,9 +180,11 @@ def whole_model_check(model, ref_model, accepted: dict, families: list[str], wor
                 trials.append({"seed": prompt.seed, "shares_prefix": prompt.shares_prefix,
                                **judge(variant(ids).logits, model(ids).logits,
                                        ref_model(ids).logits)})
+    from pipeline.fp32_reference import describe
+
     trials = Trial.list_of(trials)
     out = CheckRun(families=families, trials=trials, passed=all(t.passed for t in trials),
-                   failure=failure_line(families, trials),
+                   reference=describe(ref_model), failure=failure_line(families, trials),
                    constants_perturbed={"spread": CONSTANT_PARAM_SPREAD, "parameters": changed})
     if skipped:
         out.paths_skipped = skipped
@@ -546,6 +548,9 @@ def _decision(r) -> str:
     return "kept" if r.verdict == "faster" else "kept (no significant difference)"
 
 
-def fp32_reference(model):
-    ref = copy.deepcopy(model).float()
-    return ref.eval()
+def fp32_reference(model, layer_by_layer: bool | None = None):
+    """The whole-model check's fp32 reference: a copy where it fits, else layer by layer
+    over the model's own weights (pipeline.fp32_reference)."""
+    from pipeline import fp32_reference as ref
+
+    return ref.fp32_reference(model, layer_by_layer)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
+from core.records import ProfiledWorkload
 from pipeline import e2e_report
 from pipeline import report_plots as rp
 from pipeline.projection.gap import gap
@@ -160,6 +161,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["conditions"] = _conditions(w["wall_ms"], iw) if w["time_basis"] == "device" else None
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
+    w["experts_note"] = _experts_note(r.get("rows") or [], p)
     w.update(headroom(r, iw))
     w["verdict"] = verdict(w)
     return w
@@ -500,7 +502,7 @@ def _at_timing_host(reading: dict | None, measured: dict | None) -> dict | None:
 def _check_summary(res: dict | None) -> dict:
     res = res or {}
     return {"families": res.get("families"), "passed": res.get("passed"),
-            "trials": res.get("trials") or []}
+            "trials": res.get("trials") or [], "reference": res.get("reference", "fp32 copy")}
 
 
 def _check_reason(res: dict) -> str:
@@ -510,6 +512,17 @@ def _check_reason(res: dict) -> str:
     return (f"whole-model check failed: patched logits error {t['error_patched']:.3g} > limit "
             f"{t['limit']:.3g} (1.5x the unpatched error {t['error_unpatched']:.3g}, "
             f"seed {t['seed']})")
+
+
+def _experts_note(rows: list[dict], p: dict | None) -> str | None:
+    """The experts blocks' share of the pass and the tokens per expert the profile saw."""
+    from profiling.expert_load import describe
+
+    load = ProfiledWorkload.of(p).expert_load if p else None
+    if not load:
+        return None
+    share = sum(x["share"] for x in _own(rows) if x.get("family") == "moe_experts") or None
+    return describe(load, share)
 
 
 def _suggestions(w: dict, p: dict | None) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.records import Graphs
 from pipeline.report_acceptance import kernel_path
 from pipeline.report_figures import (  # noqa: F401 - the report's entry points use them here
     COLORS,
@@ -168,6 +169,8 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
     k = w["key"]
     b = _pass_blocks(w, plots)
     b += _pattern_blocks(w)
+    if w.get("experts_note"):
+        b.append(("note", w["experts_note"]))
     b += _headroom_blocks(w)
     b += _cumulative_blocks(w, plots, k)
     b += _projection_blocks(w)
@@ -325,7 +328,8 @@ def _kernel_workload_blocks(w: dict) -> list[tuple]:
         for f in w["per_family"]])]
     chk, eff = w["check"], w["patch_effect"]
     if chk:
-        b.append(("p", (f"Whole-model check (fp32 reference, {len(chk['trials'])} trials): "
+        b.append(("p", (f"Whole-model check ({chk.get('reference', 'fp32 copy')} "
+                       f"reference, {len(chk['trials'])} trials): "
                        f"{_check_words(chk)}. Kept: {', '.join(w['kept']) or 'none'}.")))
     if w["kept"]:
         b.append(("p", _compiled_words(w["kept"])))
@@ -461,7 +465,19 @@ def graphs_blocks(w: dict) -> list[tuple]:
             (name, ", ".join(s["families"]) or "none", ms(s.get("graphed_ms")),
              s.get("kernels_per_pass", "-")) for name, s in
             (("eager shipped", sets["kept"]), ("integrable", sets["integrable"]))]))
-    return b
+    return b + _decode_step_blocks(g)
+
+
+def _decode_step_blocks(g) -> list[tuple]:
+    """The graphed decode step's anatomy (`pipeline.decode_step`), or why it failed."""
+    rec = Graphs.of(g)
+    if rec.decode_step is not None:
+        from pipeline.decode_step import blocks
+
+        return blocks(rec.decode_step)
+    if rec.decode_step_error:
+        return [("note", f"Decode step anatomy failed: {rec.decode_step_error}")]
+    return []
 
 
 def pass_time_rows(g: dict) -> list[tuple]:

@@ -110,6 +110,11 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
             if not idx or (pat.accepts is not None and not pat.accepts([ops[i] for i in idx])):
                 continue
             claimed.update(idx)
+            if pat.inner:  # occurrences inside the scope that belong to this one
+                within = set(scope["ops"])
+                taken = [o for o in found if o.pattern in pat.inner and set(o.ops) <= within]
+                found = [o for o in found if all(o is not t for t in taken)]
+                idx = sorted(idx + [i for o in taken for i in o.ops])
             found.append(Occurrence(pat.name, pat.family, path or "", cls or scope["fn"], idx))
             break
     unclaimed = [i for i in range(len(ops)) if i not in claimed]

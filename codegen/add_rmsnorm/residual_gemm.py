@@ -32,7 +32,13 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from models.patching import intercepted
+from models.patching import (
+    FUSED,
+    accumulator,
+    intercepted,
+    only_same_result_forwards,
+    reaches,
+)
 
 # On an adapter's MLP forward: "always" (it returns down_proj's output on every path) or
 # "or_below" (that, or what the forward below it returns)
@@ -106,37 +112,51 @@ def mlp_returns_down_proj(mlp: nn.Module) -> bool:
 
 
 def plain_down_proj(mlp: nn.Module) -> nn.Linear | None:
-    """The MLP's down_proj when it is a bias-free nn.Linear nothing intercepts, else None. An
-    instance forward already there (another family's GEMM kernel: gemv at decode) keeps its
-    calls; one installed later sits on top, and `mlp_into` then leaves the add alone."""
+    """The MLP's down_proj when it is a bias-free nn.Linear nothing intercepts, else None.
+    Instance forwards that compute the same product (`models.patching.SAME_RESULT`: the gemv
+    family's, at a decode step) are allowed, above or below the one installed here: they pass
+    its calls to it (`FUSED`), and it runs the add in their kernel where they offer one
+    (`ACCUMULATES`: the GEMV's epilogue), in cuBLAS's addmm otherwise."""
     down = getattr(mlp, "down_proj", None)
     if (type(down) is not nn.Linear or down.bias is not None or intercepted(down)
-            or "forward" in down.__dict__):
+            or not only_same_result_forwards(down)):
         return None
     return down
 
 
 def down_proj_wrap(down: nn.Linear, slot: Slot):
     """The `wrap` (models.patching) of down_proj's forward: with a `total` armed that fits
-    (rows, dtype, device), `total += x @ W^T` in one cuBLAS call; otherwise what ran below."""
+    (rows, dtype, device), `total += x @ W^T` in one launch (a kernel of down_proj's that
+    accumulates, else cuBLAS's addmm); otherwise what ran below."""
+
+    def take(x) -> torch.Tensor | None:
+        total = slot.total
+        if total is None:
+            return None
+        slot.total = None  # one use: a second call of down_proj gets the plain GEMM
+        weight = down.weight
+        if (isinstance(x, torch.Tensor) and x.dim() >= 2
+                and x.numel() // x.shape[-1] == total.shape[0]
+                and x.dtype == weight.dtype == total.dtype
+                and x.device == weight.device == total.device
+                and x.shape[-1] == weight.shape[1] and total.shape[1] == weight.shape[0]
+                and not torch.is_grad_enabled()):
+            accumulate = accumulator(down)
+            if accumulate is None or not accumulate(x, total):
+                total.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+            slot.result = total.view(*x.shape[:-1], weight.shape[0])
+            return slot.result
+        return None
 
     def wrap(below):
         def forward(*args, **kwargs):
-            total = slot.total
-            if total is not None and len(args) == 1 and not kwargs:
-                slot.total = None  # one use: a second call of down_proj gets the plain GEMM
-                (x,) = args
-                weight = down.weight
-                if (x.dim() >= 2 and x.numel() // x.shape[-1] == total.shape[0]
-                        and x.dtype == weight.dtype == total.dtype
-                        and x.device == weight.device == total.device
-                        and x.shape[-1] == weight.shape[1] and total.shape[1] == weight.shape[0]
-                        and not torch.is_grad_enabled()):
-                    total.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
-                    slot.result = total.view(*x.shape[:-1], weight.shape[0])
-                    return slot.result
+            if len(args) == 1 and not kwargs:
+                out = take(args[0])
+                if out is not None:
+                    return out
             return below(*args, **kwargs)
 
+        setattr(forward, FUSED, take)  # a gemv forward stacked above asks it first
         return forward
 
     return wrap
@@ -146,9 +166,9 @@ def mlp_into(total_2d: torch.Tensor, mlp: nn.Module, down: nn.Linear, installed,
              normed: torch.Tensor) -> torch.Tensor | None:
     """`total + mlp(normed)` with the add in down_proj's GEMM, written into `total_2d`; None,
     before any call, when the MLP is not known to return down_proj's output (the caller then
-    runs it and adds). `installed`: the forward this module put on down_proj, which must
-    still be the one its calls reach first."""
-    if down.__dict__.get("forward") is not installed or not mlp_returns_down_proj(mlp):
+    runs it and adds). `installed`: the forward this module put on down_proj, which its calls
+    must still reach (first, or through forwards of the same product that pass them down)."""
+    if not reaches(down, installed) or not mlp_returns_down_proj(mlp):
         return None
     slot.total, slot.result = total_2d, None
     try:

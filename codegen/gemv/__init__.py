@@ -81,8 +81,5 @@ FAMILY = Family(
         # one pattern over projections of very different sizes, each patched only where a case
         # was accepted: the graph projection matches each occurrence to its case
         occurrence_case=gemm_k_n,
-        # matmul_epilogue's kernel replaces an MLP's gate and up Linears, which gemv also patches
-        # at decode: one of the two is integrated
-        rivals=("matmul_epilogue",),
     ),
 )

@@ -8,11 +8,13 @@ k: wide vector loads) and multiplied with every row of x (at most MAX_ROWS; x is
 L2 by each program, which costs nothing next to the weight). The design is the lead's probe's
 (benchmarks/probes/gemv.py), with x taken through (batch, seq, k) strides instead of a copy.
 
-SPLIT_K == 1 stores the output directly, with the bias added and one rounding. SPLIT_K > 1
-writes fp32 partials into a (SPLIT_K, rows, n) workspace and a second kernel sums them in split
-order, adds the bias and rounds once. The workspace is a torch.empty inside forward: under CUDA
-graph capture it comes from the graph's pool, and nothing is read back to the host, so a graph
-captures the call as it is.
+SPLIT_K == 1 stores the output directly, with the bias added and one rounding. With
+`accumulate=True` the output's own values are added before that rounding (out += x @ W^T: a
+decoder layer's residual add folded into down_proj, codegen/add_rmsnorm/residual_gemm.py).
+SPLIT_K > 1 writes fp32 partials into a (SPLIT_K, rows, n) workspace and a second kernel sums
+them in split order, adds the bias and rounds once. The workspace is a torch.empty inside
+forward: under CUDA graph capture it comes from the graph's pool, and nothing is read back to
+the host, so a graph captures the call as it is.
 
 Numerics: every product and sum in fp32 (16-bit inputs multiply exactly), one rounding to the
 output dtype; the summation order (BLOCK_K-wide partial dot products, then chunk by chunk) is
@@ -81,7 +83,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
                  o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr):
+                 SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -108,8 +110,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(o_ptr + offs_m[:, None] * o_sm + offs_n[None, :],
-                 acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        o_ptrs = o_ptr + offs_m[:, None] * o_sm + offs_n[None, :]
+        o_ok = m_ok[:, None] & n_ok[None, :]
+        if ACCUMULATE:  # out += x @ W^T: the residual add in the epilogue, one rounding
+            acc += tl.load(o_ptrs, mask=o_ok, other=0.0).to(tl.float32)
+        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_ok)
     else:
         tl.store(ws_ptr + (split * rows + offs_m[:, None]) * N + offs_n[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -117,7 +122,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
 
 @triton.jit
 def _split_sum_kernel(ws_ptr, b_ptr, o_ptr, rows, o_sm, N: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, SPLIT_K: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, SPLIT_K: tl.constexpr,
+                      ACCUMULATE: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_ok = offs_n < N
     for m in range(0, rows):
@@ -126,6 +132,8 @@ def _split_sum_kernel(ws_ptr, b_ptr, o_ptr, rows, o_sm, N: tl.constexpr,
             acc += tl.load(ws_ptr + (s * rows + m) * N + offs_n, mask=n_ok, other=0.0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        if ACCUMULATE:
+            acc += tl.load(o_ptr + m * o_sm + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(o_ptr + m * o_sm + offs_n, acc.to(o_ptr.dtype.element_ty), mask=n_ok)
 
 
@@ -196,20 +204,28 @@ def _rows(x, w, b, out, params) -> int:
     if not all(t.dtype == TORCH_DTYPE for t in (x, w, out) + (() if b is None else (b,))):
         raise ValueError(f"specialised for {DTYPE} tensors")
     return rows
+
+
+def _check_accumulate(accumulate) -> None:
+    if accumulate and HAS_BIAS:
+        raise ValueError("accumulate (out += x @ w^T) is for projections without a bias")
 '''
 
 _CUBLAS = '''\
 
 
-def forward(x, w, b=None, *, out, **params) -> None:
+def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
     """x: (rows, K) or (batch, seq, K), at most MAX_ROWS rows; w: (N, K); b: (N,) where
     specialised with a bias; out: contiguous, N wide, x's rows. cuBLAS on the transposed view
-    of w, as F.linear runs it."""
+    of w, as F.linear runs it. accumulate: out += x @ w^T (a residual add; no bias)."""
     rows = _rows(x, w, b, out, params)
+    _check_accumulate(accumulate)
     if rows == 0:
         return
     x2, o = x.reshape(rows, K), out.view(rows, N)
-    if b is None:
+    if accumulate:
+        o.addmm_(x2, w.t())
+    elif b is None:
         torch.mm(x2, w.t(), out=o)
     else:
         torch.addmm(b, x2, w.t(), out=o)
@@ -217,26 +233,35 @@ def forward(x, w, b=None, *, out, **params) -> None:
 
 _TRITON = '''\
 _kernels = {}
+_sums = {}
 
 
-def _kernel(block_m):
+def _kernel(block_m, accumulate):
     """The GEMV launcher for a row block of `block_m` (a power of two up to MAX_ROWS)."""
-    if block_m not in _kernels:
-        _kernels[block_m] = launcher(
+    key = (block_m, accumulate)
+    if key not in _kernels:
+        _kernels[key] = launcher(
             _gemv_kernel, K=K, N=N, K_CHUNK=K_CHUNK, EVEN_K=EVEN_K, EVEN_N=EVEN_N,
             HAS_BIAS=HAS_BIAS, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-            SPLIT_K=SPLIT_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    return _kernels[block_m]
+            SPLIT_K=SPLIT_K, ACCUMULATE=accumulate and SPLIT_K == 1, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES)
+    return _kernels[key]
 
 
-_sum = launcher(_split_sum_kernel, N=N, HAS_BIAS=HAS_BIAS, BLOCK=SUM_BLOCK, SPLIT_K=SPLIT_K,
-                num_warps=4)
+def _sum(accumulate):
+    if accumulate not in _sums:
+        _sums[accumulate] = launcher(_split_sum_kernel, N=N, HAS_BIAS=HAS_BIAS, BLOCK=SUM_BLOCK,
+                                     SPLIT_K=SPLIT_K, ACCUMULATE=accumulate, num_warps=4)
+    return _sums[accumulate]
 
 
-def forward(x, w, b=None, *, out, **params) -> None:
+def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
     """x: (rows, K) or (batch, seq, K), any strides, at most MAX_ROWS rows; w: (N, K), any
-    strides; b: (N,) where specialised with a bias; out: contiguous, N wide, x's rows."""
+    strides; b: (N,) where specialised with a bias; out: contiguous, N wide, x's rows.
+    accumulate: out += x @ w^T, in the epilogue (a residual add; no bias)."""
     rows = _rows(x, w, b, out, params)
+    _check_accumulate(accumulate)
+    accumulate = bool(accumulate)
     if rows == 0:
         return
     if x.dim() == 3:
@@ -248,10 +273,10 @@ def forward(x, w, b=None, *, out, **params) -> None:
     ws = o if SPLIT_K == 1 else torch.empty((SPLIT_K, rows, N), dtype=torch.float32,
                                             device=x.device)
     block_m = 1 << (rows - 1).bit_length()
-    _kernel(block_m)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, rows, seq, x_sb, x_ss,
-                     x.stride(-1), w.stride(0), w.stride(1), o.stride(0))
+    _kernel(block_m, accumulate)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, rows, seq, x_sb,
+                                 x_ss, x.stride(-1), w.stride(0), w.stride(1), o.stride(0))
     if SPLIT_K > 1:
-        _sum((SUM_PROGRAMS,), ws, bias, o, rows, o.stride(0))
+        _sum(accumulate)((SUM_PROGRAMS,), ws, bias, o, rows, o.stride(0))
 '''
 
 

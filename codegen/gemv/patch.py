@@ -11,10 +11,14 @@ patch time with the same storage (reassigned, or moved with `.to()`, falls back)
 dtype and device, and the chooser gives a kernel for the signature
 (`core.family.kernel_by_signature`). An in-place update of the weight needs no check: the
 kernel reads the weight as it is. Otherwise, a prefill included, the module's own code runs.
+Where a fused adapter sits below (qkv_proj's, `models.patching.FUSED`: q, k and v in one
+launch), it is asked first and this kernel runs where it declines, so the two families
+compose in either patch order.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -25,7 +29,13 @@ from codegen.gemv.reference import make_case, params
 from codegen.matmul.patch import layout_of, projections
 from codegen.matmul.reference import gemv_takes
 from core.family import Case, kernel_by_signature
-from models.patching import needs_graph, wrap_instance_forward
+from models.patching import (
+    ACCUMULATES,
+    SAME_RESULT,
+    fused_below,
+    needs_graph,
+    wrap_instance_forward,
+)
 
 
 def linears(model: nn.Module) -> list[nn.Module]:
@@ -77,10 +87,38 @@ def _wrapper(module: nn.Module, forward_by_case: Callable) -> Callable[[Callable
         return (w is weight and b is bias and w.data_ptr() == stamp[0]
                 and (b is None or b.data_ptr() == stamp[1]))
 
+    takes_accumulate: dict[int, bool] = {}
+
+    def accumulate(x: torch.Tensor, total: torch.Tensor) -> bool:
+        """total += x @ W^T in the kernel's epilogue, where one is given for x's signature
+        and renders `accumulate` (kernels accepted before it did not), no bias. Not inside a
+        torch.compile trace (the kernel's op has no such argument)."""
+        if torch.compiler.is_compiling():
+            return False
+        if not (bias is None and x.dtype == weight.dtype == total.dtype
+                and x.device == weight.device and x.shape[-1] == k and x.dim() in (2, 3)
+                and total.is_contiguous() and total.numel() == x.numel() // k * n
+                and total.shape[-1] == n and unchanged() and not needs_graph(x, weight)):
+            return False
+        kernel, kw = resolve(x.shape, x.dtype)
+        if kernel is None:
+            return False
+        if id(kernel) not in takes_accumulate:
+            takes_accumulate[id(kernel)] = "accumulate" in inspect.signature(kernel).parameters
+        if not takes_accumulate[id(kernel)]:
+            return False
+        kernel(x, weight, out=total, accumulate=True, **kw)
+        return True
+
     def wrap(below: Callable) -> Callable:
         def forward(*args, **kwargs):
             if len(args) == 1 and not kwargs:
                 (x,) = args
+                fused = fused_below(below)
+                if fused is not None:  # qkv_proj's one launch below: it serves q, k and v
+                    out = fused(x)
+                    if out is not None:
+                        return out
                 if (isinstance(x, torch.Tensor) and x.dtype == weight.dtype
                         and x.device == weight.device and x.shape[-1] == k
                         and x.dim() in (2, 3) and unchanged() and not needs_graph(x, weight)):
@@ -91,6 +129,11 @@ def _wrapper(module: nn.Module, forward_by_case: Callable) -> Callable[[Callable
                         return out
             return below(*args, **kwargs)
 
+        # F.linear of the module's own weight and bias either way: matmul_epilogue's GEMV,
+        # which computes gate_proj's and up_proj's products itself, may skip this call
+        setattr(forward, SAME_RESULT, True)
+        # add_rmsnorm's residual add into down_proj runs in this kernel's epilogue
+        setattr(forward, ACCUMULATES, accumulate)
         return forward
 
     return wrap

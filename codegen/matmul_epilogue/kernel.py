@@ -37,23 +37,11 @@ import triton
 import triton.language as tl
 
 from codegen.dtypes import element_size
+from codegen.matmul.reference import GEMV_MAX_ROWS
+from codegen.matmul_epilogue.epilogue import _gated
 from codegen.matmul_epilogue.reference import MAX_BLOCK_M
 from core.family import Case
 from core.source import kernel_source
-
-
-@triton.jit
-def _gated(acc_gate, acc_up, GELU_TANH: tl.constexpr):
-    """act(gate) * up on the fp32 accumulators."""
-    g = acc_gate
-    if GELU_TANH:
-        # 0.5 * (1 + tanh(z)) == sigmoid(2 z), as codegen.gated_act writes it: no libdevice tanh
-        # (absent under the interpreter), no cancellation in 1 + tanh(z) for large negative z.
-        # 1.5957691216057308 = 2 * sqrt(2 / pi).
-        a = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))
-    else:
-        a = g * tl.sigmoid(g)
-    return a * acc_up
 
 
 @triton.jit
@@ -277,9 +265,15 @@ def search_space(case: Case) -> list[dict]:
     """Tile configs ordered by tile area, smallest first; the last is the widest tile (the one
     a CPU run uses: the fewest programs for the interpreter). Up to FEW_ROWS rows, the
     few-rows tiles and the widest prefill tile; above, the prefill tiles, and from TMA_MIN_ROWS
-    rows the TMA kernel's where the strides allow it."""
+    rows the TMA kernel's where the strides allow it. At a decode step's rows (at most
+    GEMV_MAX_ROWS) the GEMV kernel's configs come first (gemv.py), guessed best first: the
+    search's `spread` takes the first and the last of the list."""
     tiles = FEW_ROWS_TILES + PREFILL_TILES[-1:] if case["rows"] <= FEW_ROWS else PREFILL_TILES
     configs = [_config(t, element_size(case)) for t in tiles]
+    if case["rows"] <= GEMV_MAX_ROWS:  # a decode step: the GEMV kernel (gemv.py) first
+        from codegen.matmul_epilogue.gemv import search_space as gemv_space
+
+        return gemv_space(case) + sorted(configs, key=lambda c: c["BM"] * c["BN"])
     if case["rows"] >= TMA_MIN_ROWS and tma_ok(case):
         configs += [{**_config(t, element_size(case)), "TMA": True, **v} for t in TMA_TILES
                     for v in TMA_VARIANTS]
@@ -412,6 +406,10 @@ def _pairable(w_gate, w_up):
 
 
 def render(config: dict, case: Case) -> str:
+    if config.get("GEMV"):
+        from codegen.matmul_epilogue.gemv import render as render_gemv
+
+        return render_gemv(config, case, _HELPERS, _FORMULA[case["act"]])
     hidden, cols, act, dtype = case["hidden"], case["cols"], case["act"], case["dtype"]
     bm, bn, bk = config["BM"], config["BN"], config["BK"]
     warps, stages, group_m = config["num_warps"], config["num_stages"], config["GROUP_M"]

@@ -30,7 +30,12 @@ from codegen.dtypes import dtype_name
 from codegen.gated_act.patch import GatedMLP, find_gated_mlps
 from codegen.matmul_epilogue.reference import make_case, packed_weight, params
 from core.family import Case, kernel_by_signature
-from models.patching import intercepted, needs_graph, wrap_instance_forwards
+from models.patching import (
+    intercepted,
+    needs_graph,
+    only_same_result_forwards,
+    wrap_instance_forwards,
+)
 
 
 def _plain(linear) -> bool:
@@ -107,9 +112,12 @@ def _as_patched(mlp: GatedMLP, projs: tuple[nn.Module, ...]) -> bool:
     """The projections are still the plain Linears seen at patch time, and nothing intercepts
     their calls: no hook of torch's, none of accelerate's (it replaces the instance's forward
     and sets `_hf_hook`, to bring offloaded weights in), no module swapped in since (PEFT's
-    LoRA layer, whose `.weight` is the base weight only). Runs on every MLP call: plain
-    lookups, no `hasattr` (which raises and catches inside nn.Module.__getattr__)."""
-    return all(c is p and not intercepted(p) and "forward" not in p.__dict__
+    LoRA layer, whose `.weight` is the base weight only). An instance forward that computes
+    the same product of the same weight (`models.patching.SAME_RESULT`: the gemv family's, at
+    a decode step) is skipped, not a reason to decline: the two families compose. Runs on every
+    MLP call: plain lookups, no `hasattr` (which raises and catches inside
+    nn.Module.__getattr__)."""
+    return all(c is p and not intercepted(p) and only_same_result_forwards(p)
                for c, p in zip(_current(mlp), projs))
 
 

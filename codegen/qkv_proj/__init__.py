@@ -13,7 +13,7 @@ concatenated weights, and the pipeline's kernel timing and whole-model rules dec
 Recognition: the `qkv_proj` occurrence is the three projections' own `gemv` occurrences
 inside one attention scope (located by its decode_attention occurrence, which it does not
 replace: `Pattern.absorbs_only`); it is an option of the `gemv` row, whose family patches the
-same Linears one by one, so the two are rivals and one is integrated.
+same Linears one by one; the two compose (patch.py), so both may be integrated.
 
 Cases: rows, k, nq, nk, nv, dtype, bias, lead (reference.py); no params.
 """
@@ -34,7 +34,7 @@ from codegen.qkv_proj.reference import (
     params,
     qkv,
 )
-from core.family import Family, Pattern, RankHooks, VerifyHooks, lazy
+from core.family import Family, Pattern, VerifyHooks, lazy
 from profiling.roofline import MATMUL_OPS, input_bytes, op_cost
 
 __all__ = ["FAMILY", "MAX_ROWS", "PATTERNS"]
@@ -89,10 +89,8 @@ FAMILY = Family(
         weights=(1, 2, 3, 4, 5, 6),  # the three weights (and biases), after x
         order_bound=order_bound,
     ),
-    rank=RankHooks(
-        # gemv patches the same three Linears one by one at a decode step
-        rivals=("gemv",),
-    ),
+    # not gemv's rival though both patch the three Linears at a decode step: they compose in
+    # either patch order (models.patching.FUSED), gemv keeping every other projection
     # k_proj's and v_proj's calls take what q_proj's kept by the input's version, a number
     # a trace does not know
     traceable=False,

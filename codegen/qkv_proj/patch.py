@@ -20,6 +20,12 @@ time: a weight updated in place is what the kernel reads.
 
 The outputs are three fresh contiguous tensors, the layout HF's Linears return, so rope and
 the KV-cache update after them see the cases they were verified on.
+
+The three forwards declare `models.patching.FUSED` (the function that serves a call from the
+one launch, or declines it): the gemv family's forward, stacked above them when gemv is
+patched later, asks it first and runs its own kernel where it declines; stacked below them it
+takes what they decline. So the two families compose in either order (gemv keeps o_proj, the
+MLP and the LM head).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from codegen.dtypes import dtype_name
 from codegen.matmul.reference import gemv_takes, padded
 from codegen.qkv_proj.reference import make_case, params
 from core.family import Case, kernel_by_signature
-from models.patching import intercepted, needs_graph, wrap_instance_forward
+from models.patching import FUSED, intercepted, needs_graph, wrap_instance_forward
 
 NAMES = ("q_proj", "k_proj", "v_proj")
 
@@ -94,43 +100,58 @@ def _wrappers(m: nn.Module, forward_by_case: Callable) -> list[tuple[nn.Module, 
     resolve = kernel_by_signature(lambda c: None if c is None else forward_by_case(c),
                                   case_of, params)
 
-    def lead_wrap(below: Callable) -> Callable:
-        def forward(*args, **kwargs):
-            kept.clear()
-            if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
-                x = args[0]
-                now = [getattr(m, n) for n in NAMES]
-                ws = [li.weight for li in now]
-                if (all(a is b for a, b in zip(now, lins)) and _unhooked(lins)
-                        and x.dim() in (2, 3) and x.shape[-1] == hidden
-                        and all(w.dtype == x.dtype and w.device == x.device
-                                and w.is_contiguous() for w in ws)
-                        and not needs_graph(x, *ws)):
-                    kernel, kw = resolve(x.shape, x.dtype)
-                    if kernel is not None:
-                        outs = tuple(torch.empty((*x.shape[:-1], n), dtype=x.dtype,
-                                                 device=x.device) for n in widths)
-                        kernel(x, *ws, *([] if lins[0].bias is None else
-                                         [li.bias for li in lins]), out=outs, **kw)
-                        kept["k_proj"] = (x, x._version, outs[1])
-                        kept["v_proj"] = (x, x._version, outs[2])
-                        return outs[0]
-            return below(*args, **kwargs)
-        return forward
+    def lead(x) -> torch.Tensor | None:
+        """q from one launch that writes q, k and v (k and v kept for the calls that
+        follow), or None where the kernel does not apply."""
+        kept.clear()
+        if not isinstance(x, torch.Tensor):
+            return None
+        now = [getattr(m, n) for n in NAMES]
+        ws = [li.weight for li in now]
+        if (all(a is b for a, b in zip(now, lins)) and _unhooked(lins)
+                and x.dim() in (2, 3) and x.shape[-1] == hidden
+                and all(w.dtype == x.dtype and w.device == x.device
+                        and w.is_contiguous() for w in ws)
+                and not needs_graph(x, *ws)):
+            kernel, kw = resolve(x.shape, x.dtype)
+            if kernel is not None:
+                outs = tuple(torch.empty((*x.shape[:-1], n), dtype=x.dtype,
+                                         device=x.device) for n in widths)
+                kernel(x, *ws, *([] if lins[0].bias is None else
+                                 [li.bias for li in lins]), out=outs, **kw)
+                kept["k_proj"] = (x, x._version, outs[1])
+                kept["v_proj"] = (x, x._version, outs[2])
+                return outs[0]
+        return None
 
-    def follow_wrap(name: str) -> Callable[[Callable], Callable]:
+    def follow(name: str) -> Callable:
+        def take(x) -> torch.Tensor | None:
+            """What q_proj's launch kept for this very tensor (same object, not modified in
+            place since), or None."""
+            hit = kept.pop(name, None)
+            if hit is not None and hit[0] is x and hit[1] == x._version:
+                return hit[2]
+            return None
+        return take
+
+    def wrap_with(fused: Callable) -> Callable[[Callable], Callable]:
         def wrap(below: Callable) -> Callable:
             def forward(*args, **kwargs):
-                hit = kept.pop(name, None)
-                if (hit is not None and len(args) == 1 and not kwargs and hit[0] is args[0]
-                        and hit[1] == args[0]._version):
-                    return hit[2]
+                if len(args) == 1 and not kwargs:
+                    out = fused(args[0])
+                    if out is not None:
+                        return out
+                elif fused is lead:
+                    kept.clear()
                 return below(*args, **kwargs)
+            setattr(forward, FUSED, fused)  # a gemv forward stacked above asks it first
             return forward
         return wrap
 
-    return [(lins[0], lead_wrap), (lins[1], follow_wrap("k_proj")),
-            (lins[2], follow_wrap("v_proj"))]
+    lead_wrap = wrap_with(lead)
+
+    return [(lins[0], lead_wrap), (lins[1], wrap_with(follow("k_proj"))),
+            (lins[2], wrap_with(follow("v_proj")))]
 
 
 def patch(model: nn.Module, forward_by_case: Callable[[Case], Callable | None]

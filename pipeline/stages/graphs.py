@@ -132,6 +132,15 @@ def integrable_set(rec: IntegratedWorkload | dict) -> list[str]:
     return out
 
 
+def _record_decode_step(rec: Graphs, sides: _Sides) -> None:
+    """The graphed decode step's anatomy into `rec`, or why it failed."""
+    try:
+        step_ms = rec.medians.graphed_kept_ms if rec.medians is not None else None
+        rec.decode_step = sides.decode_step(step_ms)
+    except Exception as e:  # noqa: BLE001 - a diagnostic must not end the stage
+        rec.decode_step_error = _one_line(e)
+
+
 def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases: dict,
                    pairs: int, timer, projected: GraphsProjection | dict | None = None,
                    count_kernels: bool = False, integrable: list[str] | None = None) -> Graphs:
@@ -168,6 +177,8 @@ def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases:
         rec.decision, rec.shipped = decide(rec.graphed_vs_eager, rec.graphed_vs_eager_kept)
         if count_kernels:
             rec.kernels_per_pass = sides.kernels_per_pass()
+            if workload.mode == "decode":
+                _record_decode_step(rec, sides)
         rec.measured_speedup = _speedup(rec.graphed_vs_eager)
         return rec
 
@@ -416,6 +427,17 @@ class _Sides:
             if g is not None:
                 counts[name] = graph_kernels(self.graphed(g))
         return counts
+
+    def decode_step(self, step_ms: float | None) -> dict:
+        """The graphed step's anatomy (`pipeline.decode_step`): its kernels with the set in
+        the graph, their shares of the measured step, its multiple of the weight-read floor."""
+        from pipeline.decode_step import anatomy, step_kernels, weight_bytes
+        from profiling.roofline import ceilings
+
+        copy = ceilings(self.device).get("bandwidth_GBps")
+        layers = getattr(self.model.config, "num_hidden_layers", 0) or 0
+        return anatomy(step_kernels(self.graphed(self.graph_kept)), step_ms,
+                       weight_bytes(self.model), copy, layers)
 
     def close(self) -> None:
         while self.open:

@@ -214,6 +214,18 @@ def host_factor(model, workload: Workload, wall_ms: float) -> float:
     return min(1.0, wall_ms / profiled)
 
 
+def _expert_load(model, workload: Workload, spec: ModelSpec) -> dict | None:
+    """Tokens per expert in one more (unprofiled) pass of an MoE model; None for a dense one."""
+    from profiling import expert_load
+
+    runner = make_runner(model, workload)
+
+    def call():
+        runner.call()
+        runner.reset()
+    return expert_load.measure(model, call, random_router=spec.weights != "pretrained")
+
+
 def _by_op(ops: list[ProfiledOp]) -> list[OpRow]:
     agg: dict[str, OpRow] = {}
     for o in ops:
@@ -254,6 +266,9 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
         for w in workloads:
             say(f"[{w.key}]")
             results.append(profile_workload(model_for(w), w, run_dir, say, timed[w.key]))
+            load = _expert_load(model_for(w), w, spec)
+            if load is not None:
+                results[-1].expert_load = load
     except torch.OutOfMemoryError:
         raise UserError(f"out of memory building or profiling {spec.model_id} at {w.key}; "
                         f"try a smaller --batch or --seq, or a GPU with more memory") from None

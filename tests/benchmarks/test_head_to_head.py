@@ -16,10 +16,12 @@ from head_to_head import (  # noqa: E402
     VARIANTS,
     alone,
     by_host_speed,
+    counted,
     kernel_count,
     parse_variants,
     ratios,
     rotation,
+    share_recompile_limit,
     static_len,
 )
 
@@ -126,3 +128,56 @@ def test_eager_alone_times_after_warming_and_reports_wall_and_host_apart():
     assert 3.5 < got["median_host_ms"] <= got["median_ms"] < 50
     assert got["device_allocs"] is None  # counted on CUDA only
     assert alone(call, "cpu", rounds=0) is None and len(calls) == 6
+
+
+def test_hf_best_experts_times_every_option_on_a_twin_and_keeps_the_fastest():
+    """Each experts implementation the installed transformers offers is tried on a twin over
+    the same weights; the fastest that runs is returned, the model itself left as built, and
+    an option that cannot run here is named with its reason."""
+    import torch
+    from head_to_head import best_experts
+
+    from core.workload import Workload
+    from models.moe import experts_options
+    from profiling.loader import build, resolve
+
+    model = build(resolve("tiny-olmoe"), torch.float32, "cpu")
+    before = model.config._experts_implementation
+    variant, chosen = best_experts(model, Workload(1, 8), calls=1)
+    assert set(chosen["median_ms"]) | set(chosen["failed"]) == set(experts_options())
+    assert {"eager", "batched_mm", "grouped_mm"} <= set(chosen["median_ms"])
+    best = chosen["option"]
+    assert chosen["median_ms"][best] == min(chosen["median_ms"].values())
+    assert variant.config._experts_implementation == best
+    assert model.config._experts_implementation == before
+    assert variant.model.layers[0].mlp.experts.gate_up_proj is \
+        model.model.layers[0].mlp.experts.gate_up_proj  # shared, never copied
+    with pytest.raises(ValueError, match="not a mixture-of-experts"):
+        best_experts(build(resolve("tiny-llama"), torch.float32, "cpu"), Workload(1, 8))
+
+
+def test_compiled_twins_share_a_recompile_limit_raised_for_each():
+    import torch
+
+    with torch._dynamo.config.patch(recompile_limit=8):  # restored on exit
+        assert share_recompile_limit(["eager", "ours", "compile"]) is None
+        assert torch._dynamo.config.recompile_limit == 8
+        assert share_recompile_limit(["eager", "compile", "ours-compile"]) == 16
+        assert torch._dynamo.config.recompile_limit == 16
+
+
+def test_a_compiled_call_that_breaks_its_graph_is_counted():
+    import torch
+
+    def f(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="eager")
+    tally = {"graphs": 0, "graph_breaks": 0}
+    assert counted(lambda: fn(torch.ones(3)), tally).tolist() == [4.0] * 3
+    assert tally == {"graphs": 2, "graph_breaks": 1}
+    counted(lambda: fn(torch.ones(3)), tally)  # cached: nothing new
+    assert tally == {"graphs": 2, "graph_breaks": 1}

@@ -66,10 +66,11 @@ def assert_close(out, ref, tol):
 class CountingChooser:
     """A forward_by_case that renders and loads one candidate per case (the last config of its
     space: the widest blocks, the fewest programs for the interpreter to run) and
-    counts the calls that reach a kernel; `give=False` declines every case."""
+    counts the calls that reach a kernel; `give=False` declines every case; `pick`: which
+    config of the space (an index)."""
 
-    def __init__(self, family, tmp_path, give=True):
-        self.family, self.tmp_path, self.give = family, tmp_path, give
+    def __init__(self, family, tmp_path, give=True, pick=-1):
+        self.family, self.tmp_path, self.give, self.pick = family, tmp_path, give, pick
         self.calls, self.cases, self._cache = 0, [], {}
 
     def __call__(self, case):
@@ -78,7 +79,7 @@ class CountingChooser:
             return None
         key = repr(sorted(case.items()))
         if key not in self._cache:
-            config = self.family.search_space(case)[-1]
+            config = self.family.search_space(case)[self.pick]
             self._cache[key] = load_rendered(self.family, config, case, self.tmp_path)
 
         @functools.wraps(self._cache[key])  # adapters may read the kernel's signature

@@ -336,3 +336,62 @@ def test_rendered_forward_rejects_tensors_of_another_shape(bad, tmp_path):
         total, normed = total.view(2, 3, 64), normed.view(2, 3, 64)
     with pytest.raises(ValueError, match="expected \\(rows, 64\\) tensors"):
         forward(x, residual, weight, out=(total, normed))
+
+
+@pytest.mark.parametrize("gemv_first", [True, False])
+def test_at_a_decode_step_the_fold_runs_in_gemvs_epilogue(gemv_first, tmp_path):
+    """With the gemv family on down_proj (patched before or after this one), the residual add
+    runs in the GEMV's epilogue (`accumulate`), one launch per layer and no addmm_; logits as
+    unpatched; undo in any order restores every module."""
+    from transformers import DynamicCache
+
+    from codegen.gemv import FAMILY as GEMV
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE).eval()
+    ids = torch.arange(3, 15, device=DEVICE).view(2, 6)
+
+    def step(prof=None):
+        """The decode step's logits after a prefill; `prof` profiles the step alone."""
+        cache = DynamicCache()
+        arg = {cache_argument(model): cache}
+        with torch.no_grad():
+            model(ids[:, :-1], use_cache=True, **arg)
+            if prof is None:
+                return model(ids[:, -1:], use_cache=True, **arg).logits
+            with prof:
+                return model(ids[:, -1:], use_cache=True, **arg).logits
+
+    want = step()
+    counts = collections.Counter()
+
+    def chooser_of(family, name):
+        loaded = {}
+
+        def chooser(case):
+            key = repr(sorted(case.items()))
+            if key not in loaded:
+                path = tmp_path / f"{name}_{len(loaded)}.py"
+                path.write_text(family.render(family.search_space(case)[-1], case))
+                kernel = load_forward(path)
+
+                def counted(*args, kernel=kernel, **kwargs):
+                    counts[name, bool(kwargs.get("accumulate"))] += 1
+                    return kernel(*args, **kwargs)
+                counted.__wrapped__ = kernel
+                loaded[key] = counted
+            return loaded[key]
+        return chooser
+
+    pairs = [(GEMV, chooser_of(GEMV, "gemv")), (FAMILY, chooser_of(FAMILY, "add_rmsnorm"))]
+    undos = [f.patch(model, c) for f, c in (pairs if gemv_first else pairs[::-1])]
+    try:
+        prof = profile(activities=[ProfilerActivity.CPU])
+        got = step(prof)
+    finally:
+        for u in undos if gemv_first else reversed(undos):
+            u()
+    layers = model.config.num_hidden_layers
+    assert counts["gemv", True] == layers
+    assert not [e for e in prof.events() if e.name == "aten::addmm_"]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert not any("forward" in m.__dict__ for m in model.modules())

@@ -4,6 +4,8 @@ has no break, and the logits are the eager patched model's."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from family_checks import CountingChooser
@@ -11,6 +13,9 @@ from family_checks import CountingChooser
 from codegen.ops import compilable
 from codegen.registry import families, get_family
 from core.family import no_patch
+from core.workload import Workload
+from pipeline.patching import for_compile, twin
+from profiling.capture import make_runner
 from profiling.loader import build, resolve
 
 # (model, families patched together, backend): each traceable family in one group where the
@@ -50,6 +55,59 @@ def test_a_patched_prefill_compiles_whole_and_runs_its_kernels(model_id, names, 
         u()
     assert {n: c.calls - calls[n] for n, c in choosers.items()} == calls
     torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6)
+
+
+# what benchmarks/head_to_head.py's ours-compile patches for Llama prefill: the families the
+# run keeps there, less those torch.compile cannot trace
+LLAMA_KEPT = ("rmsnorm", "rope", "matmul_epilogue", "kv_cache", "add_rmsnorm")
+
+
+@pytest.mark.parametrize("rotary", ["global", "slot"])
+def test_head_to_heads_compiled_twins_trace_the_cached_prefill_whole(rotary, tmp_path,
+                                                                      monkeypatch):
+    """compile and ours-compile as head_to_head builds them: twins over one model in one
+    process, each called through `make_runner` (prefill: `model(ids)`, so a fresh DynamicCache
+    per call, use_cache on), fullgraph. Each compiles one frame once, however often it is
+    called: no frame of a layer compiled per layer (which hits dynamo's recompile limit, 8
+    per code object, on a 16-layer model, and shares it between the twins), no recompile.
+    `global`: the rotary reached through the module global it swaps during the attention's
+    call, as where transformers finds no usable `kernels` (transformers 5.17 rejects 0.19);
+    `slot`: through transformers' per-attention rotary slot."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    if rotary == "global":
+        rope = importlib.import_module("codegen.rope.patch")  # the package names its function
+        monkeypatch.setattr(rope, "rotary_slot", lambda *_: None)
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    assert model.config.use_cache
+    names = for_compile(list(LLAMA_KEPT))["families"]
+    assert "rope" in names and "kv_cache" not in names
+    patched = twin(model)
+    choosers = {n: CountingChooser(get_family(n), tmp_path) for n in names}
+    undos = [get_family(n).patch(patched, compilable(get_family(n), choosers[n]))
+             for n in names]
+    workload = Workload(2, 8)
+    with torch.no_grad():
+        eager = make_runner(patched, workload).call().logits
+        calls = {n: c.calls for n, c in choosers.items()}
+        assert all(calls.values()), calls
+        torch._dynamo.reset()
+        counters = {v: CompileCounterWithBackend("eager") for v in ("compile", "ours-compile")}
+        runners = {"compile": make_runner(torch.compile(twin(model), fullgraph=True,
+                                                        backend=counters["compile"]), workload),
+                   "ours-compile": make_runner(torch.compile(patched, fullgraph=True,
+                                                             backend=counters["ours-compile"]),
+                                               workload)}
+        for _ in range(3):
+            got = {v: r.call().logits for v, r in runners.items()}
+    for u in undos:
+        u()
+    assert {v: c.frame_count for v, c in counters.items()} == {"compile": 1, "ours-compile": 1}
+    # each of the three compiled calls ran every family's kernels
+    assert {n: c.calls - calls[n] for n, c in choosers.items()} == {
+        n: 3 * k for n, k in calls.items()}
+    torch.testing.assert_close(got["ours-compile"], eager, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got["compile"], eager, rtol=1e-4, atol=1e-4)
 
 
 def test_a_patched_decode_step_compiles_in_transformers_static_generate(tmp_path):

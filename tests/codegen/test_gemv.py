@@ -229,3 +229,45 @@ def test_gpu_every_config_is_right_in_bf16_at_llamas_kv_shape_and_captures():
     forward(x, w, out=want, **FAMILY.params(case))
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_the_decode_gemv_table_counts_bytes_and_reads_against_the_copy_bandwidth():
+    from codegen.gemv.bench import COLD_BYTES, MAX_COPIES, copies_for, gemv_bytes, markdown
+
+    # Llama-3.2-1B's k/v projection at one row, bf16: the weight, x and the output
+    assert gemv_bytes(1, 2048, 512, False, 2) == (2048 * 512 + 2048 + 512) * 2
+    assert gemv_bytes(8, 896, 128, True, 2, weights=2) == (2 * 896 * 128 + 8 * 896 + 8 * 128
+                                                           + 128) * 2
+    # cold weights: enough copies to pass COLD_BYTES (Qwen's 224 KiB k/v included)
+    assert copies_for(2 << 20) * (2 << 20) >= COLD_BYTES
+    assert copies_for(896 * 128 * 2) * 896 * 128 * 2 >= COLD_BYTES
+    assert copies_for(1 << 10) == MAX_COPIES
+    assert copies_for(1 << 30) == 1
+    line = {"model": "llama-3.2-1b", "shape": "k/v", "rows": 1, "k": 2048, "n": 512,
+            "bytes": 2_100_000, "cublas_us": 1.5, "cublas_GBps": 1400.0, "best_us": 1.0,
+            "best_GBps": 2100.0, "speedup": 1.5}
+    md = markdown([line, {**line, "shape": "down", "best_GBps": None}], 3000.0, "H100")
+    assert "Copy bandwidth (`pipeline calibrate`): 3000 GB/s" in md
+    assert "| llama-3.2-1b | k/v | 1 | 2048 | 512 | 2.1 | 1.5 | 1400.0 | 1.0 | 2100.0 | 70% |" in md
+    assert "| down |" in md and md.count("\n|") == 4
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_config_accumulates_into_out_in_its_epilogue(bias, tmp_path):
+    """`accumulate=True`: out += x @ W^T with the sum rounded once, cuBLAS's config (addmm_),
+    the split configs (in the sum kernel) and the direct ones alike; a biased projection
+    refuses it (the residual add it serves has none)."""
+    case = make_case(3, 300, 40, "float32", bias, (3, 1))
+    space = FAMILY.search_space(case)
+    assert any(c.get("SPLIT_K", 1) > 1 for c in space) and space[0] == CUBLAS
+    inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(3))
+    total = torch.randn(3, 1, 40, device=DEVICE)
+    for config in space:
+        forward = load_rendered(FAMILY, config, case, tmp_path)
+        out = total.clone()
+        if bias:
+            with pytest.raises(ValueError, match="without a bias"):
+                forward(*inputs, out=out, accumulate=True, **FAMILY.params(case))
+            continue
+        forward(*inputs, out=out, accumulate=True, **FAMILY.params(case))
+        assert_close(out, total + F.linear(*inputs), (1e-5, 1e-5))

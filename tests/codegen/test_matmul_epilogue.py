@@ -154,7 +154,7 @@ def test_search_space_orders_small_to_widest(rows, dtype):
     from codegen.matmul_epilogue.kernel import SMEM_LIMIT, smem_bytes
 
     case = make_case(rows, 2048, 8192, dtype, "silu")
-    configs = FAMILY.search_space(case)
+    configs = [c for c in FAMILY.search_space(case) if not c.get("GEMV")]
     areas = [c["BM"] * c["BN"] for c in configs]
     assert areas == sorted(areas) and areas[-1] == max(areas) == 128 * 128
     assert configs[-1]["BM"] == MAX_BLOCK_M  # the edge cases go one row past it
@@ -183,6 +183,59 @@ def test_edge_cases(dtype, tmp_path):
         for case in edges:
             out, ref = run_candidate(FAMILY, config, case, tmp_path, rendered_for=base)
             assert_close(out, ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("rows, gemv", [(1, True), (16, True), (17, False), (64, False)])
+def test_decode_rows_search_the_gemv_kernel_first(rows, gemv):
+    """At a decode step's rows (at most the gemv family's 16) the GEMV kernel's configs lead
+    the space (the search's `spread` always measures the first); the tile kernels follow."""
+    space = FAMILY.search_space(make_case(rows, 2048, 8192, "bfloat16", "silu"))
+    assert bool(space[0].get("GEMV")) is gemv
+    assert not any(c.get("GEMV") for c in space[-3:])  # the widest tile stays last
+    if gemv:
+        from codegen.matmul_epilogue.gemv import MAX_CONFIGS
+
+        heads = [c for c in space if c.get("GEMV")]
+        assert len(heads) == MAX_CONFIGS and heads[0]["BLOCK_K"] == 512
+
+
+# (rows, hidden, cols): one row; the gemv family's largest row block; a prime row count over
+# a hidden of several K steps and a tail (896 = 7 x 128), a non-power-of-two cols (176) no
+# BLOCK_N divides; and past MAX_ROWS (two launches, the second of one row).
+GEMV_SHAPES = [(1, 96, 176), (16, 64, 48), (7, 896, 176), (17, 96, 176)]
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("rows, hidden, cols", GEMV_SHAPES)
+def test_every_gemv_config_matches_reference(rows, hidden, cols, dtype, act, tmp_path):
+    from codegen.matmul_epilogue.gemv import search_space
+
+    case = make_case(rows, hidden, cols, dtype, act)
+    for config in search_space(case):
+        out, ref = run_candidate(FAMILY, config, case, tmp_path)
+        assert_close(out, ref, TOL[dtype])
+
+
+def test_the_gemv_kernel_reads_phi3s_packed_halves_in_place(tmp_path):
+    case = make_case(3, 96, 176, "float32", "silu", weights="packed")
+    config = FAMILY.search_space(case)[0]
+    assert config.get("GEMV")
+    out, ref = run_candidate(FAMILY, config, case, tmp_path)
+    assert_close(out, ref, TOL["float32"])
+
+
+def test_the_gemv_kernel_sums_in_fp32(tmp_path):
+    """As test_fp16_dots_accumulate_in_fp32, for the GEMV kernel's sums."""
+    case = make_case(1, 96, 16, "float16", "silu")
+    forward = load_rendered(FAMILY, FAMILY.search_space(case)[0], case, tmp_path)
+    x = torch.ones(1, 96, dtype=torch.float16, device=DEVICE)
+    x[0, 0] = 2048
+    w_gate = torch.ones(16, 96, dtype=torch.float16, device=DEVICE)
+    out = torch.empty(1, 16, dtype=torch.float16, device=DEVICE)
+    forward(x, w_gate, w_gate / 1024, out=out, act="silu")
+    exact = torch.tensor(2143 * 2143 / 1024, dtype=torch.float64).half()
+    assert torch.equal(out.cpu(), exact.expand(1, 16))
 
 
 def test_fp16_dots_accumulate_in_fp32(tmp_path):
@@ -447,6 +500,51 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, act, tmp_path):
         [make_case(16, 64, 176, "float32", act, lead=(2, 8), weights=weights)]
     torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
     assert torch.equal(after, before)
+    assert instance_forwards(model) == []
+
+
+@pytest.mark.parametrize("order", ["gemv_first", "epilogue_first"])
+def test_composes_with_gemv_at_a_decode_step(order, tmp_path):
+    """Both families patched (in either order) on a decode step: the MLP runs the GEMV with the
+    gated epilogue and skips gate_proj's and up_proj's gemv kernels (same product, same
+    weights: `SAME_RESULT`), gemv keeps every other projection (down_proj, q/k/v/o, the LM
+    head); the logits match the unpatched model's, and undo in any order restores every
+    module's own forward. A Linear with any other instance forward still declines the GEMV."""
+    from codegen.gemv import FAMILY as GEMV
+    from models.patching import set_instance_forward
+
+    model = build(resolve("tiny-llama"), torch.float32, DEVICE).eval()
+    ids = torch.randint(3, 500, (3, 1), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad():
+        before = model(ids).logits
+    ours = CountingChooser(FAMILY, tmp_path / "epilogue", pick=0)
+    theirs = CountingChooser(GEMV, tmp_path / "gemv")
+    (tmp_path / "epilogue").mkdir()
+    (tmp_path / "gemv").mkdir()
+    pairs = [(GEMV, theirs), (FAMILY, ours)]
+    undos = [fam.patch(model, chooser)
+             for fam, chooser in (pairs if order == "gemv_first" else pairs[::-1])]
+    try:
+        with torch.no_grad():
+            patched = model(ids).logits
+        mlps = [m for m in model.modules() if type(m).__name__.endswith("MLP")]
+        assert ours.calls == len(mlps) and all(c.get("lead") == "3x1" for c in ours.cases)
+        hidden, inter = mlps[0].gate_proj.in_features, mlps[0].gate_proj.out_features
+        widths = {(c["k"], c["n"]) for c in theirs.distinct_cases()}
+        assert (hidden, inter) not in widths and (inter, hidden) in widths  # down_proj's
+        assert theirs.calls > 0
+        assert_close(patched, before, TOL["float32"])
+        # a foreign instance forward on up_proj (a LoRA-like adapter): the MLP declines
+        mlp = mlps[0]
+        calls = ours.calls
+        undo_foreign = set_instance_forward(mlp.up_proj, mlp.up_proj.forward)
+        with torch.no_grad():
+            mlp(torch.randn(3, 1, hidden, device=DEVICE))
+        undo_foreign()
+        assert ours.calls == calls
+    finally:
+        for u in undos if order == "gemv_first" else reversed(undos):
+            u()
     assert instance_forwards(model) == []
 
 

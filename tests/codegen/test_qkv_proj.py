@@ -113,6 +113,40 @@ def test_patched_decode_step_runs_one_kernel_per_layer_and_undo_restores(tiny, t
     assert torch.equal(_decode_step(tiny, ids)[1], want)
 
 
+@pytest.mark.parametrize("qkv_first", [True, False])
+def test_composes_with_gemv_in_either_patch_order(tiny, qkv_first, tmp_path):
+    """Both families on a decode step: q, k and v come from qkv_proj's one launch per layer
+    whichever was patched last (gemv's forward asks the fused one below it first), gemv runs
+    every other projection (o_proj, the MLP, the LM head); logits as unpatched; undo in any
+    order restores. Where qkv_proj declines (a chooser with no kernel), gemv runs q, k and v."""
+    from codegen.gemv import FAMILY as GEMV
+
+    ids = torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    _, want = _decode_step(tiny, ids)
+    gemv_calls = {}
+    for give in (True, False):
+        (tmp_path / f"{give}q").mkdir()
+        (tmp_path / f"{give}g").mkdir()
+        ours = CountingChooser(FAMILY, tmp_path / f"{give}q", give=give)
+        theirs = CountingChooser(GEMV, tmp_path / f"{give}g")
+        pairs = [(FAMILY, ours), (GEMV, theirs)]
+        undos = [f.patch(tiny, c) for f, c in (pairs if qkv_first else pairs[::-1])]
+        try:
+            _, got = _decode_step(tiny, ids)
+        finally:
+            for u in undos if qkv_first else reversed(undos):
+                u()
+        layers = tiny.config.num_hidden_layers
+        assert ours.calls == (layers if give else 0)
+        gemv_calls[give] = theirs.calls
+        assert_close(got, want, (1e-5, 1e-5))
+        assert instance_forwards(tiny) == []
+    # gemv ran o_proj and down_proj (and the LM head) either way, q, k and v only
+    # where qkv_proj declined
+    assert gemv_calls[True] >= 2 * layers
+    assert gemv_calls[False] - gemv_calls[True] == 3 * layers
+
+
 def test_kept_k_and_v_are_served_only_for_the_tensor_q_saw(tiny, tmp_path):
     attn = tiny.model.layers[0].self_attn
     chooser = CountingChooser(FAMILY, tmp_path)

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 
-KEYS = 249
+KEYS = 261
 COMPLEXITY = 30
 OVER: dict[str, int] = {}  # function -> its complexity, for one above the bound until split
 

@@ -50,9 +50,15 @@ def exported(tmp_path_factory):
 @pytest.fixture(scope="module")
 def package(exported):
     """The package as `kernels` loads it, each kernel's forward counting its calls."""
+    _, _, out, _ = exported
+    return counting(out)
+
+
+def counting(out: Path):
+    """(the package at `out` as `kernels` loads it, {family: kernel calls}): each kernel's
+    forward counts its calls."""
     from kernels import get_local_kernel
 
-    _, _, out, _ = exported
     module = get_local_kernel(out)
     spec = module._runtime.SPEC
     calls = {family: 0 for family in spec["families"]}
@@ -255,3 +261,67 @@ def test_integration_and_the_report_name_what_compiles(exported):
     assert "Under torch.compile (`apply_kernels(..., compiled=True)`" in (
         run / "report.md").read_text()
     assert all(get_family(f).traceable for f in HUB_LAYERS)  # the layers all compile
+
+
+FUSED = ("rmsnorm", "rope", "matmul_epilogue", "add_rmsnorm")  # what Llama-3.2-1B b8 kept,
+# kv_cache aside
+
+
+@pytest.fixture(scope="module")
+def fused_run(tmp_path_factory):
+    """A run that kept add_rmsnorm beside the main run's families (`--families`)."""
+    home = tmp_path_factory.mktemp("fused")
+    run = home / "run"
+    for args in (("profile", "tiny-llama", "--batch", "2", "--seq", "64", "--device", "cpu",
+                  "--run-dir", str(run)),
+                 ("optimize", str(run), "--families", ",".join(FUSED), "--pairs", "2")):
+        proc = run_cli(*args, home=home)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(read_json(run / "integration.json")["workloads"][WORKLOAD]["kept"]) == sorted(
+        FUSED)
+    return run
+
+
+@pytest.mark.parametrize("slot", [True, False], ids=["rotary-slot", "no-rotary-slot"])
+def test_every_family_of_a_fused_run_exports_and_runs_as_apply_kernels(fused_run, slot,
+                                                                      tmp_path, monkeypatch):
+    """add_rmsnorm as the decoder layer's forward; rope through transformers' rotary slot, or,
+    where transformers gives none (transformers 5.17 beside kernels 0.19), as the attention's
+    own forward calling the package's rotary. Kernelized, eager and compiled whole: the kernels
+    apply_kernels runs, as often, and its logits."""
+    from pipeline.api import apply_kernels
+    from pipeline.export import export, kernelize_package
+
+    if not slot:
+        rope = importlib.import_module("codegen.rope.patch")  # the package names its function
+        monkeypatch.setattr(rope, "rotary_slot", lambda *_: None)
+    record = export(fused_run, tmp_path / "pkg")
+    assert {f: spec["layer"] for f, spec in record["families"].items()} == {
+        "rmsnorm": "RMSNorm", "rope": "ApplyRotaryPosEmb" if slot else "RotaryAttention",
+        "matmul_epilogue": "GatedMLP", "add_rmsnorm": "PreNormDecoderLayer"}
+    assert not record["not_exported"]
+    _, calls = counting(tmp_path / "pkg")
+    model = tiny_llama()
+    handle = apply_kernels(model, fused_run, workload=WORKLOAD)
+    with torch.no_grad():
+        want = model(ids()).logits
+    handle.undo()
+    assert all(handle.calls[f] for f in FUSED), handle.calls
+    got, got_calls = counted_call(kernelize_package(tiny_llama(), tmp_path / "pkg"), calls)
+    assert got_calls == handle.calls
+    torch.testing.assert_close(got, want, **FP32)
+    torch._dynamo.reset()
+    compiled = torch.compile(kernelize_package(tiny_llama(), tmp_path / "pkg", compiled=True),
+                             fullgraph=True, backend="eager")
+    got, got_calls = counted_call(compiled, calls)
+    assert got_calls == handle.calls
+    torch.testing.assert_close(got, want, **FP32)
+
+
+def test_a_family_without_a_layer_says_why():
+    from pipeline.hub_layers import classes
+
+    model = tiny_llama()
+    layer, found, why = classes(model, "kv_cache")
+    assert layer is None and not found and "Cache.update" in why
+    assert classes(model, "rmsnorm")[0] == "RMSNorm"

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 61 evidence in one call (about 8.5 minutes at the defaults): the decode step of M
+# (Llama-3.2-1B) at batch B (1), KV S (1024) through `gpu_graphs.sh` (profile, `pipeline
+# optimize` with FAMILIES, matmul_epilogue's gate/up GEMV among them, then head_to_head.py with
+# the graph and ours-graphs, kernels per pass in its JSON; the graphs stage records the step's
+# anatomy, `decode_step`, printed below), then the decode GEMV table (codegen/gemv/bench.py:
+# GB/s per projection shape of TABLE_MODELS at TABLE_ROWS beside the copy bandwidth). QWEN=1
+# runs Qwen2.5-0.5B's decode step the same way last (it needs about 4 more minutes: lower the
+# limits or give it a call of its own).
+# Env: M, B, S, FAMILIES, MAXC, PAIRS, ROUNDS, TABLE_MODELS, TABLE_ROWS, TABLE_MAXC, QWEN and
+# the limits in seconds T_PROFILE, T_OPTIMIZE, T_H2H, T_TABLE. Every step runs under
+# `timeout` in its own process group (benchmarks/gpu_step.sh); outputs under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export M=${M:-llama-3.2-1b} B=${B:-1} S=${S:-1024} MODE=decode
+export FAMILIES=${FAMILIES:-gemv,qkv_proj,matmul_epilogue,decode_attention,kv_cache,rope,rmsnorm,add_rmsnorm}
+export MAXC=${MAXC:-4} PAIRS=${PAIRS:-12} ROUNDS=${ROUNDS:-20} VARIANTS=graph,ours-graphs
+export T_PROFILE=${T_PROFILE:-70} T_OPTIMIZE=${T_OPTIMIZE:-270} T_H2H=${T_H2H:-80}
+TABLE_MODELS=${TABLE_MODELS:-llama-3.2-1b,llama-3.1-8b,qwen2.5-0.5b} TABLE_ROWS=${TABLE_ROWS:-1,8}
+TABLE_MAXC=${TABLE_MAXC:-3} T_TABLE=${T_TABLE:-70} QWEN=${QWEN:-0}
+
+anatomy() {  # the graphs stage's decode_step record of a run, as the report prints it
+  PYTHONPATH=/tmp/site:$PWD timeout 60 python3 - "$1" <<'EOF'
+import json, sys
+from pathlib import Path
+p = Path(sys.argv[1]) / "integration.json"
+if not p.exists():
+    sys.exit(f"no {p}")
+for key, w in json.loads(p.read_text())["workloads"].items():
+    g = w.get("graphs") or {}
+    print(key, "families in the graph:", g.get("families"), "kernels per pass:",
+          g.get("kernels_per_pass"), "medians:", g.get("medians"))
+    if g.get("decode_step"):
+        from pipeline.decode_step import blocks
+        from pipeline.report_plots import to_markdown
+        print(to_markdown(blocks(g["decode_step"])))
+    else:
+        print("no decode_step:", g.get("decode_step_error") or g.get("decision"))
+EOF
+}
+
+bash benchmarks/gpu_graphs.sh
+anatomy /tmp/runs/$M-decode-b$B-s$S > $OUT/decode-step-$M.md 2>&1; cat $OUT/decode-step-$M.md
+
+tag=gemv-table logs=$OUT/logs-gemv-table; mkdir -p $logs
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source benchmarks/gpu_step.sh
+TAIL=40 step table $T_TABLE python3 -m codegen.gemv.bench --models $TABLE_MODELS \
+  --rows $TABLE_ROWS --max-configs $TABLE_MAXC --out $OUT/gemv-table
+
+if [ "$QWEN" = 1 ]; then
+  M=qwen2.5-0.5b bash benchmarks/gpu_graphs.sh
+  anatomy /tmp/runs/qwen2.5-0.5b-decode-b$B-s$S > $OUT/decode-step-qwen2.5-0.5b.md 2>&1
+  cat $OUT/decode-step-qwen2.5-0.5b.md
+fi
