@@ -147,7 +147,7 @@ def ours(job, args, tmp: Path) -> dict:
         path.write_text(family.render(cfg, case))  # a folder each: every candidate is kernel.py
         sources.append((cfg, path))
 
-    alias = family.in_place
+    alias = family.verify.in_place
 
     def builder(fwd):  # out is allocated once, outside the timing, as the pipeline calls it
         def build(inp):  # written over the inputs where the family's adapter does that (rope)

@@ -5,7 +5,7 @@ A kernel verified on plain contiguous tensors can be wrong on the strided views 
 intercepted, records the layout of each tensor the adapter passes (shape, strides, storage
 offset, dtype, which tensors share storage) and compares it with the tensors the verifier
 builds for the case the adapter dispatched: `make_inputs(case)` and `make_out(case, inputs)`,
-or `Family.in_place(inputs)` where the adapter writes over its inputs. The intercepting kernel
+or `VerifyHooks.in_place(inputs)` where the adapter writes over its inputs. The intercepting kernel
 writes the family's reference into `out`, so the forward goes on as unpatched and every later
 call sees the layouts it would see with a real kernel.
 """
@@ -59,7 +59,7 @@ def verified_layout(family: Family, case: Case, in_place: bool = False) -> tuple
     """The layout of what the verifier passes a candidate for `case`: its inputs and outputs,
     the outputs being the inputs themselves where the call writes in place."""
     inputs = _as_tuple(family.make_inputs(case, "cpu", torch.Generator().manual_seed(0)))
-    outs = _as_tuple(family.in_place(inputs) if in_place else family.make_out(case, inputs))
+    outs = _as_tuple(family.verify.in_place(inputs) if in_place else family.make_out(case, inputs))
     return describe(inputs + outs)
 
 
@@ -88,7 +88,7 @@ class Recorder:
             with torch.no_grad():
                 ref = _as_tuple(fam.reference(*[t.clone() if isinstance(t, torch.Tensor) else t
                                                 for t in inputs], **params))
-                # the result goes into the part of `out` the caller keeps (Family.out_region:
+                # the result goes into the part of `out` the caller keeps (VerifyHooks.out_region:
                 # matmul's pad columns are not the result), or its leading part where a
                 # family's result is narrower than what it writes over
                 got = outs if in_place else _as_tuple(result_region(fam, case, _out_arg(outs)))
@@ -134,7 +134,7 @@ def uncovered(family: Family, model, workload: Workload) -> list[str]:
             problems.append(f"{family.name}: the adapter dispatches {call.case}, which "
                             f"cases_from_model does not list ({cases})")
             continue
-        if call.in_place and family.in_place is None:
+        if call.in_place and family.verify.in_place is None:
             problems.append(f"{family.name}: the adapter writes over its inputs for "
                             f"{call.case}, but the family declares no in_place")
             continue

@@ -3,7 +3,8 @@
 Every stage writes plain JSON into the run directory. A write goes to a temporary file in the
 same folder and is renamed over the target, so a crash never leaves half an artifact behind.
 A read checks the schema version and, for the artifact kinds of `core.records`, the shape its
-readers rely on: an old or corrupt file is one line naming the file and what is wrong.
+readers rely on: an old or corrupt file is one line naming the file and what is wrong. The
+pipeline reads artifacts as their typed records (`load`); `read_json` gives the plain data.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from core.errors import UserError
-from core.records import BY_KIND, Record
+from core.record import Record
+from core.records import BY_KIND
 
 R = TypeVar("R", bound=Record)
 
 SCHEMA_VERSION = 1
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> Path:
+def write_json(path: str | Path, data: dict[str, Any] | Record) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, Record):
+        data = data.to_dict()
     payload = {"schema_version": SCHEMA_VERSION, **data}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

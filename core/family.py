@@ -22,14 +22,14 @@ How every family is verified (verify/checks.py runs it; what a new family must d
   batch of different lengths, a sequence that sees one slot only; one mask row expanded over
   the batch cannot tell a kernel that reads row 0 for all from one that reads each row.
 - Memoisation is probed the way a model calls a kernel, after the family's declaration of which
-  inputs stay fixed across a model's calls (`Family.weights`, `Family.cache`): the weights and
-  caches held (the same buffers and values) while the activations change in one element; the
-  activations held while the weights and caches are new buffers changed in one element; and,
-  for a cache that grows in place (`Cache.rewind`/`Cache.grow`), the same buffers one position
-  longer between two calls. Undeclared, weights are drawn afresh with every input set, as in
-  the generic probes (the last set's buffers with new values; its leading half with a new
-  tail), and a memo keyed on a weight never hits: a family with parameters or a cache
-  declares them.
+  inputs stay fixed across a model's calls (`VerifyHooks.weights`, `VerifyHooks.cache`): the
+  weights and caches held (the same buffers and values) while the activations change in one
+  element; the activations held while the weights and caches are new buffers changed in one
+  element; and, for a cache that grows in place (`Cache.rewind`/`Cache.grow`), the same
+  buffers one position longer between two calls. Undeclared, weights are drawn afresh with
+  every input set, as in the generic probes (the last set's buffers with new values; its
+  leading half with a new tail), and a memo keyed on a weight never hits: a family with
+  parameters or a cache declares them.
 - The whole-model check (pipeline/integrate.py) compares the patched model's logits with an
   fp32 reference: the patched error may be at most 1.5x the unpatched model's. On a decode
   workload it decodes: a prefill, then several steps over the dynamic cache, the static cache
@@ -126,8 +126,77 @@ class Cache:
     grow: Callable[[Case, tuple, Any], None] | None = None
 
 
+@dataclass(frozen=True)
+class VerifyHooks:
+    """What the verifier needs to know beyond the contract, where a family differs from the
+    default (verify/checks.py reads it). Every field is optional: `VerifyHooks()` is a family
+    whose inputs are all activations, stressed alike, written to `out` only, compared whole."""
+
+    # the input positions that get the verifier's stress values; None: every floating input
+    stress_inputs: tuple[int, ...] | None = None
+    # The input positions that are a model's weights (parameters: the same buffers and values
+    # on every call of one module; negative counts from the end; a position past the inputs, an
+    # absent bias, is ignored). The memoisation probes hold them fixed while the activations
+    # change, and change them while the activations are held (see the module's doc).
+    weights: tuple[int, ...] = ()
+    # The inputs that hold a cache kept across calls (`Cache`); None: no cache input.
+    cache: Cache | None = None
+    # order_bound(*inputs, reference, **params) -> per output, the classic bound on what any
+    # summation order can change (dot products that cancel); the verifier allows either order
+    # within it. `reference`: the float64 reference outputs of those inputs, or None (a bound
+    # that needs the exact result reuses them instead of computing a second float64 GEMM)
+    order_bound: Callable[..., Any] | None = None
+    # in_place(inputs) -> the inputs the kernel overwrites with its result (the adapter runs it
+    # that way); the verifier then runs each candidate in place too. None (the field, or what
+    # it returns for a case's inputs): writes `out` only.
+    in_place: Callable[[tuple], tuple] | None = None
+    # out_region(case, out) -> the part of make_out's buffer(s) that holds the result, the same
+    # structure (a tensor, or a tuple per output), taken by indexing alone: the verifier
+    # applies it to masks shaped like `out` too. The reference is compared with it and every
+    # element of it must be written; the rest of the buffer (matmul's pad columns, which the
+    # caller slices away) may be written with anything or left alone, while writes outside
+    # the buffer are still caught. None: the whole of `out` is the result.
+    out_region: Callable[[Case, Any], Any] | None = None
+    # aten ops a candidate may call as its own implementation (the matmul family's cuBLAS
+    # call on a padded weight); the verifier allows them beside its allow-list of
+    # allocation, views and copies. Empty: a kernel family, which computes in its own launches
+    library_ops: tuple[str, ...] = ()
+    # baseline_case(case) -> the case whose inputs the unpatched model's own code runs on,
+    # where the adapter hands the kernel another layout than HF's code sees: gated_act's
+    # "halves" (gate and up as column halves of one fused GEMM's output) against the two
+    # contiguous tensors HF's MLP multiplies. The baseline (the reference) is timed on it, the
+    # candidate on `case`, so a speedup is over what the model ran. None: the same case.
+    baseline_case: Callable[[Case], Case] | None = None
+
+
+@dataclass(frozen=True)
+class RankHooks:
+    """How the ranking and the choice of families treat the family's rows, where they differ
+    from the default (every occurrence at the family's median speedup, every row acted on, no
+    rival). The cost of one occurrence is its pattern's (`Pattern.cost`)."""
+
+    # occurrence_case(ops) -> the case keys one ranked occurrence's ops give (a subset of a
+    # case's keys: a GEMM's k and n), for a family whose pattern spans cases of different work
+    # that it patches one by one: the graph projection then speeds each occurrence up by the
+    # speedup of the accepted case it matches, and leaves one that no accepted case matches as
+    # it is (the patch leaves that module alone). None: every occurrence at the family's median.
+    occurrence_case: Callable[[list[dict]], dict | None] | None = None
+    # declines(row) -> why the family does not act on one of its ranked rows (the rank stage's
+    # row: attainable_speedup, share, ...), or None where it does. A declined row is ranked
+    # without a family (never chosen, so never generated) and carries the reason; None: the
+    # family acts on every row of its patterns.
+    declines: Callable[[Any], str | None] | None = None
+    # families that replace the same ops as this one: at most one of each pair is integrated
+    # in a run, the one whose accepted kernels save more device time per call summed over its
+    # cases (pipeline.policy.superseded); the other is tried where the winner does not ship
+    rivals: tuple[str, ...] = ()
+
+
 @dataclass
 class Family:
+    """One kernel family: the twelve names every family fills, then what some declare
+    (`codegen/README.md` walks through adding one)."""
+
     name: str
     patterns: tuple[Pattern, ...]
     # reference(*inputs, **params) -> output tensor or tuple; the numerical reference.
@@ -153,66 +222,22 @@ class Family:
     patch: Callable[..., Callable[[], None]]
     # cases_from_model(model, workload) -> the cases this family sees in that model's forward.
     cases_from_model: Callable[..., list[Case]]
-    aten_ops: tuple[str, ...] = ()  # aten compute ops the kernel must NOT run (verify checks)
     # What a family may declare beyond the contract; everything outside the family's folder
     # reads these fields, never the folder's own names.
+    aten_ops: tuple[str, ...] = ()  # aten compute ops the kernel must NOT run (verify checks)
     # params(case) -> the scalar keyword parameters of reference and forward; None: the case
     # entries the reference names as keyword parameters (verify.loading.case_params).
     params: Callable[[Case], dict] | None = None
-    # in_place(inputs) -> the inputs the kernel overwrites with its result (the adapter runs it
-    # that way); the verifier then runs each candidate in place too. None (the field, or what
-    # it returns for a case's inputs): writes `out` only.
-    in_place: Callable[[tuple], tuple] | None = None
-    # the input positions that get the verifier's stress values; None: every floating input
-    stress_inputs: tuple[int, ...] | None = None
-    # order_bound(*inputs, reference, **params) -> per output, the classic bound on what any
-    # summation order can change (dot products that cancel); the verifier allows either order
-    # within it. `reference`: the float64 reference outputs of those inputs, or None (a bound
-    # that needs the exact result reuses them instead of computing a second float64 GEMM)
-    order_bound: Callable[..., Any] | None = None
+    # small cases the family contract test (tests/codegen/test_family_contract.py) runs the
+    # whole verifier on, with the search space's last config: seconds under the CPU
+    # interpreter (a bfloat16 one is verified on a GPU only: the interpreter has no bfloat16)
+    examples: tuple[Case, ...] = ()
+    verify: VerifyHooks = field(default_factory=VerifyHooks)
+    rank: RankHooks = field(default_factory=RankHooks)
     cuda: CudaVariant | None = None
-    # families that replace the same ops as this one: at most one of each pair is integrated
-    # in a run, the one whose accepted kernels save more device time per call summed over its
-    # cases (pipeline.policy.superseded); the other is tried where the winner does not ship
-    rivals: tuple[str, ...] = ()
     # the module of the family's contenders in benchmarks/kernel_table.py's per-kernel table (its
     # case at a model's shape, HF's own code, Liger's kernel); None: not in that table
     benchmark: str | None = None
-    # declines(row) -> why the family does not act on one of its ranked rows (the rank stage's
-    # row: attainable_speedup, share, ...), or None where it does. A declined row is ranked
-    # without a family (never chosen, so never generated) and carries the reason; None: the
-    # family acts on every row of its patterns.
-    declines: Callable[[dict], str | None] | None = None
-    # aten ops a candidate may call as its own implementation (the matmul family's cuBLAS
-    # call on a padded weight); the verifier allows them beside its allow-list of
-    # allocation, views and copies. Empty: a kernel family, which computes in its own launches
-    library_ops: tuple[str, ...] = ()
-    # out_region(case, out) -> the part of make_out's buffer(s) that holds the result, the same
-    # structure (a tensor, or a tuple per output), taken by indexing alone: the verifier
-    # applies it to masks shaped like `out` too. The reference is compared with it and every
-    # element of it must be written; the rest of the buffer (matmul's pad columns, which the
-    # caller slices away) may be written with anything or left alone, while writes outside
-    # the buffer are still caught. None: the whole of `out` is the result.
-    out_region: Callable[[Case, Any], Any] | None = None
-    # occurrence_case(ops) -> the case keys one ranked occurrence's ops give (a subset of a
-    # case's keys: a GEMM's k and n), for a family whose pattern spans cases of different work
-    # that it patches one by one: the graph projection then speeds each occurrence up by the
-    # speedup of the accepted case it matches, and leaves one that no accepted case matches as
-    # it is (the patch leaves that module alone). None: every occurrence at the family's median.
-    occurrence_case: Callable[[list[dict]], dict | None] | None = None
-    # baseline_case(case) -> the case whose inputs the unpatched model's own code runs on,
-    # where the adapter hands the kernel another layout than HF's code sees: gated_act's
-    # "halves" (gate and up as column halves of one fused GEMM's output) against the two
-    # contiguous tensors HF's MLP multiplies. The baseline (the reference) is timed on it, the
-    # candidate on `case`, so a speedup is over what the model ran. None: the same case.
-    baseline_case: Callable[[Case], Case] | None = None
-    # The input positions that are a model's weights (parameters: the same buffers and values
-    # on every call of one module; negative counts from the end; a position past the inputs, an
-    # absent bias, is ignored). The memoisation probes hold them fixed while the activations
-    # change, and change them while the activations are held (see the module's doc).
-    weights: tuple[int, ...] = ()
-    # The inputs that hold a cache kept across calls (`Cache`); None: no cache input.
-    cache: Cache | None = None
     # whether torch.compile can trace the adapter (each kernel call then becomes the family's
     # custom op, codegen.ops); False: compiled users are not offered the family (its adapter
     # reads what a trace cannot: addresses, versions, globals swapped during a call)
@@ -223,21 +248,24 @@ class Family:
 
 def result_region(family: Family, case: Case, out: Any) -> Any:
     """The part of `out` (make_out's structure) that must hold the reference's result
-    (`Family.out_region`; all of it where the family declares none)."""
-    return out if family.out_region is None else family.out_region(case, out)
+    (`VerifyHooks.out_region`; all of it where the family declares none)."""
+    region = family.verify.out_region
+    return out if region is None else region(case, out)
 
 
 def fixed_inputs(family: Family, n_inputs: int) -> tuple[int, ...]:
     """The positions among `n_inputs` inputs that stay fixed across a model's calls: the
-    declared weights and cache inputs (`Family.weights`, `Family.cache`), sorted, negative
+    declared weights and cache inputs (`VerifyHooks.weights`, `VerifyHooks.cache`), sorted, negative
     positions resolved, positions past the inputs dropped."""
-    declared = family.weights + (family.cache.inputs if family.cache is not None else ())
+    hooks = family.verify
+    declared = hooks.weights + (hooks.cache.inputs if hooks.cache is not None else ())
     return tuple(sorted({i % n_inputs for i in declared if -n_inputs <= i < n_inputs}))
 
 
 def baseline_case_of(family: Family, case: Case) -> Case:
-    """The case the baseline is timed on (`Family.baseline_case`)."""
-    return family.baseline_case(case) if family.baseline_case is not None else case
+    """The case the baseline is timed on (`VerifyHooks.baseline_case`)."""
+    rule = family.verify.baseline_case
+    return rule(case) if rule is not None else case
 
 
 def lazy(module: str, attr: str) -> Callable[..., Any]:

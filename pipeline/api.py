@@ -30,8 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.artifacts import read_json
+from core.artifacts import load
 from core.errors import UserError
+from core.integration_records import IntegratedWorkload, Integration
+from core.records import VerificationSummary, WorkloadSpec
 from pipeline.interpreter import use_interpreter_without_gpu
 
 # at import, as the CLI does before anything imports a kernel: @triton.jit reads the switch
@@ -158,13 +160,12 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     from pipeline.patching import counting_chooser, for_compile, make_chooser
 
     run_dir = Path(run_dir)
-    summary = read_json(run_dir / "verification" / "summary.json", "verification summary")
-    accepted = summary["accepted"]
+    accepted = load(run_dir / "verification" / "summary.json", VerificationSummary,
+                    "verification summary").accepted
     integ_path = run_dir / "integration.json"
     if not integ_path.exists():
         raise UserError(f"{run_dir} has no integration.json: run `pipeline optimize` first")
-    integ = read_json(integ_path, "integration")
-    measured = integ["workloads"]
+    measured = load(integ_path, Integration, "integration").workloads
     keys = [workload] if isinstance(workload, str) else workload
     for key in keys or []:
         if key not in measured:
@@ -181,11 +182,11 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     allowed: dict[str, set[str]] = {}
     for key, w in measured.items():
         if keys is None or key in keys:
-            fams = w["kept"]
-            if key == in_graph:
-                fams = (w.get("graphs") or {}).get("families", fams)
+            fams = w.kept
+            if key == in_graph and w.graphs is not None and w.graphs.has("families"):
+                fams = w.graphs.families
             for fam in fams:
-                allowed.setdefault(fam, set()).update(w["cases"].get(fam, []))
+                allowed.setdefault(fam, set()).update(w.cases.get(fam, []))
     left_out = for_compile(list(allowed))["left_out"] if compiled else {}
     allowed = {f: c for f, c in allowed.items() if f not in left_out}
     handle = KernelHandle(sorted(allowed), model=model, graphed=graphed is not None,
@@ -198,45 +199,45 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
             family = get_family(name)
             handle._undo.append(family.patch(model, compilable(family, chooser)))
         if graphed is not None:
-            _capture(handle, model, measured[graphed]["workload"], max_len)
+            _capture(handle, model, measured[graphed].workload, max_len)
     except BaseException:
         handle.undo()
         raise
     return handle
 
 
-def _graph_key(measured: dict, keys: list[str]) -> str:
+def _graph_key(measured: dict[str, IntegratedWorkload], keys: list[str]) -> str:
     """The workload whose graph (and graph set) `graphs=True` takes: the one named, or among
     several the decode workload (a generation's prefill runs eagerly, its steps replay the
     graph)."""
     if len(keys) == 1:
         return keys[0]
-    decode = [k for k in keys if measured[k]["workload"]["mode"] == "decode"]
+    decode = [k for k in keys if measured[k].workload.mode == "decode"]
     if len(decode) != 1:
         raise UserError("a graph over several workloads needs exactly one decode workload "
                         f"among them; got {', '.join(keys)}")
     return decode[0]
 
 
-def _shipped(measured: dict, key: str) -> str:
-    rec = measured[key].get("graphs") or {}
-    if not rec.get("shipped"):
-        why = rec.get("skipped") or rec.get("decision") or rec.get("error") or \
+def _shipped(measured: dict[str, IntegratedWorkload], key: str) -> str:
+    rec = measured[key].graphs
+    if rec is None or not rec.shipped:
+        why = (rec is not None and (rec.skipped or rec.decision or rec.error)) or \
             "the run has no graphs record (optimized before the graphs stage existed)"
         raise UserError(f"CUDA graphs did not ship for {key}: {why}; use graphs=False "
                         "for the kernels alone")
     return key
 
 
-def _capture(handle: KernelHandle, model, spec: dict, max_len: int | None) -> None:
+def _capture(handle: KernelHandle, model, spec: WorkloadSpec, max_len: int | None) -> None:
     import torch
 
     from models.graphs import GraphedPrefill, StaticDecoder
 
     device = next(model.parameters()).device
-    if spec["mode"] == "decode":
-        handle.decoder = StaticDecoder(model, spec["batch"],
-                                       max_len or spec["seq"] + DECODE_HEADROOM, graph=True)
+    if spec.mode == "decode":
+        handle.decoder = StaticDecoder(model, spec.batch, max_len or spec.seq + DECODE_HEADROOM,
+                                       graph=True)
         return
-    ids = torch.zeros((spec["batch"], spec["seq"]), dtype=torch.long, device=device)
+    ids = torch.zeros((spec.batch, spec.seq), dtype=torch.long, device=device)
     handle.graph = GraphedPrefill(model, ids)

@@ -272,11 +272,12 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
         save_options(run, llm)
     if backend != "triton":
-        from core.artifacts import read_json
+        from core.artifacts import load
+        from core.records import Profile
 
         # the run's device decides (a CPU run falls back to Triton; a GPU that cannot build
         # CUDA C++ fails here, before any stage); run_optimize repeats this for API callers
-        device = read_json(run / "profile.json", "profile")["workloads"][0]["workload"]["device"]
+        device = load(run / "profile.json", Profile, "profile").workloads[0].workload.device
         backend, note = resolve_backend(backend, device)
         if note:
             console.print(f"[yellow]note:[/yellow] {note}")

@@ -148,18 +148,18 @@ def paths_for(device: str) -> tuple[str, ...]:
         tuple(p for p in PATHS if p != "static_graphed")
 
 
-def decode_trials(model, ref_model, variant, prompts: list[dict], device: str, judge,
+def decode_trials(model, ref_model, variant, prompts: list, device: str, judge,
                   ) -> tuple[list[dict], dict[str, str]]:
-    """(trials, paths skipped with why): one trial per prompt, path and step, judged by
-    `judge(patched logits, unpatched logits, reference logits)` -> the trial's errors, limit
-    and verdict. A graph that cannot be captured skips its path (the graphs stage decides
-    what a failed capture means); any other failure is the check's."""
+    """(trials, paths skipped with why): one trial per prompt (`integrate.Prompt`), path and
+    step, judged by `judge(patched logits, unpatched logits, reference logits)` -> the
+    trial's errors, limit and verdict. A graph that cannot be captured skips its path (the
+    graphs stage decides what a failed capture means); any other failure is the check's."""
     from models.graphs import CaptureError
 
     trials, skipped = [], {}
     for prompt in prompts:
-        ids = prompt["ids"]
-        gen = torch.Generator().manual_seed(prompt["seed"] + 1000)
+        ids = prompt.ids
+        gen = torch.Generator().manual_seed(prompt.seed + 1000)
         tokens = [torch.randint(0, model.config.vocab_size, (ids.shape[0], 1),
                                 generator=gen).to(device) for _ in range(STEPS)]
         refs, bases = {}, {}
@@ -177,7 +177,7 @@ def decode_trials(model, ref_model, variant, prompts: list[dict], device: str, j
             if eager not in bases:
                 bases[eager] = decode(model, eager, ids, tokens)
             for step, (n, b, r) in enumerate(zip(new, bases[eager], refs[padded])):
-                trials.append({"seed": prompt["seed"], "shares_prefix": prompt["shares_prefix"],
+                trials.append({"seed": prompt.seed, "shares_prefix": prompt.shares_prefix,
                                "path": path, "step": step, "position": ids.shape[1] + step - 1,
                                **judge(n, b, r)})
     return trials, skipped

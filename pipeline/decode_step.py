@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from core.records import DecodeStep
+
 # Kernels that stream weights or the KV cache: GEMVs and GEMMs (ours and cuBLAS's), their
 # split-K sums, attention. Everything else a decode step runs is glue a fusion would absorb.
 STREAMING = re.compile(r"gemv|gemm|xmma|cutlass|cublas|matmul|splitk|split_sum|attention|attn|"
@@ -118,16 +120,15 @@ def step_kernels(call: Callable[[], object]) -> list[tuple[str, float]]:
     return [(e.name, e.time_range.elapsed_us()) for e in events]
 
 
-
-def blocks(step: dict) -> list[tuple]:
+def blocks(step: DecodeStep | dict) -> list[tuple]:
     """The record as report blocks (pipeline.report_plots' ("p", text) and ("table", ...))."""
-    floor = (f"{step['floor_multiple']:.2f}x its weight-read floor of {step['floor_ms']:.3f} "
-             f"ms" if step.get("floor_multiple") else "its floor not known")
-    levers = ", ".join(f"{k} {v:.3f} ms" for k, v in step["levers_ms"].items())
-    return [("p", f"Graphed decode step: {step['step_ms']:.3f} ms, "
-                  f"{step['kernels_per_step']} kernels ({step['kernels_per_layer']} per layer), "
-                  f"kernels busy {step['busy_ms']:.3f} ms; {floor}. Levers: {levers}. "
-                  f"Verdict: {step['verdict']}."),
+    step = DecodeStep.of(step)
+    floor = (f"{step.floor_multiple:.2f}x its weight-read floor of {step.floor_ms:.3f} ms"
+             if step.floor_multiple else "its floor not known")
+    levers = ", ".join(f"{k} {v:.3f} ms" for k, v in step.levers_ms.items())
+    return [("p", f"Graphed decode step: {step.step_ms:.3f} ms, "
+                  f"{step.kernels_per_step} kernels ({step.kernels_per_layer} per layer), "
+                  f"kernels busy {step.busy_ms:.3f} ms; {floor}. Levers: {levers}. "
+                  f"Verdict: {step.verdict}."),
             ("table", ["kernel", "calls", "ms", "share of step"],
-             [(r["kernel"], r["calls"], f"{r['ms']:.4f}", f"{r['share']:.1%}")
-              for r in step["kernels"]])]
+             [(r.kernel, r.calls, f"{r.ms:.4f}", f"{r.share:.1%}") for r in step.kernels])]

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from core.artifacts import load, read_json, write_json
+from core.artifacts import load, write_json
 from core.errors import UserError
-from core.records import E2E, GenerationPoint, GenerationVariant, TokenTimes
+from core.records import E2E, GenerationPoint, GenerationVariant, Integration, Profile, TokenTimes
 from core.workload import SHORT, parse_int_list
 from pipeline.e2e_variants import GRAPHED, NEEDS_RUN, VARIANTS, Clock, Ledger, hf_variant
 
@@ -59,8 +59,8 @@ DEFAULT_GRID = ("1,8", "128,1024", "128")
 
 def run_grid(run_dir: Path) -> list[tuple[int, int, int]]:
     """The generations the run was profiled for (`pipeline profile --generation`)."""
-    profile = read_json(run_dir / "profile.json", "profile")
-    return [tuple(g) for g in profile.get("generations") or []]
+    profile = load(run_dir / "profile.json", Profile, "profile")
+    return [tuple(g) for g in profile.generations or []]
 
 
 def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str | None,
@@ -71,12 +71,12 @@ def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str
     path = run_dir / "integration.json"
     if not path.exists():
         return None, None, "the run has no integration.json (run `pipeline optimize` first)"
-    measured = read_json(path, "integration")["workloads"]
-    specs = {k: w.get("workload") or {} for k, w in measured.items()}
-    pre = next((k for k, s in specs.items() if s.get("mode") == "prefill"
-                and s.get("batch") == batch and s.get("seq") == prompt), None)
-    decode = sorted((abs(s["seq"] - (prompt + new)), k) for k, s in specs.items()
-                    if s.get("mode") == "decode" and s.get("batch") == batch)
+    measured = load(path, Integration, "integration").workloads
+    specs = {k: w.workload for k, w in measured.items() if w.workload is not None}
+    pre = next((k for k, s in specs.items() if s.mode == "prefill"
+                and s.batch == batch and s.seq == prompt), None)
+    decode = sorted((abs(s.seq - (prompt + new)), k) for k, s in specs.items()
+                    if s.mode == "decode" and s.batch == batch)
     if not decode:
         return pre, None, (f"the run has no decode workload of batch {batch}: profile it with "
                            f"`pipeline profile MODEL --generation {batch}x{prompt}+{new}`")
@@ -136,9 +136,9 @@ def run_e2e(run_dir: Path, points: list[tuple[int, int, int]], variants: list[st
     """Measure every grid point; writes run_dir/e2e.json after each one and returns it."""
     from profiling.loader import build, resolve
 
-    profile = read_json(run_dir / "profile.json", "profile")
-    spec_w = profile["workloads"][0]["workload"]
-    device, dtype = spec_w["device"], spec_w["dtype"]
+    profile = load(run_dir / "profile.json", Profile, "profile")
+    spec_w = profile.workloads[0].workload
+    device, dtype = spec_w.device, spec_w.dtype
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"{run_dir} was profiled on {device}, and no CUDA GPU is visible here")
     rounds = rounds or ROUNDS["cuda" if device.startswith("cuda") else "cpu"]
@@ -146,10 +146,10 @@ def run_e2e(run_dir: Path, points: list[tuple[int, int, int]], variants: list[st
     done: dict[str, GenerationPoint] = {}
     if resume and path.exists():
         done = {p.key: p for p in load(path, E2E, "e2e").points}
-    spec = resolve(profile["model"]["id"])
+    spec = resolve(profile.model.id)
     say(f"building {spec.model_id} ({dtype}, {device})")
     model = build(spec, getattr(torch, dtype), device)
-    bandwidth = (profile.get("ceilings") or {}).get("bandwidth_GBps")
+    bandwidth = profile.ceilings.bandwidth_GBps if profile.ceilings else None
     notes = ["greedy, EOS ignored: every variant makes exactly the tokens asked for"]
     if not device.startswith("cuda"):
         notes.append("CPU run: Triton's interpreter runs the kernels and transformers does not "
@@ -181,8 +181,6 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
            save: Callable[[GenerationPoint], None] = lambda p: None) -> GenerationPoint:
     """One grid point, measured; `save` gets its record before the variants' graphs and twins
     are freed (an 8B model's take seconds), so a step limit there loses nothing."""
-    from pipeline.e2e_projection import compose
-
     key = point_key(batch, prompt, new, dtype)
     limit = getattr(model.config, "max_position_embeddings", None)
     wbytes = weight_bytes(model)
@@ -195,19 +193,8 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
     base = base.model_copy(update={"prefill_workload": pre, "decode_workload": dec})
     gen = torch.Generator(device="cpu").manual_seed(batch * 7919 + prompt)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen).to(device)
-    built, skipped = {}, {}
-    for name in variants:
-        why = _why_not(name, device, dec, note)
-        if why:
-            skipped[name] = why
-            say(f"  {name}: skipped ({why})")
-            continue
-        say(f"  {name}: setting up")
-        try:
-            built[name] = _build(name, model, run_dir, pre, dec, new)
-        except (UserError, RuntimeError) as e:
-            skipped[name] = str(e).splitlines()[0][:300]
-            say(f"  {name}: skipped ({skipped[name]})")
+    built, skipped = _build_variants(variants, model, run_dir, device, pre, dec, new, note,
+                                     say)
     clock = Clock(device)
     first: dict[str, float] = {}
     tokens: dict[str, torch.Tensor] = {}
@@ -246,31 +233,18 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
                 out.append(GenerationVariant(name=name, skipped=skipped[name]))
                 continue
             v, t = built[name], times[name]
+            ledger = ledgers.get(name)
             rec = GenerationVariant(
                 name=name, times=t, setup_s=v.setup_s, first_call_s=first[name],
                 note="; ".join(v.notes) or None,
                 floor_multiple=t.tpot_p50 / base.floor_ms
                 if base.floor_ms and t.tpot_p50 else None,
                 families=list(getattr(v.handle, "families", []) or []),
-                kernel_calls=ledgers[name].calls if name in ledgers else {},
-                declined=ledgers[name].declined if name in ledgers else {},
-                served={ph: sorted(ledgers[name].served(ph)) for ph in ("prefill", "steps")}
-                if name in ledgers else {},
+                **_ledger_fields(ledger),
                 **_against(t, eager), **_same_tokens(tokens[name], tokens["hf-eager"], prompt))
             if name in ("graph", "ours", "ours-graphs") and eager is not None and \
                     device.startswith("cuda"):
-                ledger = ledgers.get(name)
-                try:
-                    p = compose(run_dir, name, eager, new, pre, dec,
-                                ledger.served("prefill") if ledger else set(),
-                                ledger.served("steps") if ledger else set())
-                except (KeyError, ValueError, UserError) as e:  # the measurement stands
-                    p = None
-                    rec = rec.model_copy(update={"note": f"no projection: {e}"[:300]})
-                if p is not None:
-                    p = p.model_copy(update={"error": abs(p.speedup - rec.over_eager)
-                                             / rec.over_eager if rec.over_eager else None})
-                rec = rec.model_copy(update={"projected": p})
+                rec = _with_projection(rec, run_dir, eager, new, pre, dec, ledger)
             out.append(rec)
             say(f"  {name}: TTFT {t.ttft_p50:.2f} ms, TPOT {t.tpot_p50 or 0:.3f} ms, "
                 f"{t.tok_s:.1f} tok/s" + (f", {rec.over_eager:.2f}x over hf-eager"
@@ -285,6 +259,54 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+def _build_variants(variants: list[str], model, run_dir: Path, device: str, pre: str | None,
+                    dec: str | None, new: int, note: str, say: Callable[[str], None]
+                    ) -> tuple[dict, dict[str, str]]:
+    """(each variant built, {variant skipped: why})."""
+    built, skipped = {}, {}
+    for name in variants:
+        why = _why_not(name, device, dec, note)
+        if why:
+            skipped[name] = why
+            say(f"  {name}: skipped ({why})")
+            continue
+        say(f"  {name}: setting up")
+        try:
+            built[name] = _build(name, model, run_dir, pre, dec, new)
+        except (UserError, RuntimeError) as e:
+            skipped[name] = str(e).splitlines()[0][:300]
+            say(f"  {name}: skipped ({skipped[name]})")
+    return built, skipped
+
+
+def _ledger_fields(ledger) -> dict:
+    """A variant's kernel calls, declined cases and served families per phase, where its
+    kernels were counted."""
+    if ledger is None:
+        return {"kernel_calls": {}, "declined": {}, "served": {}}
+    return {"kernel_calls": ledger.calls, "declined": ledger.declined,
+            "served": {ph: sorted(ledger.served(ph)) for ph in ("prefill", "steps")}}
+
+
+def _with_projection(rec: GenerationVariant, run_dir: Path, eager, new: int, pre: str | None,
+                     dec: str | None, ledger) -> GenerationVariant:
+    """`rec` with the run's frozen projections composed over the generation beside it, and
+    their error against what it measured."""
+    from pipeline.e2e_projection import compose
+
+    try:
+        p = compose(run_dir, rec.name, eager, new, pre, dec,
+                    ledger.served("prefill") if ledger else set(),
+                    ledger.served("steps") if ledger else set())
+    except (KeyError, ValueError, UserError) as e:  # the measurement stands
+        p = None
+        rec = rec.model_copy(update={"note": f"no projection: {e}"[:300]})
+    if p is not None:
+        p = p.model_copy(update={"error": abs(p.speedup - rec.over_eager)
+                                 / rec.over_eager if rec.over_eager else None})
+    return rec.model_copy(update={"projected": p})
 
 
 def _why_not(name: str, device: str, decode_key: str | None, note: str) -> str | None:

@@ -25,8 +25,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.artifacts import read_json
-from core.records import GenerationProjection, TokenTimes
+from core.artifacts import load
+from core.records import (
+    GenerationProjection,
+    Integration,
+    Profile,
+    Projection,
+    Ranking,
+    TokenTimes,
+)
 from pipeline.projection.host import host_of
 from pipeline.projection.workload import project_graphs, project_set
 
@@ -37,18 +44,20 @@ def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
             ) -> GenerationProjection | None:
     """The projection of `variant` for one grid point, or None where the run cannot give one
     (a CPU run, no decode workload of this batch, no trace)."""
-    profile = read_json(run_dir / "profile.json", "profile")
-    walls = {w["key"]: w["wall"]["median_ms"] for w in profile["workloads"]}
+    profile = load(run_dir / "profile.json", Profile, "profile")
+    walls = {w.key: w.wall.median_ms for w in profile.workloads}
     if decode_key is None or base.tpot_p50 is None:
         return None
-    proj = read_json(run_dir / "projection.json", "projection")
-    integ = read_json(run_dir / "integration.json", "integration")
-    ranked = {w["key"]: w for w in read_json(run_dir / "ranking.json", "ranking")["workloads"]}
+    proj = load(run_dir / "projection.json", Projection, "projection")
+    integ = load(run_dir / "integration.json", Integration, "integration")
+    ranked = {w.key: w for w in load(run_dir / "ranking.json", Ranking, "ranking").workloads}
     notes = []
 
     def set_for(key: str, graphed: bool) -> list[str]:
-        w = integ["workloads"][key]
-        fams = (w.get("graphs") or {}).get("families", w["kept"]) if graphed else w["kept"]
+        w = integ.workloads[key]
+        fams = w.kept
+        if graphed and w.graphs is not None and w.graphs.has("families"):
+            fams = w.graphs.families
         served = steps_served if key == decode_key else prefill_served
         missing = sorted(set(fams) - served)
         if missing:
@@ -60,8 +69,8 @@ def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
     def replay(key: str, only: list[str]) -> float | None:
         if not only:
             return 1.0
-        return project_set(run_dir, ranked[key], proj["kernel_speedups"], host_of(proj, key),
-                           True, only=only, cases=proj.get("case_speedups"))["replay"]
+        return project_set(run_dir, ranked[key], proj.kernel_speedups, host_of(proj, key),
+                           True, only=only, cases=proj.case_speedups).replay
 
     s_pre = 1.0
     if variant != "graph" and prefill_key is not None:
@@ -79,10 +88,10 @@ def compose(run_dir: Path, variant: str, base: TokenTimes, new: int,
         tpot = step - walls[decode_key] * (1 - 1 / s_step)
     else:
         only = [] if variant == "graph" else set_for(decode_key, True)
-        g = project_graphs(run_dir, ranked[decode_key], proj.get("graph_kernel_speedups")
-                           or proj["kernel_speedups"], True, only=only,
-                           cases=proj.get("graph_case_speedups"))
-        pass_us = g.get("unpatched_pass_us" if variant == "graph" else "kept_pass_us")
+        g = project_graphs(run_dir, ranked[decode_key], proj.graph_kernel_speedups
+                           or proj.kernel_speedups, True, only=only,
+                           cases=proj.graph_case_speedups)
+        pass_us = g.unpatched_pass_us if variant == "graph" else g.kept_pass_us
         if pass_us is None or s_pre is None:
             return None
         tpot = pass_us / 1e3

@@ -22,10 +22,24 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from codegen.registry import get_family
+from core.integration_records import (
+    Bound,
+    BoundSide,
+    Check,
+    CheckRun,
+    IntegratedWorkload,
+    PatchEffect,
+    Ratio,
+    Reprofile,
+    Trial,
+)
+from core.record import Record
+from core.records import Accepted
 from core.source import kernel_names
 from pipeline.patching import patched, twin
 
@@ -86,7 +100,15 @@ def non_trivial_constants(*models, seed: int = 0):
                 q.copy_(old)
 
 
-def shared_prefix_prompts(vocab: int, shape: tuple[int, int], seeds, device) -> list[dict]:
+class Prompt(Record):
+    """One input of the whole-model check: its token ids, and the prefix it shares with the
+    prompt before it (None for the first)."""
+    seed: int
+    ids: Any
+    shares_prefix: dict | None = None
+
+
+def shared_prefix_prompts(vocab: int, shape: tuple[int, int], seeds, device) -> list[Prompt]:
     """One prompt per seed; each after the first repeats its predecessor's first half (of the
     sequence, or of the batch for one-token decode inputs) with a new tail, so a kernel that
     caches across calls keyed on part of its input returns a stale answer for the tail."""
@@ -101,7 +123,7 @@ def shared_prefix_prompts(vocab: int, shape: tuple[int, int], seeds, device) -> 
             if keep:
                 ids.narrow(dim, 0, keep).copy_(previous.narrow(dim, 0, keep))
                 shared = {"dim": "seq" if dim else "batch", "length": keep}
-        prompts.append({"seed": seed + 100, "ids": ids.to(device), "shares_prefix": shared})
+        prompts.append(Prompt(seed=seed + 100, ids=ids.to(device), shares_prefix=shared))
         previous = ids
     return prompts
 
@@ -115,25 +137,24 @@ def judge(patched: torch.Tensor, unpatched: torch.Tensor, ref: torch.Tensor) -> 
             "passed": e_new <= limit}
 
 
-def failure_line(families: list[str], trials: list[dict]) -> str | None:
+def failure_line(families: list[str], trials: list[Trial]) -> str | None:
     """The first failed trial in one line, naming the patched families and the trial (its
     prompt, and on a decode its path and step); None when every trial passed."""
-    t = next((t for t in trials if not t["passed"]), None)
+    t = next((t for t in trials if not t.passed), None)
     if t is None:
         return None
-    where = f"seed {t['seed']}"
-    if "path" in t:
-        step = "the prefill" if t["step"] == 0 else f"step {t['step']}"
-        where = f"{t['path']} cache, {step} (position {t['position']}), {where}"
-    if "workload" in t:
-        where = f"{t['workload']}, {where}"
-    return (f"{', '.join(families)}: {where}: patched logits error {t['error_patched']:.3g} > "
-            f"limit {t['limit']:.3g} ({ERROR_RATIO:g}x the unpatched "
-            f"{t['error_unpatched']:.3g})")
+    where = f"seed {t.seed}"
+    if t.has("path"):
+        step = "the prefill" if t.step == 0 else f"step {t.step}"
+        where = f"{t.path} cache, {step} (position {t.position}), {where}"
+    if t.has("workload"):
+        where = f"{t.workload}, {where}"
+    return (f"{', '.join(families)}: {where}: patched logits error {t.error_patched:.3g} > "
+            f"limit {t.limit:.3g} ({ERROR_RATIO:g}x the unpatched {t.error_unpatched:.3g})")
 
 
 def whole_model_check(model, ref_model, accepted: dict, families: list[str], workload,
-                      seeds=(0, 1, 2)) -> dict:
+                      seeds=(0, 1, 2)) -> CheckRun:
     """Errors against the fp32 reference, unpatched and patched, on fresh inputs whose prompts
     share prefixes, with constant-initialised parameters given non-trivial values (in the model
     and the reference alike; the caller's values come back). The patched model is a twin over
@@ -155,22 +176,22 @@ def whole_model_check(model, ref_model, accepted: dict, families: list[str], wor
                 trials, skipped = decode_trials(model, ref_model, variant, prompts,
                                                 workload.device, judge)
             for prompt in prompts if not decode else ():
-                ids = prompt["ids"]
-                trials.append({"seed": prompt["seed"], "shares_prefix": prompt["shares_prefix"],
+                ids = prompt.ids
+                trials.append({"seed": prompt.seed, "shares_prefix": prompt.shares_prefix,
                                **judge(variant(ids).logits, model(ids).logits,
                                        ref_model(ids).logits)})
     from pipeline.fp32_reference import describe
 
-    out = {"families": families, "trials": trials, "passed": all(t["passed"] for t in trials),
-           "reference": describe(ref_model),
-           "failure": failure_line(families, trials),
-           "constants_perturbed": {"spread": CONSTANT_PARAM_SPREAD, "parameters": changed}}
+    trials = Trial.list_of(trials)
+    out = CheckRun(families=families, trials=trials, passed=all(t.passed for t in trials),
+                   reference=describe(ref_model), failure=failure_line(families, trials),
+                   constants_perturbed={"spread": CONSTANT_PARAM_SPREAD, "parameters": changed})
     if skipped:
-        out["paths_skipped"] = skipped
+        out.paths_skipped = skipped
     return out
 
 
-def check_modes(model, ref_model, accepted: dict, families: list[str], workloads) -> dict:
+def check_modes(model, ref_model, accepted: dict, families: list[str], workloads) -> CheckRun:
     """`whole_model_check` on the first workload of each mode among `workloads` (one, or a
     list), merged: a decode step's families act on no prefill (and most prefill cases on no
     decode step), so a run profiled for both is checked decoding too. Each trial names its
@@ -182,40 +203,42 @@ def check_modes(model, ref_model, accepted: dict, families: list[str], workloads
     parts = [whole_model_check(model, ref_model, accepted, families, w) for w in firsts]
     if len(parts) == 1:
         return parts[0]
-    trials = [{**t, "workload": w.key} for w, part in zip(firsts, parts) for t in part["trials"]]
+    trials = [t.model_copy(update={"workload": w.key}) for w, part in zip(firsts, parts)
+              for t in part.trials]
     skipped = {f"{w.key} {path}": why for w, part in zip(firsts, parts)
-               for path, why in part.get("paths_skipped", {}).items()}
-    return {**parts[0], "trials": trials, "passed": all(p["passed"] for p in parts),
-            "failure": failure_line(families, trials), "workloads": [w.key for w in firsts],
-            **({"paths_skipped": skipped} if skipped else {})}
+               for path, why in (part.paths_skipped or {}).items()}
+    return parts[0].model_copy(update={
+        "trials": trials, "passed": all(p.passed for p in parts),
+        "failure": failure_line(families, trials), "workloads": [w.key for w in firsts],
+        **({"paths_skipped": skipped} if skipped else {})})
 
 
-def check_and_bisect(model, ref_model, accepted: dict, families: list[str], workload) -> dict:
+def check_and_bisect(model, ref_model, accepted: dict, families: list[str],
+                     workload) -> Check:
     """Whole-model check of the set (`check_modes`: `workload` one or several); on failure,
     each family alone, failing ones rejected. `reasons`: one line per rejected family, naming
     it and the trial it failed."""
     full = check_modes(model, ref_model, accepted, families, workload)
-    result = {"set": full, "rejected": {}, "kept": list(families), "reasons": {}}
-    if full["passed"] or not families:
+    result = Check(set=full, rejected={}, kept=list(families), reasons={})
+    if full.passed or not families:
         return result
     for name in families:
         alone = check_modes(model, ref_model, accepted, [name], workload)
-        if not alone["passed"]:
-            result["rejected"][name] = alone
-            result["reasons"][name] = alone["failure"]
-    result["kept"] = [f for f in families if f not in result["rejected"]]
-    if result["kept"]:
-        result["kept_set"] = check_modes(model, ref_model, accepted, result["kept"],
-                                          workload)
-        if not result["kept_set"]["passed"]:
-            for f in result["kept"]:
-                result["rejected"][f] = result["kept_set"]
-                result["reasons"][f] = result["kept_set"]["failure"]
-            result["kept"] = []
+        if not alone.passed:
+            result.rejected[name] = alone
+            result.reasons[name] = alone.failure
+    result.kept = [f for f in families if f not in result.rejected]
+    if result.kept:
+        result.kept_set = check_modes(model, ref_model, accepted, result.kept, workload)
+        if not result.kept_set.passed:
+            for f in result.kept:
+                result.rejected[f] = result.kept_set
+                result.reasons[f] = result.kept_set.failure
+            result.kept = []
     return result
 
 
-def patch_took_effect(model, accepted: dict, families: list[str], workload) -> dict:
+def patch_took_effect(model, accepted: dict, families: list[str], workload) -> PatchEffect:
     """Prove the patch is live: each family's kernel is dispatched, and the aten compute ops
     it replaces run fewer times in the patched forward (a TorchDispatchMode counts them, on
     any device). On a GPU a re-profile also lists the new kernels by name. (A CPU re-profile
@@ -242,20 +265,23 @@ def patch_took_effect(model, accepted: dict, families: list[str], workload) -> d
         ops = set(get_family(name).aten_ops)
         fewer[name] = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(ops)}
     ok = all(_proven(per_pass[f], fewer[f]) for f in families)
-    return {"kernel_calls": per_pass, "aten_ops_before_after": fewer, "new_kernels": kernels,
-            "passed": ok}
+    return PatchEffect(kernel_calls=per_pass, aten_ops_before_after=fewer, new_kernels=kernels,
+                       passed=ok)
 
 
-def with_effect_of(family: str, effect: dict | None, other: dict) -> dict:
+def with_effect_of(family: str, effect: PatchEffect | dict | None,
+                   other: PatchEffect | dict) -> PatchEffect:
     """`effect` with `family`'s proof from `other`, a proof of the set that family ships in
     (a family tried in place of another is patched without it, so it has a proof of its own)."""
-    out = effect or {"kernel_calls": {}, "aten_ops_before_after": {}, "new_kernels": [],
-                     "passed": True}
-    fewer = other["aten_ops_before_after"][family]
-    return {"kernel_calls": {**out["kernel_calls"], family: other["kernel_calls"][family]},
-            "aten_ops_before_after": {**out["aten_ops_before_after"], family: fewer},
-            "new_kernels": sorted(set(out["new_kernels"]) | set(other["new_kernels"])),
-            "passed": out["passed"] and _proven(other["kernel_calls"][family], fewer)}
+    out = PatchEffect.of(effect) if effect is not None else PatchEffect(
+        kernel_calls={}, aten_ops_before_after={}, new_kernels=[], passed=True)
+    other = PatchEffect.of(other)
+    fewer = other.aten_ops_before_after[family]
+    calls = other.kernel_calls[family]
+    return PatchEffect(kernel_calls={**out.kernel_calls, family: calls},
+                       aten_ops_before_after={**out.aten_ops_before_after, family: fewer},
+                       new_kernels=sorted(set(out.new_kernels) | set(other.new_kernels)),
+                       passed=out.passed and _proven(calls, fewer))
 
 
 def _proven(calls: int, fewer: dict) -> bool:
@@ -293,14 +319,14 @@ def _gpu_kernel_names(runner) -> list[str]:
 def family_kernels(accepted: dict, families: list[str]) -> dict[str, list[str]]:
     """family -> the kernel names its accepted sources can launch (`kernel_names`)."""
     names: dict[str, set[str]] = {f: set() for f in families}
-    for acc in accepted.values():
-        if acc["family"] in names:
-            names[acc["family"]] |= kernel_names(Path(acc["source"]).read_text())
+    for acc in Accepted.map_of(accepted).values():
+        if acc.family in names:
+            names[acc.family] |= kernel_names(Path(acc.source).read_text())
     return {f: sorted(n) for f, n in names.items()}
 
 
 def reprofile(model, accepted: dict, families: list[str], workload,
-              workload_cases: dict) -> dict:
+              workload_cases: dict) -> Reprofile:
     """GPU time per kernel of one unpatched and one patched pass, each after a warm-up pass:
     what the report sets against the projection, family by family (`projection_gap`)."""
     from profiling.capture import make_runner
@@ -313,9 +339,9 @@ def reprofile(model, accepted: dict, families: list[str], workload,
             runner.once()
             after = gpu_kernel_times(runner)
     except Exception as e:  # noqa: BLE001 - a diagnostic after the decisions must not end the run
-        return {"families": families, "error": f"{type(e).__name__}: {e}"}
-    return {"families": families, "unpatched_us": base, "patched_us": after,
-            "family_kernels": family_kernels(accepted, families)}
+        return Reprofile(families=families, error=f"{type(e).__name__}: {e}")
+    return Reprofile(families=families, unpatched_us=base, patched_us=after,
+                     family_kernels=family_kernels(accepted, families))
 
 
 class _Timings:
@@ -352,11 +378,16 @@ class _Timings:
             return self.paired_ratio(self.runner_for(without), self.runner_for(with_),
                                      n=self.pairs, device=self.device)
 
-    def combine(self, families):
-        r = self.against_base(families).to_dict()
-        if r["meaningful"] and r["verdict"] == "slower":
-            return {**r, "decision": "rolled back: the combined set regresses"}, []
-        return {**r, "bound": pass_bound(r), "decision": "kept"}, families
+    def combine(self, families) -> tuple[Ratio, list[str]]:
+        r = self.against_base(families)
+        if r.meaningful and r.verdict == "slower":
+            return _ratio(r, decision="rolled back: the combined set regresses"), []
+        return _ratio(r, bound=pass_bound(r), decision="kept"), families
+
+
+def _ratio(r, **more) -> Ratio:
+    """A paired ratio's record (`verify.timing.PairedRatio`), with the decision taken on it."""
+    return Ratio(**r.to_dict(), **more)
 
 
 UNREACHED = ("not integrated: its kernel ran 0 times in a pass with the set patched (no call "
@@ -387,7 +418,7 @@ def reach(model, workload, accepted: dict, families: list[str],
 
 
 def measure(model, workload, accepted: dict, families: list[str], workload_cases: dict,
-            pairs: int, paired_ratio) -> dict:
+            pairs: int, paired_ratio) -> IntegratedWorkload:
     """Each family alone against the baseline, then all kept ones, then each kept one in the
     set against the set without it (`prune_set`); interleaved pairs. A family whose kernel
     the set's pass never calls (`reach`) is not timed (`unreached`)."""
@@ -400,57 +431,57 @@ def measure(model, workload, accepted: dict, families: list[str], workload_cases
     per_family, kept = {}, []
     for name in families:
         r = t.against_base([name])
-        per_family[name] = {**r.to_dict(), "decision": _decision(r)}
-        if per_family[name]["decision"] != "rolled back":
+        per_family[name] = _ratio(r, decision=_decision(r))
+        if per_family[name].decision != "rolled back":
             kept.append(name)
 
     combined = None
     if kept:
         combined, kept = t.combine(kept)
-        if combined["meaningful"] and len(kept) > 1:
-            pruned = prune_set(kept, {f: per_family[f]["estimate"] for f in kept},
+        if combined.meaningful and len(kept) > 1:
+            pruned = prune_set(kept, {f: per_family[f].estimate for f in kept},
                                t.with_against_without, per_family)
             if pruned != kept:
                 # the shipped set is timed again against the baseline, under the same rule
                 before = _without_times(combined)
                 combined, kept = t.combine(pruned)
-                combined["before_pruning"] = before
-    return {"per_family": per_family, "combined": combined, "kept": kept,
-            "unreached": unreached, "declined": declined}
+                combined.before_pruning = before
+    return IntegratedWorkload(per_family=per_family, combined=combined, kept=kept,
+                              unreached=unreached, declined=declined)
 
 
-def fall_back(model, workload, accepted: dict, measured: dict, family: str, instead_of: str,
-              workload_cases: dict, pairs: int, paired_ratio) -> None:
+def fall_back(model, workload, accepted: dict, measured: IntegratedWorkload, family: str,
+              instead_of: str, workload_cases: dict, pairs: int, paired_ratio) -> None:
     """`family` was set aside before any measurement for `instead_of`, which replaces the same
     ops; `instead_of` did not ship on this workload (`measured`, from `measure`), so `family`
     is tried in its place under the same rules: alone against the baseline, in the shipped set
     against the set without it, and the set with it against the baseline. Without this, a
     family rolled back on a slow host takes the one set aside for it out of the model too.
     Updates `measured` in place."""
-    kept = list(measured["kept"])
+    kept = list(measured.kept)
     if reach(model, workload, accepted, kept + [family], workload_cases)[family] == 0:
-        measured.setdefault("unreached", {})[family] = UNREACHED
+        measured.unreached = {**measured.unreached, family: UNREACHED}
         return
     t = _Timings(model, workload, accepted, workload_cases, pairs, paired_ratio)
     r = t.against_base([family])
-    rec = {**r.to_dict(), "decision": _decision(r), "fallback_for": instead_of}
-    measured["per_family"][family] = rec
-    if rec["decision"] == "rolled back":
+    rec = _ratio(r, decision=_decision(r), fallback_for=instead_of)
+    measured.per_family[family] = rec
+    if rec.decision == "rolled back":
         return
     if kept:
         r = t.with_against_without(kept, kept + [family])
-        rec["in_set"] = _without_times(r.to_dict())
+        rec.in_set = _without_times(_ratio(r))
         if r.meaningful and r.verdict == "slower":
-            rec["decision"] = "rolled back: the set is slower with it"
+            rec.decision = "rolled back: the set is slower with it"
             return
     combined, shipped = t.combine(kept + [family])
     if not shipped:  # the set without it still ships
-        rec["decision"] = "rolled back: the set with it regresses"
-        rec["combined_with_it"] = _without_times(combined)
+        rec.decision = "rolled back: the set with it regresses"
+        rec.combined_with_it = _without_times(combined)
         return
-    if measured["combined"] is not None:
-        combined["before_fallback"] = _without_times(measured["combined"])
-    measured["combined"], measured["kept"] = combined, shipped
+    if measured.combined is not None:
+        combined.before_fallback = _without_times(measured.combined)
+    measured.combined, measured.kept = combined, shipped
 
 
 def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
@@ -461,17 +492,18 @@ def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
     kernel that barely wins alone while adding tens of microseconds of host per call).
     Each family, the least useful alone first, is timed in the set against the set without it
     (`compare(rest, with)`, a paired ratio with / without); where the 95 % CI shows the set
-    slower with it, it is rolled back for this workload. Records go into per_family[f]
-    ["in_set"]; returns the families kept. Up to k - 1 tests per workload: a family that makes
-    no difference is rolled back by chance about 2.5 % of the time per test."""
+    slower with it, it is rolled back for this workload. Records go into each family's
+    `in_set` (in `per_family`); returns the families kept. Up to k - 1 tests per workload: a
+    family that makes no difference is rolled back by chance about 2.5 % of the time per
+    test."""
     for f in sorted(kept, key=lambda f: -alone_ratio[f]):
         if len(kept) < 2:
             break
         rest = [k for k in kept if k != f]
         r = compare(rest, kept)
-        per_family[f]["in_set"] = _without_times(r.to_dict())
+        per_family[f].in_set = _without_times(_ratio(r))
         if r.meaningful and r.verdict == "slower":
-            per_family[f]["decision"] = "rolled back: the set is slower with it"
+            per_family[f].decision = "rolled back: the set is slower with it"
             kept = rest
     return kept
 
@@ -481,7 +513,7 @@ def prune_set(kept: list[str], alone_ratio: dict[str, float], compare,
 HOST_BOUND = 0.9
 
 
-def pass_bound(ratio: dict) -> dict | None:
+def pass_bound(ratio) -> Bound | None:
     """What bounds each side of a paired measurement: median host time (until the forward
     returned) against median wall time. A forward that synchronises inside, or blocks on a
     full launch queue, also returns late, so this reads host-bound then too. Kept sets only
@@ -492,20 +524,20 @@ def pass_bound(ratio: dict) -> dict | None:
     (recorded before they were)."""
     import statistics
 
-    if not ratio.get("meaningful") or not ratio.get("host_b_ms") or not ratio.get("times_b_ms"):
+    ratio = Ratio.of(ratio if isinstance(ratio, (dict, Record)) else ratio.to_dict())
+    if not ratio.meaningful or not ratio.host_b_ms or not ratio.times_b_ms:
         return None
-    out = {}
-    for side, name in (("a", "unpatched"), ("b", "patched")):
-        host = statistics.median(ratio[f"host_{side}_ms"])
-        wall = statistics.median(ratio[f"times_{side}_ms"])
-        out[name] = {"host_ms": host, "wall_ms": wall, "host_bound": host >= HOST_BOUND * wall}
-    return out
+
+    def side(host_ms: list[float], times_ms: list[float]) -> BoundSide:
+        host, wall = statistics.median(host_ms), statistics.median(times_ms)
+        return BoundSide(host_ms=host, wall_ms=wall, host_bound=host >= HOST_BOUND * wall)
+    return Bound(unpatched=side(ratio.host_a_ms, ratio.times_a_ms),
+                 patched=side(ratio.host_b_ms, ratio.times_b_ms))
 
 
-def _without_times(ratio: dict) -> dict:
+def _without_times(ratio: Ratio) -> Ratio:
     """A paired ratio's record without its per-call times (the ratios stay)."""
-    return {k: v for k, v in ratio.items()
-            if k not in ("times_a_ms", "times_b_ms", "host_a_ms", "host_b_ms")}
+    return ratio.without("times_a_ms", "times_b_ms", "host_a_ms", "host_b_ms")
 
 
 def _decision(r) -> str:

@@ -20,9 +20,11 @@ from typing import Any
 from codegen.cuda_build import resolve_backend
 from codegen.hybrid import make_proposer
 from codegen.strategies import SearchPlan
-from core.artifacts import read_json
+from core.artifacts import load
 from core.env import steady_cpu_timing
 from core.errors import UserError
+from core.integration_records import Integration
+from core.records import Profile, Ranking, SearchLog, VerificationSummary
 from core.workload import Workload
 from pipeline.interpreter import use_interpreter_without_gpu
 from pipeline.policy import backfill, choose_families
@@ -87,14 +89,14 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
     `plan`: the search's strategy, budgets, seed, memory and proposer share
     (codegen.strategies.SearchPlan; `max_configs` is its trial budget)."""
     plan = plan or SearchPlan()
-    profile = read_json(run_dir / "profile.json", "profile")
+    profile = load(run_dir / "profile.json", Profile, "profile")
     write_options(run_dir, {"top": top, "families": only, "backend": backend,
                             "max_configs": max_configs, "pairs": pairs, "proposer": proposer,
                             "workers": workers, "ray_address": ray_address,
                             "search": plan.strategy, "search_seconds": plan.seconds,
                             "search_seed": plan.seed, "fresh_search": plan.fresh,
                             "proposer_share": plan.proposer_share})
-    workloads = [Workload.from_dict(w["workload"]) for w in profile["workloads"]]
+    workloads = [Workload.from_dict(w.workload.to_dict()) for w in profile.workloads]
     device = workloads[0].device
     on_gpu = device.startswith("cuda")
     backend, note = resolve_backend(backend, device)  # before any stage runs
@@ -110,7 +112,7 @@ def run_optimize(run_dir: Path, top: int, say: Callable[[str], None], resume: bo
         say(f"workers: Ray tasks, each with {pool.resources}")
     try:
         # on the CPU the interpreter makes timings meaningless: one config per case is enough
-        run = Run(dir=run_dir, spec=resolve(profile["model"]["id"]), workloads=workloads,
+        run = Run(dir=run_dir, spec=resolve(profile.model.id), workloads=workloads,
                   say=say, resume=resume, top=top, only=only,
                   max_configs=max_configs or (None if on_gpu else 1), pairs=pairs,
                   proposer=proposer, backend=backend, pool=pool, plan=plan,
@@ -127,7 +129,7 @@ def _stages(run: Run) -> dict:
     families = _chosen(ranking, run.top, run.only)
     model = build(run.spec, run.workloads[0].torch_dtype(), run.device)
     verified_before = _read_if(run.resume, run.dir / "verification" / "summary.json",
-                               "verification summary")
+                               VerificationSummary, "verification summary")
     _, summary = _search(run, model, families, run.resume, propose=True)
     if not run.only:
         families, summary = backfill(ranking, families, run.top, run.device, run.say, summary,
@@ -141,9 +143,8 @@ def _stages(run: Run) -> dict:
     run.pool.drain()
     # later stages are skipped on --resume only if what they read did not change in this run
     # (an edited kernel, verified again, must reach the projection and the model)
-    integ = _read_if(run.resume, run.dir / "integration.json", "integration")
-    unchanged = verified_before == summary and integ is not None \
-        and integ.get("chosen") == families
+    integ = _read_if(run.resume, run.dir / "integration.json", Integration, "integration")
+    unchanged = verified_before == summary and integ is not None and integ.chosen == families
     if not (unchanged and (run.dir / "projection.json").exists()):
         _freeze(run, model, ranking, summary, families)
     if not unchanged:
@@ -152,8 +153,9 @@ def _stages(run: Run) -> dict:
     model = None  # integration freed its copy; the graphs stage builds its own
     # integration.json is written before the graphs stage runs: a run cut off in that stage
     # resumes with its measured workloads that have no "graphs" record yet
-    measured = read_json(run.dir / "integration.json", "integration")["workloads"]
-    pending = [w for w in run.workloads if w.key in measured and "graphs" not in measured[w.key]]
+    measured = load(run.dir / "integration.json", Integration, "integration").workloads
+    pending = [w for w in run.workloads
+               if w.key in measured and not measured[w.key].has("graphs")]
     if pending:
         graphs_stage(run.dir, run.spec, pending, summary, run.say, run.timing_pairs)
     # cheap (replays of the frozen numbers) and idempotent, so always: a resumed run that was
@@ -164,7 +166,7 @@ def _stages(run: Run) -> dict:
 
 
 def _search(run: Run, model, families: list[str], again: bool,
-            propose: bool) -> tuple[dict, dict]:
+            propose: bool) -> tuple[SearchLog, VerificationSummary]:
     """Generate and verify `families` (`again`: keep what an earlier attempt did); the search
     log and the verification summary."""
     log = generate_stage(run.dir, families, model, run.workloads, run.device, run.say, again,
@@ -173,26 +175,29 @@ def _search(run: Run, model, families: list[str], again: bool,
     if run.proposer and propose:
         from codegen.proposer import run_proposer
 
-        log = run_proposer(run.proposer, run.dir, log, run.device, run.say)
+        # the proposer adds its candidates to the log as plain data (codegen's own format)
+        log = SearchLog.of(run_proposer(run.proposer, run.dir, log.to_dict(), run.device,
+                                        run.say))
     return log, verify_stage(run.dir, log, run.device, run.say, again, workers=run.pool)
 
 
-def _freeze(run: Run, model, ranking: dict, summary: dict, families: list[str]) -> None:
+def _freeze(run: Run, model, ranking: Ranking, summary: VerificationSummary,
+            families: list[str]) -> None:
     """The host deltas measured in the model (on a GPU), then the projection frozen."""
-    enqueue = {w["key"]: w.get("enqueue_ms") for w in ranking["workloads"]}
+    enqueue = {w.key: w.enqueue_ms for w in ranking.workloads}
     in_model, in_model_set = host_stage(model, run.workloads, summary, families, run.say,
                                         enqueue) if run.on_gpu else (None, None)
     freeze_projection(run.dir, summary, families, run.on_gpu, in_model, in_model_set)
 
 
-def _ranking(run_dir: Path, resume: bool, say: Callable[[str], None]) -> dict:
+def _ranking(run_dir: Path, resume: bool, say: Callable[[str], None]) -> Ranking:
     if not (resume and (run_dir / "ranking.json").exists()):
         say("rank")
         run_rank(run_dir)
-    return read_json(run_dir / "ranking.json", "ranking")
+    return load(run_dir / "ranking.json", Ranking, "ranking")
 
 
-def _chosen(ranking: dict, top: int, only: list[str] | None) -> list[str]:
+def _chosen(ranking: Ranking, top: int, only: list[str] | None) -> list[str]:
     families = choose_families(ranking, None if only else top)
     if only:
         families = [f for f in families if f in only] + [f for f in only if f not in families]
@@ -201,5 +206,5 @@ def _chosen(ranking: dict, top: int, only: list[str] | None) -> list[str]:
     return families
 
 
-def _read_if(resume: bool, path: Path, kind: str) -> dict | None:
-    return read_json(path, kind) if resume and path.exists() else None
+def _read_if(resume: bool, path: Path, model, kind: str):
+    return load(path, model, kind) if resume and path.exists() else None

@@ -17,6 +17,7 @@ from pathlib import Path
 from codegen.ops import compilable
 from codegen.registry import get_family
 from codegen.search import case_key
+from core.records import Accepted
 from core.source import load_forward
 from pipeline.rundir import relocate
 
@@ -26,11 +27,11 @@ def make_chooser(accepted: dict, family: str, allowed_cases: set[str] | None = N
     """case -> forward for the exact cases accepted for `family` (and allowed), else None.
     `run_dir`: where the run lives now, if it was moved since the kernels were accepted."""
     by_case = {}
-    for acc in accepted.values():
-        if acc["family"] == family:
-            key = case_key(acc["case"])
+    for acc in Accepted.map_of(accepted).values():
+        if acc.family == family:
+            key = case_key(acc.case)
             if allowed_cases is None or key in allowed_cases:
-                by_case[key] = acc["source"]
+                by_case[key] = acc.source
     loaded: dict[tuple, Callable | None] = {}
 
     def chooser(case):

@@ -5,7 +5,7 @@ rivals, and the rival set aside tried where the other does not ship.
   whole-model gain, best rank over all profiled workloads.
 - `--top N` means N families that reach the model: one that has no accepted kernel, or cannot
   win by its own kernel-level numbers, gives its place to the next in the ranking.
-- Of two families declared rivals (`Family.rivals`), the one that saves less device time per
+- Of two families declared rivals (`RankHooks.rivals`), the one that saves less device time per
   call is set aside (on the CPU, whose interpreter timings say nothing, the one lower in the
   ranking), and tried only where the other does not ship.
 """
@@ -14,42 +14,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.records import Accepted, Ranking, VerificationSummary
 
-def choose_families(ranking: dict, top: int | None) -> list[str]:
+
+def choose_families(ranking: Ranking | dict, top: int | None) -> list[str]:
     """Families by their best whole-model gain on any workload, the gain the ranking orders by
     (`rank_gain`: on a launch-bound pass the row's gain inside the graph, where the eager
     replay's host savings of a few percent had left Llama-3.2-1B decode's decode_attention out
     of the top 5); the first `top` (all: None). Two families that replace the same ops may
-    both be chosen: they are rivals (`Family.rivals`), and the measured one goes on."""
+    both be chosen: they are rivals (`RankHooks.rivals`), and the measured one goes on."""
     best: dict[str, tuple] = {}
-    for w in ranking["workloads"]:
-        fam_rows = [r for r in w["rows"] if r["family"]]
+    for w in Ranking.of(ranking).workloads:
+        fam_rows = [r for r in w.rows if r.family]
         for i, r in enumerate(fam_rows):
-            gain = r.get("rank_gain") or r["replay_gain"] or r["amdahl_gain"]
-            cur = best.get(r["family"])
+            gain = r.rank_gain or r.replay_gain or r.amdahl_gain
+            cur = best.get(r.family)
             if cur is None or (-gain, i) < cur:
-                best[r["family"]] = (-gain, i)
+                best[r.family] = (-gain, i)
     return [f for f, _ in sorted(best.items(), key=lambda kv: kv[1])][:top]
 
 
-def backfill(ranking: dict, families: list[str], top: int, device: str,
-             say: Callable[[str], None], summary: dict,
-             search: Callable[[list[str]], tuple[dict, dict]]) -> tuple[list[str], dict]:
+def backfill(ranking: Ranking | dict, families: list[str], top: int, device: str,
+             say: Callable[[str], None], summary: VerificationSummary | dict,
+             search: Callable[[list[str]], tuple]) -> tuple[list[str], VerificationSummary]:
     """`--top N` means N families that reach the model: a chosen family with no accepted
     kernel, or one that cannot win (`cannot_win`: our attention, ranked 3rd on Llama-3.2-1B b8
     by its roofline and 0.23x of cuDNN's SDPA once measured), gives its place to the next
     family in the ranking; `search(more)` generates and verifies those (without proposals)
     and returns (search log, verification summary)."""
     ranked = choose_families(ranking, None)
+    summary = VerificationSummary.of(summary)
     while True:
-        useful, _ = integrable(summary["accepted"], families, device)
+        useful, _ = integrable(summary.accepted, families, device)
         more = [f for f in ranked if f not in families][:top - len(useful)]
         if not more:
             return families, summary
         say(f"{', '.join(sorted(set(families) - set(useful)))} will not reach the model; next "
             f"in the ranking: {', '.join(more)}")
         families = families + more
-        _, summary = search(more)
+        summary = VerificationSummary.of(search(more)[1])
+
+
+def _accepted(accepted: dict) -> dict[str, Accepted]:
+    return Accepted.map_of(accepted)
 
 
 def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
@@ -59,24 +66,25 @@ def cannot_win(accepted: dict, families: list[str]) -> dict[str, str]:
     measurement time on a certain rollback (an attention kernel at a fraction of cuDNN's
     SDPA's speed)."""
     out = {}
+    accepted = _accepted(accepted)
     for fam in families:
-        accs = [a for a in accepted.values() if a["family"] == fam]
+        accs = [a for a in accepted.values() if a.family == fam]
         # a kernel faster inside a CUDA graph can still pay where the graphs stage runs it
-        if accs and all(a["speedup"] < 1 and (a.get("host_delta_us") or 0.0) <= 0
-                        and (a.get("graph_speedup") or 0.0) <= 1 for a in accs):
-            speeds = ", ".join(f"{a['speedup']:.2f}x" for a in accs)
-            hosts = ", ".join(f"{-(a.get('host_delta_us') or 0.0):+.1f} us" for a in accs)
+        if accs and all(a.speedup < 1 and (a.host_delta_us or 0.0) <= 0
+                        and (a.graph_speedup or 0.0) <= 1 for a in accs):
+            speeds = ", ".join(f"{a.speedup:.2f}x" for a in accs)
+            hosts = ", ".join(f"{-(a.host_delta_us or 0.0):+.1f} us" for a in accs)
             out[fam] = (f"not integrated: slower than the code it replaces at kernel level "
                         f"({speeds}) and no host time saved per call ({hosts})")
     return out
 
 
 def superseded(accepted: dict, families: list[str], device: str = "cuda") -> dict[str, str]:
-    """Of two families that replace the same ops (`Family.rivals`: the matmul with the
+    """Of two families that replace the same ops (`RankHooks.rivals`: the matmul with the
     gated activation in its epilogue, and gated_act alone), the one whose accepted kernels save
     less device time per call, summed over its cases, gives way: both patch the same MLP, and
     each one's saving is measured against the same HF code, on the layout that code runs on
-    (`Family.baseline_case`), by the same harness.
+    (`VerifyHooks.baseline_case`), by the same harness.
     Interpreter timings (CPU) decide nothing: there the one earlier in `families` (the
     ranking's order) is kept, and the reason says so and what a GPU would decide on.
     Decided once per run, before any in-model measurement: where each family wins on another
@@ -102,9 +110,11 @@ def _saving(us: float) -> str:
 
 
 def _device_saved_us(accepted: dict) -> Callable[[str], float]:
+    accepted = _accepted(accepted)
+
     def saved_us(fam: str) -> float:
-        return sum((a["baseline"]["median_ms"] - a["kernel"]["median_ms"]) * 1e3
-                   for a in accepted.values() if a["family"] == fam)
+        return sum((a.baseline.median_ms - a.kernel.median_ms) * 1e3
+                   for a in accepted.values() if a.family == fam)
     return saved_us
 
 
@@ -116,7 +126,7 @@ def superseded_by(accepted: dict, families: list[str], device: str = "cuda") -> 
     saved_us = _device_saved_us(accepted)
     out: dict[str, str] = {}
     for fam in families:
-        for other in get_family(fam).rivals:
+        for other in get_family(fam).rank.rivals:
             if other not in families or fam in out or other in out:
                 continue
             if on_gpu:
@@ -130,7 +140,7 @@ def superseded_by(accepted: dict, families: list[str], device: str = "cuda") -> 
 def _may_win(accepted: dict, families: list[str], device: str) -> tuple[list, dict]:
     """(families with an accepted kernel that may gain somewhere, {the others: why}). Only GPU
     timings say a kernel is slower; the interpreter's say nothing."""
-    fams = [f for f in families if any(a["family"] == f for a in accepted.values())]
+    fams = [f for f in families if any(a.family == f for a in _accepted(accepted).values())]
     skipped = cannot_win(accepted, fams) if device.startswith("cuda") else {}
     return [f for f in fams if f not in skipped], skipped
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.artifacts import read_json, write_json, write_text
 from core.errors import UserError
+from core.records import ProfiledWorkload
 from pipeline import e2e_report
 from pipeline import report_plots as rp
 from pipeline.projection.gap import gap
@@ -116,8 +117,8 @@ def collect(arts: dict) -> dict:
     }
 
 
-def _workload(key, p, r, proj, iw, fam_of) -> dict:
-    r = r or {}
+def _pass_fields(key, p, r: dict, iw) -> dict:
+    """The workload's pass as profiled and ranked: its wall, regime and table rows."""
     base = p or r or {"workload": (iw or {}).get("workload", {}), "time_basis": None}
     basis = base.get("time_basis")
     rows = r.get("rows") or [
@@ -140,6 +141,13 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
         **_table_rows(rows, bool(r.get("rows")), rest),
         "cumulative": r.get("cumulative") or [], "ceiling_amdahl": r.get("ceiling_amdahl"),
         "ceiling_replay": r.get("ceiling_replay"), "floor": r.get("floor")}
+    return w
+
+
+def _workload(key, p, r, proj, iw, fam_of) -> dict:
+    r = r or {}
+    w = _pass_fields(key, p, r, iw)
+    busy = w["gpu_busy_share"]
     w["floor_text"] = floor_line(w)
     w["graph_row"] = next((x for x in r.get("rows") or [] if x.get("remedy")), None)
     w["graphs"] = (iw or {}).get("graphs")
@@ -153,7 +161,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
     w["conditions"] = _conditions(w["wall_ms"], iw) if w["time_basis"] == "device" else None
     w["host_bound_note"] = _host_bound_note(w.get("bound"))
     w["suggestions"] = _suggestions(w, p)
-    w["experts_note"] = _experts_note(rows, p)
+    w["experts_note"] = _experts_note(r.get("rows") or [], p)
     w.update(headroom(r, iw))
     w["verdict"] = verdict(w)
     return w
@@ -162,7 +170,7 @@ def _workload(key, p, r, proj, iw, fam_of) -> dict:
 def verdict(w: dict) -> str:
     """One line: what ships, what it measured (95 % CI) against what was projected, the
     regime, and what would help next."""
-    speed, ci, pct = rp.speed, rp.ci, rp.pct
+    speed, ci = rp.speed, rp.ci
     regime = ("CPU (interpreter timings: no speedup measured)" if w["time_basis"] != "device"
               else "launch-bound" if w["launch_bound"] else "device-bound")
     shipped = w.get("shipped")
@@ -180,24 +188,39 @@ def verdict(w: dict) -> str:
         meas = f"measured {speed(shipped['speedup'])} {ci(shipped['ci'])}"
     else:
         meas = "measured: not meaningful here" if shipped["families"] else "nothing measured"
-    p = w.get("compared_projection") or w.get("projected") or {}
-    if p.get("note") or (p.get("replay") is None and p.get("amdahl") is None):
-        proj = "projected: n/a without GPU kernel times"
-    else:
-        err = (w.get("projection_error") or {}).get("replay")
-        proj = (f"projected {speed(p.get('replay') or p.get('amdahl'))} "
-                f"({'replay' if p.get('replay') else 'Amdahl'}"
-                + (f", error {pct(err)}" if err is not None and m.get("meaningful") else "")
-                + ")")
-        host = w.get("at_timing_host")
-        if host and m.get("meaningful"):
-            proj += (f"; {speed(host['replay'])} at the timing's host speed (error "
-                     f"{pct(host['error'])}; the host took {host['host_drift']:.2f}x the "
-                     f"profile's time)")
+    proj = _projected_text(w, bool(m.get("meaningful")))
     g = w.get("graphs") or {}
     if g.get("shipped"):
         fams += " + CUDA graph"
         meas += f"; as one CUDA graph {speed(g.get('measured_speedup'))}"
+    nxt = _next_step(w, g, shipped)
+    return f"{w['key']}: ships {fams}; {meas}; {proj}; {regime}; next: {nxt}"
+
+
+def _projected_text(w: dict, meaningful: bool) -> str:
+    """The verdict's projection: the replay's (or Amdahl's), its error where the timing means
+    something, and the replay at the timing's host speed."""
+    speed, pct = rp.speed, rp.pct
+    p = w.get("compared_projection") or w.get("projected") or {}
+    if p.get("note") or (p.get("replay") is None and p.get("amdahl") is None):
+        return "projected: n/a without GPU kernel times"
+    err = (w.get("projection_error") or {}).get("replay")
+    proj = (f"projected {speed(p.get('replay') or p.get('amdahl'))} "
+            f"({'replay' if p.get('replay') else 'Amdahl'}"
+            + (f", error {pct(err)}" if err is not None and meaningful else "")
+            + ")")
+    host = w.get("at_timing_host")
+    if host and meaningful:
+        proj += (f"; {speed(host['replay'])} at the timing's host speed (error "
+                 f"{pct(host['error'])}; the host took {host['host_drift']:.2f}x the "
+                 f"profile's time)")
+    return proj
+
+
+def _next_step(w: dict, g: dict, shipped: dict) -> str:
+    """What would help next: fusion once a graph took the host away, CUDA graphs where the host
+    bounds the pass, faster GEMMs and attention near the floor, else more families."""
+    speed, pct = rp.speed, rp.pct
     if g.get("shipped"):
         nxt = "fewer kernels per pass (fusion), now that the host is gone"
     elif w.get("host_bound_note") or w["launch_bound"]:
@@ -210,7 +233,7 @@ def verdict(w: dict) -> str:
         nxt = (f"faster GEMMs or attention, not more fusion: the pass is within "
                f"{pct(max(0.0, floor_x / best - 1))} of its floor ({speed(floor_x)}: its GEMMs "
                "and attention alone at cuBLAS's and SDPA's rate)")
-    return f"{w['key']}: ships {fams}; {meas}; {proj}; {regime}; next: {nxt}"
+    return nxt
 
 
 def headroom(r: dict, iw: dict | None) -> dict:
@@ -349,6 +372,36 @@ def _integration(iw: dict | None, projected: dict | None,
                 "patch_effect": None, "declined": {}}
     per, comb, check = iw.get("per_family") or {}, iw.get("combined"), iw.get("check") or {}
     in_comb = [f for f, d in per.items() if not _rolled_back(d)]
+    measured = _measured(per, comb, in_comb, projected)
+    basis = _basis_for_measured(iw, measured, projected, speeds)
+    error = None
+    if measured and measured["speedup"] and projected and not projected["note"]:
+        m = measured["speedup"]
+        error = {k: abs(basis[k] - m) / m if basis.get(k) is not None else None
+                 for k in ("amdahl", "replay")}
+    kept = list(iw.get("kept") or [])
+    return {"measured": measured, "shipped": _shipped(kept, comb), "projection_error": error,
+            "at_timing_host": _at_timing_host(iw.get("projection_at_timing_host"), measured),
+            "bound": (comb or {}).get("bound"),
+            "compared_projection": basis if basis is not projected and not projected.get("note")
+            else None,
+            "per_family": [{"family": f, **_ratio(d, [f], "alone"),
+                            "in_set": _ratio(d["in_set"], [f], "in the set, with / without")
+                            if d.get("in_set") else None, "fallback_for": d.get("fallback_for")}
+                           for f, d in per.items()],
+            "rollbacks": _rollbacks(iw, per, comb, check, in_comb),
+            "set_aside": dict(iw.get("skipped") or {}), "kept": kept,
+            **_checks_of(iw, check, kept),
+            "patch_effect": iw.get("patch_effect"),
+            # signatures the pass asked for that no accepted kernel covers (integrate.reach)
+            "declined": {f: keys for f, keys in (iw.get("declined") or {}).items()
+                         if f in kept}}
+
+
+def _measured(per: dict, comb: dict | None, in_comb: list[str],
+              projected: dict | None) -> dict | None:
+    """The timing to hold the projection against: the combined set's where it is the set
+    projected, else the one projected family's alone, else the combined set's, noted."""
     want = (projected or {}).get("families")
     measured = None
     if comb and (want is None or set(in_comb) == set(want)):
@@ -361,78 +414,79 @@ def _integration(iw: dict | None, projected: dict | None,
             set(measured["families"]) != set(want):
         measured["note"] = (f"the measured set ({', '.join(measured['families']) or 'none'}) "
                             f"differs from the projected set ({', '.join(want) or 'none'})")
-    basis = projected
+    return measured
+
+
+def _basis_for_measured(iw: dict, measured: dict | None, projected: dict | None,
+                        speeds: dict) -> dict | None:
+    """The projection the measurement is compared with: the one frozen for the set that ran,
+    where it was projected again (noted on `measured`), else `projected`."""
+    want = (projected or {}).get("families")
     for_kept = iw.get("projection_for_kept")
-    if measured and for_kept and set(for_kept["families"]) == set(measured["families"]):
-        # projected again for the set that ran, from the kernel numbers frozen beforehand
-        basis = for_kept
-        extra = [f for f in for_kept["families"] if f not in (want or []) and f in speeds]
-        said = ("projected for that set" + (
-            " (" + ", ".join(f"{f} at {rp.speed(speeds[f])}" for f in extra) + ", frozen with "
-            "the others)" if extra else "") + f": {rp.speed(for_kept['amdahl'])} "
-                f"(Amdahl), {rp.speed(for_kept['replay'])} (replay)")
-        measured["note"] = f"{measured['note']}; {said}" if measured["note"] else said
-    error = None
-    if measured and measured["speedup"] and projected and not projected["note"]:
-        m = measured["speedup"]
-        error = {k: abs(basis[k] - m) / m if basis.get(k) is not None else None
-                 for k in ("amdahl", "replay")}
-    kept = list(iw.get("kept") or [])
+    if not (measured and for_kept and set(for_kept["families"]) == set(measured["families"])):
+        return projected
+    # projected again for the set that ran, from the kernel numbers frozen beforehand
+    extra = [f for f in for_kept["families"] if f not in (want or []) and f in speeds]
+    said = ("projected for that set" + (
+        " (" + ", ".join(f"{f} at {rp.speed(speeds[f])}" for f in extra) + ", frozen with "
+        "the others)" if extra else "") + f": {rp.speed(for_kept['amdahl'])} "
+            f"(Amdahl), {rp.speed(for_kept['replay'])} (replay)")
+    measured["note"] = f"{measured['note']}; {said}" if measured["note"] else said
+    return for_kept
+
+
+def _shipped(kept: list[str], comb: dict | None) -> dict:
     if kept and comb:
         c = _ratio(comb, kept, "shipped")
-        shipped = {"families": kept, "speedup": c["speedup"], "ci": c["ci"],
-                   "note": None if c["meaningful"] else c["reason"]}
-    else:
-        shipped = {"families": [], "speedup": 1.0, "ci": None,
-                   "note": "nothing kept: the model runs its original code on this workload"}
-    # `skipped`: set aside before integration (superseded by a rival, or slower at kernel
-    # level with no host time saved): never patched in, so not rolled back
+        return {"families": kept, "speedup": c["speedup"], "ci": c["ci"],
+                "note": None if c["meaningful"] else c["reason"]}
+    return {"families": [], "speedup": 1.0, "ci": None,
+            "note": "nothing kept: the model runs its original code on this workload"}
+
+
+def _rollbacks(iw: dict, per: dict, comb: dict | None, check: dict,
+               in_comb: list[str]) -> list[dict]:
+    """Each family taken out, where and why. `skipped` (set aside before integration:
+    superseded by a rival, or slower at kernel level with no host time saved) was never
+    patched in, so it is not rolled back."""
     rollbacks = [{"family": f, "stage": "in the model", "reason": why}
-                  for f, why in (iw.get("unreached") or {}).items()]
+                 for f, why in (iw.get("unreached") or {}).items()]
     rollbacks += [{"family": f, "stage": "whole-model check", "reason": _check_reason(res)}
                   for f, res in (check.get("rejected") or {}).items()]
-    for f, d in per.items():
-        if _rolled_back(d) and d.get("combined_with_it"):  # a fallback (integrate.fall_back)
-            r = _ratio(d["combined_with_it"], [f], "the set with it")
-            rollbacks.append({"family": f, "stage": "combined", "reason": (
-                f"the set with it against the baseline {rp.speed(r['speedup'])} "
-                f"{rp.ci(r['ci'])}: the 95% CI shows a slowdown; the set without it ships")})
-        elif _rolled_back(d) and d.get("in_set"):  # in_set: timed in the set, kept alone
-            r = _ratio(d["in_set"], [f], "in the set")
-            rollbacks.append({"family": f, "stage": "timing in the set", "reason": (
-                f"the set with it against the set without it {rp.speed(r['speedup'])} "
-                f"{rp.ci(r['ci'])}: the 95% CI shows a slowdown (alone "
-                f"{rp.speed(_ratio(d, [f], 'alone')['speedup'])})")})
-        elif _rolled_back(d):
-            r = _ratio(d, [f], "alone")
-            rollbacks.append({"family": f, "stage": "timing", "reason": (
-                f"alone {rp.speed(r['speedup'])} {rp.ci(r['ci'])}: the 95% CI of the paired "
-                f"ratio shows a slowdown")})
+    rollbacks += [_timing_rollback(f, d) for f, d in per.items() if _rolled_back(d)]
     if _rolled_back(comb):
         r = _ratio(comb, in_comb, "combined")
         rollbacks.append({"family": ", ".join(in_comb), "stage": "combined", "reason": (
             f"{comb['decision']} ({rp.speed(r['speedup'])} {rp.ci(r['ci'])}); every kernel "
             f"rolled back here")})
-    return {"measured": measured, "shipped": shipped, "projection_error": error,
-            "at_timing_host": _at_timing_host(iw.get("projection_at_timing_host"), measured),
-            "bound": (comb or {}).get("bound"),
-            "compared_projection": basis if basis is not projected and not projected.get("note")
-            else None,
-            "per_family": [{"family": f, **_ratio(d, [f], "alone"),
-                            "in_set": _ratio(d["in_set"], [f], "in the set, with / without")
-                            if d.get("in_set") else None, "fallback_for": d.get("fallback_for")}
-                           for f, d in per.items()],
-            "rollbacks": rollbacks, "set_aside": dict(iw.get("skipped") or {}), "kept": kept,
-            "check": {**_check_summary(check.get("set")),
+    return rollbacks
+
+
+def _timing_rollback(f: str, d: dict) -> dict:
+    if d.get("combined_with_it"):  # a fallback (integrate.fall_back)
+        r = _ratio(d["combined_with_it"], [f], "the set with it")
+        return {"family": f, "stage": "combined", "reason": (
+            f"the set with it against the baseline {rp.speed(r['speedup'])} "
+            f"{rp.ci(r['ci'])}: the 95% CI shows a slowdown; the set without it ships")}
+    if d.get("in_set"):  # in_set: timed in the set, kept alone
+        r = _ratio(d["in_set"], [f], "in the set")
+        return {"family": f, "stage": "timing in the set", "reason": (
+            f"the set with it against the set without it {rp.speed(r['speedup'])} "
+            f"{rp.ci(r['ci'])}: the 95% CI shows a slowdown (alone "
+            f"{rp.speed(_ratio(d, [f], 'alone')['speedup'])})")}
+    r = _ratio(d, [f], "alone")
+    return {"family": f, "stage": "timing", "reason": (
+        f"alone {rp.speed(r['speedup'])} {rp.ci(r['ci'])}: the 95% CI of the paired "
+        f"ratio shows a slowdown")}
+
+
+def _checks_of(iw: dict, check: dict, kept: list[str]) -> dict:
+    return {"check": {**_check_summary(check.get("set")),
                       "rejected": sorted(check.get("rejected") or {})} if check else None,
             # the check of each family tried in place of another, in the set it ships in
             "fallback_checks": {f: _check_summary(c.get("set"))
                                 for f, c in (iw.get("fallback_checks") or {}).items()
-                                if f in kept},
-            "patch_effect": iw.get("patch_effect"),
-            # signatures the pass asked for that no accepted kernel covers (integrate.reach)
-            "declined": {f: keys for f, keys in (iw.get("declined") or {}).items()
-                         if f in kept}}
+                                if f in kept}}
 
 
 def _at_timing_host(reading: dict | None, measured: dict | None) -> dict | None:
@@ -464,7 +518,7 @@ def _experts_note(rows: list[dict], p: dict | None) -> str | None:
     """The experts blocks' share of the pass and the tokens per expert the profile saw."""
     from profiling.expert_load import describe
 
-    load = (p or {}).get("expert_load")
+    load = ProfiledWorkload.of(p).expert_load if p else None
     if not load:
         return None
     share = sum(x["share"] for x in _own(rows) if x.get("family") == "moe_experts") or None

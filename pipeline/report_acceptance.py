@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.records import Environment, VerificationRecord, VerifyEnvironment
 from pipeline.report_render import NOT_MEANINGFUL, case_text, ci, config_text, speed
 
 CONCURRENCY = ("concurrency: one process, one stream, one call at a time (the batch is the only "
@@ -45,29 +46,48 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
     """One kernel family's acceptance record in the DESIGN.md form: six labelled fields."""
     acc = [a for a in data["kernels"]["accepted"] if a["family"] == fam]
     rej = [r for r in data["kernels"]["rejected"] if r["family"] == fam]
-    recs = [(a["case_key"], load(a["record"])) for a in acc]
-    tried = [(x, load(x["record"])) for r in rej for x in r["tried"]]
-    m, env = data["model"], data["environment"]
-    renv = next((r["environment"] for _, r in recs + tried if r), {})
+    recs = [(a["case_key"], _record(load(a["record"]))) for a in acc]
+    tried = [(x, _record(load(x["record"]))) for r in rej for x in r["tried"]]
+    renv = next((r.environment for _, r in recs + tried if r), None) or VerifyEnvironment()
     cases = [(a["case_key"], a["case"]) for a in acc] + [(r["key"].split("/", 1)[-1], r["case"])
                                                          for r in rej]
     dtypes = sorted({str((c or {}).get("dtype")) for _, c in cases})
     ws = data["workloads"]
-    f = {"Workload": [
+    return {"Workload": _workload_field(data["model"], cases, ws),
+            "Environment": _environment_field(data["environment"], renv, dtypes),
+            "Comparison": _comparison_field(acc, recs, tried, run_dir),
+            "Correctness": _correctness_field(fam, recs, tried, renv, dtypes, ws),
+            "Measurements": _measurements_field(fam, acc, ws),
+            "Decision": _decision_field(fam, acc, rej, ws)}
+
+
+def _record(r) -> VerificationRecord | None:
+    return VerificationRecord.of(r) if r is not None else None
+
+
+def _workload_field(m: dict, cases: list, ws: list[dict]) -> list[str]:
+    return [
         (f"model {m.get('id')} ({m.get('source')}, {m.get('weights')} weights, "
-        f"{m.get('model_type')}); revision {m.get('revision') or 'not pinned'}"),
+         f"{m.get('model_type')}); revision {m.get('revision') or 'not pinned'}"),
         *[f"case {case_text(c, k)}" for k, c in cases],
         "workloads: " + "; ".join(f"{w['key']} (batch {w['workload'].get('batch')}, seq "
                                   f"{w['workload'].get('seq')}, {w['workload'].get('mode')})"
                                   for w in ws),
-        CONCURRENCY],
-        "Environment": [
-        (f"accelerator: {env.get('gpu') or renv.get('accelerator') or 'none (CPU)'}, driver "
-        f"{env.get('driver') or 'n/a'}"),
-        (f"compiler: triton {renv.get('triton') or env.get('triton')}, torch "
-        f"{renv.get('torch') or env.get('torch')}, CUDA {env.get('cuda') or 'n/a'}"),
-        "precision: " + ", ".join(dtypes)],
-        "Comparison": [
+        CONCURRENCY]
+
+
+def _environment_field(env: dict, renv: VerifyEnvironment, dtypes: list[str]) -> list[str]:
+    env = Environment.of(env)
+    return [
+        (f"accelerator: {env.gpu or renv.accelerator or 'none (CPU)'}, driver "
+         f"{env.driver or 'n/a'}"),
+        (f"compiler: triton {renv.triton or env.triton}, torch "
+         f"{renv.torch or env.torch}, CUDA {env.cuda or 'n/a'}"),
+        "precision: " + ", ".join(dtypes)]
+
+
+def _comparison_field(acc: list, recs: list, tried: list, run_dir: Path | None) -> list[str]:
+    return [
         BASELINE,
         *[f"candidate for {case_text(a['case'], a['case_key'])}: "
           f"{kernel_path(a['source'], run_dir)}, {config_text(a['config'])} "
@@ -77,43 +97,76 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
         "kernel timing: " + ("; ".join(sorted({a["kernel"]["method"] for a in acc if a["kernel"]}))
                              + ", median of n repetitions, spread p20-p80" if acc else
                              "none (no candidate accepted, nothing timed)"),
-        END_TO_END],
-        "Correctness": [
+        END_TO_END]
+
+
+def _correctness_field(fam: str, recs: list, tried: list, renv: VerifyEnvironment,
+                       dtypes: list[str],
+                       ws: list[dict]) -> list[str]:
+    out = [
         REFERENCE,
         "tolerances: " + "; ".join(
-            f"{d} atol {t['atol']:g} rtol {t['rtol']:g}"
-            for d, t in (renv.get("tolerances") or {}).items() if d in dtypes) or "not recorded"]}
+            f"{d} atol {t.atol:g} rtol {t.rtol:g}"
+            for d, t in renv.tolerances.items() if d in dtypes) or "not recorded"]
     for name, r in recs + [(Path(str(x["candidate"])).parent.name, r) for x, r in tried]:
-        if r is None:
-            f["Correctness"].append(f"{name}: verification record not found")
-            continue
-        edges = [c["label"] for c in r.get("cases", []) if c.get("origin") != "given"]
-        ok = sum(1 for c in r.get("checks", []) if c.get("passed"))
-        f["Correctness"].append(
-            f"{r.get('candidate', name)}: {r.get('verdict')}, {ok}/{len(r.get('checks', []))} "
-            f"checks passed on {len(r.get('cases', []))} input sets ({len(edges)} edge cases), "
-            f"seeds master {r.get('seeds', {}).get('master')} x {r.get('seeds', {}).get('trials')}"
-            f" trials")
-        f["Correctness"] += [f"  failure: {x}" for x in r.get("reasons", [])[:3]]
+        out += _record_lines(name, r)
     for w in ws:
         chk = w["check"]
         if chk and fam in (chk["families"] or []):
             errs = ", ".join(f"{t['error_patched']:.3g} vs {t['error_unpatched']:.3g}"
                              for t in chk["trials"])
-            f["Correctness"].append(f"whole model {w['key']}: logits error patched vs unpatched "
-                                    f"(fp32 reference) {errs}: "
-                                    f"{'failed' if fam in chk['rejected'] else 'passed'}")
-    f["Measurements"] = []
-    for a in acc:
-        kt, bt, s = a["kernel"] or {}, a["baseline"] or {}, a["search"]
-        line = (f"{case_text(a['case'], a['case_key'])}: baseline {bt.get('median_ms', 0):.4f} ms "
-                f"[{bt.get('p20_ms', 0):.4f}-{bt.get('p80_ms', 0):.4f}], kernel "
-                f"{kt.get('median_ms', 0):.4f} ms [{kt.get('p20_ms', 0):.4f}-"
-                f"{kt.get('p80_ms', 0):.4f}], n={kt.get('n')}: ")
-        line += (f"{speed(a['speedup'])}" + (f", {kt['gbps']:.0f} GB/s" if kt.get("gbps")
-                                                 else "")) if a["meaningful"] else NOT_MEANINGFUL
-        f["Measurements"].append(line + (f"; {s['configs']} configs tried, "
-                                         f"{s['passed_screen']} passed the screen" if s else ""))
+            out.append(f"whole model {w['key']}: logits error patched vs unpatched "
+                       f"(fp32 reference) {errs}: "
+                       f"{'failed' if fam in chk['rejected'] else 'passed'}")
+    return out
+
+
+def _record_lines(name: str, r: VerificationRecord | None) -> list[str]:
+    """A candidate's verification record in a line, with its first failures."""
+    if r is None:
+        return [f"{name}: verification record not found"]
+    edges = [c.label for c in r.cases if c.origin != "given"]
+    ok = sum(1 for c in r.checks if c.passed)
+    seeds = r.seeds
+    return [
+        f"{r.candidate if r.candidate is not None else name}: {r.verdict}, "
+        f"{ok}/{len(r.checks)} checks passed on {len(r.cases)} input sets ({len(edges)} edge "
+        f"cases), seeds master {seeds and seeds.master} x {seeds and seeds.trials} trials",
+        *[f"  failure: {x}" for x in (r.reasons or [])[:3]]]
+
+
+def _measurements_field(fam: str, acc: list, ws: list[dict]) -> list[str]:
+    out = [_kernel_line(a) for a in acc]
+    for w in ws:
+        per = next((x for x in w["per_family"] if x["family"] == fam), None)
+        if not per:
+            continue
+        out.append(
+            f"end to end {w['key']} ({fam} alone, {per['pairs']} pairs): " +
+            (f"{speed(per['speedup'])} {ci(per['ci'])}, {per['verdict']}"
+             if per["meaningful"] else NOT_MEANINGFUL))
+        inset = per.get("in_set")
+        if inset and inset["meaningful"]:
+            out.append(
+                f"end to end {w['key']} (the set with {fam} against the set without it, "
+                f"{inset['pairs']} pairs): {speed(inset['speedup'])} "
+                f"{ci(inset['ci'])}, {inset['verdict']}")
+    return out or ["none: no candidate was accepted, nothing timed end to end"]
+
+
+def _kernel_line(a: dict) -> str:
+    kt, bt, s = a["kernel"] or {}, a["baseline"] or {}, a["search"]
+    line = (f"{case_text(a['case'], a['case_key'])}: baseline {bt.get('median_ms', 0):.4f} ms "
+            f"[{bt.get('p20_ms', 0):.4f}-{bt.get('p80_ms', 0):.4f}], kernel "
+            f"{kt.get('median_ms', 0):.4f} ms [{kt.get('p20_ms', 0):.4f}-"
+            f"{kt.get('p80_ms', 0):.4f}], n={kt.get('n')}: ")
+    line += (f"{speed(a['speedup'])}" + (f", {kt['gbps']:.0f} GB/s" if kt.get("gbps")
+                                         else "")) if a["meaningful"] else NOT_MEANINGFUL
+    return line + (f"; {s['configs']} configs tried, "
+                   f"{s['passed_screen']} passed the screen" if s else "")
+
+
+def _decision_field(fam: str, acc: list, rej: list, ws: list[dict]) -> list[str]:
     decision = [f"accepted for cases: {'; '.join(case_text(a['case'], a['case_key']) for a in acc)}"
                 if acc else
                 "rejected: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej)]
@@ -121,17 +174,6 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
         decision.append("rejected cases: " + "; ".join(f"{r['key']}: {r['reason']}" for r in rej))
     for w in ws:
         per = next((x for x in w["per_family"] if x["family"] == fam), None)
-        if per:
-            f["Measurements"].append(
-                f"end to end {w['key']} ({fam} alone, {per['pairs']} pairs): " +
-                (f"{speed(per['speedup'])} {ci(per['ci'])}, {per['verdict']}"
-                 if per["meaningful"] else NOT_MEANINGFUL))
-            inset = per.get("in_set")
-            if inset and inset["meaningful"]:
-                f["Measurements"].append(
-                    f"end to end {w['key']} (the set with {fam} against the set without it, "
-                    f"{inset['pairs']} pairs): {speed(inset['speedup'])} "
-                    f"{ci(inset['ci'])}, {inset['verdict']}")
         aside = (w.get("set_aside") or {}).get(fam)
         if aside:
             decision.append(f"set aside on {w['key']} before integration: {aside}")
@@ -142,10 +184,7 @@ def acceptance_fields(fam: str, data: dict, load, run_dir: Path | None = None
             instead = (per or {}).get("fallback_for")
             decision.append(f"kept on {w['key']}" + (
                 f", in place of {instead}, which does not ship there" if instead else ""))
-    if not f["Measurements"]:
-        f["Measurements"] = ["none: no candidate was accepted, nothing timed end to end"]
-    f["Decision"] = decision + [f"rollback conditions: {ROLLBACK_RULE}"]
-    return f
+    return decision + [f"rollback conditions: {ROLLBACK_RULE}"]
 
 
 def acceptance_record(fam: str, data: dict, load, run_dir: Path | None = None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.records import Graphs
 from pipeline.report_acceptance import kernel_path
 from pipeline.report_figures import (  # noqa: F401 - the report's entry points use them here
     COLORS,
@@ -165,6 +166,25 @@ def document(data: dict) -> list[tuple]:
 
 
 def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
+    k = w["key"]
+    b = _pass_blocks(w, plots)
+    b += _pattern_blocks(w)
+    if w.get("experts_note"):
+        b.append(("note", w["experts_note"]))
+    b += _headroom_blocks(w)
+    b += _cumulative_blocks(w, plots, k)
+    b += _projection_blocks(w)
+    if w["per_family"] or w["check"]:
+        b += _kernel_workload_blocks(w)
+    b += graphs_blocks(w)
+    if w["suggestions"]:
+        b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
+              ("ul", w["suggestions"])]
+    return b
+
+
+def _pass_blocks(w: dict, plots: dict) -> list[tuple]:
+    """The workload's pass: shape, wall, GPU busy, regime, the share plot."""
     wl, k = w["workload"], w["key"]
     b = [("h", 2, f"Workload {k}"), ("p", (
         f"batch {wl.get('batch')}, seq {wl.get('seq')}, {wl.get('dtype')}, {wl.get('mode')} on "
@@ -190,6 +210,11 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         b.append(("p", f"Regime: {w['regime']}."))
     if f"share/{k}" in plots:
         b.append(("img", plots[f"share/{k}"], f"time share by pattern, {k}"))
+    return b
+
+
+def _pattern_blocks(w: dict) -> list[tuple]:
+    """The top patterns table, options beneath their row, the rest row last."""
     rows, n = [], 0
     for r in w["top_patterns"]:
         option = bool(r.get("option_of"))
@@ -212,7 +237,7 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
     rows.append(["", "rest: host/launch/idle", "", "", pct(w["rest_share"]), "", "", "", "", "",
                  ""])
     order = w.get("ordered_by") or w["ranked_by"] or "share"
-    b += [("h", 3, "Top patterns"), ("p", (
+    return [("h", 3, "Top patterns"), ("p", (
         f"Ordered by {order}. A row starting with \"or\" is an option for the row above it: "
         "it replaces the same ops (and more), so at most one of them is ever used; its share "
         "(in parentheses) is not added again, nor is the CUDA-graph row's, which removes the rest "
@@ -220,9 +245,10 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
         "row sum to 1; the plot above shows the same rows.")),
         ("table", ["#", "pattern", "family", "occ", "share", "time", "attainable",
                    "gain (Amdahl)", "gain (replay)", "rank_gain", "target"], rows)]
-    if w.get("experts_note"):
-        b.append(("note", w["experts_note"]))
-    b += _headroom_blocks(w)
+
+
+def _cumulative_blocks(w: dict, plots: dict, k: str) -> list[tuple]:
+    b = []
     if f"cumulative/{k}" in plots:
         last = w["cumulative"][-1]
         b += [("img", plots[f"cumulative/{k}"], f"cumulative projection, {k}"),
@@ -233,8 +259,13 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                        "family projects 1.000x, so its curve would be a flat line."))
     if w.get("floor_text"):
         b.append(("p", w["floor_text"][0].upper() + w["floor_text"][1:] + "."))
+    return b
+
+
+def _projection_blocks(w: dict) -> list[tuple]:
+    """Projected against measured: the frozen projection, the timing, the error."""
     p, m, err = w["projected"], w["measured"], w["projection_error"] or {}
-    b.append(("h", 3, "Projected vs measured"))
+    b = [("h", 3, "Projected vs measured")]
     if p is None and m is None:
         b.append(("p", "Not optimized yet: no projection frozen, nothing measured."))
     else:
@@ -282,43 +313,44 @@ def _workload_blocks(w: dict, plots: dict) -> list[tuple]:
                      w.get("host_bound_note")):
             if note:
                 b.append(("note", note))
-    if w["per_family"] or w["check"]:
-        b += [("h", 3, "Kernels on this workload"), ("table", [
-            "family", "whole-model speedup alone", "95% CI", "verdict",
-            "in the set, with / without it", "decision"], [
-            [f["family"], _measured_cell(f), ci(f["ci"]) or "-",
-             f["verdict"] if f["meaningful"] else "-", _in_set_cell(f.get("in_set")),
-             _decision_cell(f)]
-            for f in w["per_family"]])]
-        chk, eff = w["check"], w["patch_effect"]
-        if chk:
-            b.append(("p", (f"Whole-model check ({chk.get('reference', 'fp32 copy')} "
-                           f"reference, {len(chk['trials'])} trials): "
-                           f"{_check_words(chk)}. Kept: {', '.join(w['kept']) or 'none'}.")))
-        if w["kept"]:
-            b.append(("p", _compiled_words(w["kept"])))
-        for fam, c in (w.get("fallback_checks") or {}).items():
-            b.append(("p", (f"Whole-model check of {fam} in the set it ships in "
-                           f"({', '.join(c['families'] or [])}): {_check_words(c)}.")))
-        if eff:
-            b.append(("p", patch_effect_text(eff)))
-        for fam, keys in (w.get("declined") or {}).items():
-            b.append(("note", f"{fam} did not reach every call: the pass asked for "
-                              f"{len(keys)} case(s) no accepted kernel covers, and the original "
-                              f"code ran there ({', '.join(keys)}); its measured gain is "
-                              f"smaller than its ranking row's."))
-        b += _gap_blocks(w.get("gap"))
-        b.append(("p", "Rollbacks: none." if not w["rollbacks"] else "Rollbacks:"))
-        if w["rollbacks"]:
-            b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"
-                             for r in w["rollbacks"]]))
-        if w.get("set_aside"):
-            b += [("p", "Set aside before integration (never patched in, so not a rollback):"),
-                  ("ul", [f"{f}: {why}" for f, why in w["set_aside"].items()])]
-    b += graphs_blocks(w)
-    if w["suggestions"]:
-        b += [("h", 3, "Model-level suggestions (not counted as kernel gains)"),
-              ("ul", w["suggestions"])]
+    return b
+
+
+def _kernel_workload_blocks(w: dict) -> list[tuple]:
+    """Each family's whole-model timing and decision, the checks, the re-profile's parts,
+    the rollbacks."""
+    b = [("h", 3, "Kernels on this workload"), ("table", [
+        "family", "whole-model speedup alone", "95% CI", "verdict",
+        "in the set, with / without it", "decision"], [
+        [f["family"], _measured_cell(f), ci(f["ci"]) or "-",
+         f["verdict"] if f["meaningful"] else "-", _in_set_cell(f.get("in_set")),
+         _decision_cell(f)]
+        for f in w["per_family"]])]
+    chk, eff = w["check"], w["patch_effect"]
+    if chk:
+        b.append(("p", (f"Whole-model check ({chk.get('reference', 'fp32 copy')} "
+                       f"reference, {len(chk['trials'])} trials): "
+                       f"{_check_words(chk)}. Kept: {', '.join(w['kept']) or 'none'}.")))
+    if w["kept"]:
+        b.append(("p", _compiled_words(w["kept"])))
+    for fam, c in (w.get("fallback_checks") or {}).items():
+        b.append(("p", (f"Whole-model check of {fam} in the set it ships in "
+                       f"({', '.join(c['families'] or [])}): {_check_words(c)}.")))
+    if eff:
+        b.append(("p", patch_effect_text(eff)))
+    for fam, keys in (w.get("declined") or {}).items():
+        b.append(("note", f"{fam} did not reach every call: the pass asked for "
+                          f"{len(keys)} case(s) no accepted kernel covers, and the original "
+                          f"code ran there ({', '.join(keys)}); its measured gain is "
+                          f"smaller than its ranking row's."))
+    b += _gap_blocks(w.get("gap"))
+    b.append(("p", "Rollbacks: none." if not w["rollbacks"] else "Rollbacks:"))
+    if w["rollbacks"]:
+        b.append(("ul", [f"{r['family']} ({r['stage']}): {r['reason']}"
+                         for r in w["rollbacks"]]))
+    if w.get("set_aside"):
+        b += [("p", "Set aside before integration (never patched in, so not a rollback):"),
+              ("ul", [f"{f}: {why}" for f, why in w["set_aside"].items()])]
     return b
 
 
@@ -433,13 +465,19 @@ def graphs_blocks(w: dict) -> list[tuple]:
             (name, ", ".join(s["families"]) or "none", ms(s.get("graphed_ms")),
              s.get("kernels_per_pass", "-")) for name, s in
             (("eager shipped", sets["kept"]), ("integrable", sets["integrable"]))]))
-    if g.get("decode_step"):
+    return b + _decode_step_blocks(g)
+
+
+def _decode_step_blocks(g) -> list[tuple]:
+    """The graphed decode step's anatomy (`pipeline.decode_step`), or why it failed."""
+    rec = Graphs.of(g)
+    if rec.decode_step is not None:
         from pipeline.decode_step import blocks
 
-        b += blocks(g["decode_step"])
-    elif g.get("decode_step_error"):
-        b.append(("note", f"Decode step anatomy failed: {g['decode_step_error']}"))
-    return b
+        return blocks(rec.decode_step)
+    if rec.decode_step_error:
+        return [("note", f"Decode step anatomy failed: {rec.decode_step_error}")]
+    return []
 
 
 def pass_time_rows(g: dict) -> list[tuple]:

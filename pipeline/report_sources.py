@@ -10,20 +10,21 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from core.records import Candidate, LlmRecord, SearchLog, Verdict, VerificationSummary
 from pipeline.report_plots import ci, ms, speed
 
 
-def _source(c: dict) -> str:
-    return c.get("source") or ("proposer" if c.get("origin") == "proposer" else "search")
+def _source(c: Candidate) -> str:
+    return c.source or ("proposer" if c.origin == "proposer" else "search")
 
 
-def _why(c: dict, verify_reasons: dict[str, str]) -> str | None:
+def _why(c: Candidate, verify_reasons: dict[str, str]) -> str | None:
     """The short reason a candidate was rejected (its screen first), or None."""
-    screen = c.get("screen") or "not run"
-    v = c.get("verification") or {}
-    if screen.startswith("rejected by verification: ") or v.get("verdict") == "rejected" \
-            and screen == "pass" or c["path"] in verify_reasons:
-        reason = (v.get("reasons") or [verify_reasons.get(c["path"], "verification")])[0]
+    screen = c.screen or "not run"
+    v = c.verification or Verdict()
+    if screen.startswith("rejected by verification: ") or v.verdict == "rejected" \
+            and screen == "pass" or c.path in verify_reasons:
+        reason = (v.reasons or [verify_reasons.get(c.path, "verification")])[0]
         return "verification: " + reason.split(":", 1)[0].split(" in ", 1)[0]
     if screen == "pass":
         return None
@@ -49,57 +50,70 @@ def _effect(family: str, workloads: list[dict]) -> list[str]:
 def source_tables(arts: dict, data: dict) -> list[tuple]:
     """Report blocks: per family, a table of candidates, verdicts and best time per source,
     and which source's kernel shipped with what it did to the whole model."""
-    log = arts.get("search") or {}
-    summ = arts.get("verification") or {}
-    by_family: dict[str, list[dict]] = defaultdict(list)
-    for s in log.get("searches", []):
-        if s.get("case_key"):
-            by_family[s["family"]].extend(s.get("candidates") or [])
+    log = SearchLog.of(arts.get("search") or {})
+    summ = VerificationSummary.of(arts.get("verification") or {})
+    by_family: dict[str, list[Candidate]] = defaultdict(list)
+    for s in log.searches or []:
+        if s.case_key:
+            by_family[s.family].extend(s.candidates or [])
     if not by_family:
         return []
-    verify_reasons = {t["candidate"]: (t.get("reasons") or ["rejected"])[0]
-                      for r in summ.get("rejected", []) for t in r.get("tried", [])
-                      if t.get("verdict") == "rejected"}
-    shipped = {a["source"]: a for a in summ.get("accepted", {}).values()}
+    verify_reasons = {t.candidate: (t.reasons or ["rejected"])[0]
+                      for r in summ.rejected or [] for t in r.tried if t.verdict == "rejected"}
+    shipped = {a.source: a for a in (summ.accepted or {}).values()}
     blocks: list[tuple] = [("h", 2, "Candidates per source")]
-    llm = log.get("llm")
-    if llm:
-        b = llm.get("budgets") or {}
-        blocks.append(("p", f"Language-model proposer: {llm.get('model')} at "
-                            f"{llm.get('endpoint')}; budgets {b.get('rounds_per_case')} "
-                            f"rounds per case, {b.get('max_tokens_per_reply')} tokens per "
-                            f"reply, {b.get('timeout_s_per_request')} s per request, "
-                            f"{b.get('wall_s')} s in all; {llm.get('tokens_used', 0)} tokens "
-                            f"used."))
-        for line in llm.get("events") or []:
-            blocks.append(("note", line))
+    blocks += _llm_blocks(log.llm)
     for fam, cands in by_family.items():
-        groups: dict[str, list[dict]] = defaultdict(list)
-        for c in cands:
-            groups[_source(c)].append(c)
-        rows = []
-        for src, cs in groups.items():
-            why = Counter(w for w in (_why(c, verify_reasons) for c in cs) if w)
-            verified = sum((c.get("verification") or {}).get("verdict") == "accepted"
-                           or c["path"] in shipped for c in cs)
-            timed = [c["timing"] for c in cs if c.get("timing")]
-            best = min(timed, key=lambda t: t["median_ms"]) if timed else None
-            best_s = "-" if best is None else ms(best["median_ms"]) + (
-                "" if best.get("meaningful", True) else " (not meaningful)")
-            rows.append([src, len(cs), sum(c.get("screen") == "pass" for c in cs), verified,
-                         "; ".join(f"{n}x {w}" for w, n in why.most_common()) or "-",
-                         best_s, sum(c["path"] in shipped for c in cs)])
-        blocks += [("h", 3, f"{fam}: candidates per source"),
-                   ("table", ["source", "candidates", "passed screen", "verified",
-                              "rejected (why)", "best kernel time", "cases shipped"], rows)]
-        from_src = Counter(_source(c) for c in cands if c["path"] in shipped)
-        if from_src:
-            effect = _effect(fam, data.get("workloads") or [])
-            blocks.append(("p", f"Shipped: {fam} kernels from "
-                                + ", ".join(f"{s} ({n} case{'s' * (n > 1)})"
-                                            for s, n in from_src.items())
-                                + (". " + "; ".join(effect) if effect else
-                                   "; not integrated in this run.")))
-        else:
-            blocks.append(("p", f"Shipped: no {fam} kernel passed verification."))
+        blocks += _family_blocks(fam, cands, verify_reasons, shipped, data)
     return blocks
+
+
+def _llm_blocks(llm: LlmRecord | None) -> list[tuple]:
+    """The built-in language-model proposer's budgets, tokens used and events."""
+    if not llm:
+        return []
+    b = llm.budgets
+    return [("p", f"Language-model proposer: {llm.model} at "
+                  f"{llm.endpoint}; budgets {b and b.rounds_per_case} "
+                  f"rounds per case, {b and b.max_tokens_per_reply} tokens per "
+                  f"reply, {b and b.timeout_s_per_request} s per request, "
+                  f"{b and b.wall_s} s in all; {llm.tokens_used} tokens "
+                  f"used."),
+            *[("note", line) for line in llm.events]]
+
+
+def _family_blocks(fam: str, cands: list[Candidate], verify_reasons: dict[str, str],
+                   shipped: dict, data: dict) -> list[tuple]:
+    """One family's candidates per source, and which source's kernels shipped."""
+    groups: dict[str, list[Candidate]] = defaultdict(list)
+    for c in cands:
+        groups[_source(c)].append(c)
+    rows = [_source_row(src, cs, verify_reasons, shipped) for src, cs in groups.items()]
+    blocks = [("h", 3, f"{fam}: candidates per source"),
+              ("table", ["source", "candidates", "passed screen", "verified",
+                         "rejected (why)", "best kernel time", "cases shipped"], rows)]
+    from_src = Counter(_source(c) for c in cands if c.path in shipped)
+    if from_src:
+        effect = _effect(fam, data.get("workloads") or [])
+        blocks.append(("p", f"Shipped: {fam} kernels from "
+                            + ", ".join(f"{s} ({n} case{'s' * (n > 1)})"
+                                        for s, n in from_src.items())
+                            + (". " + "; ".join(effect) if effect else
+                               "; not integrated in this run.")))
+    else:
+        blocks.append(("p", f"Shipped: no {fam} kernel passed verification."))
+    return blocks
+
+
+def _source_row(src: str, cs: list[Candidate], verify_reasons: dict[str, str],
+                shipped: dict) -> list:
+    why = Counter(w for w in (_why(c, verify_reasons) for c in cs) if w)
+    verified = sum((c.verification is not None and c.verification.verdict == "accepted")
+                   or c.path in shipped for c in cs)
+    timed = [c.timing for c in cs if c.timing]
+    best = min(timed, key=lambda t: t.median_ms) if timed else None
+    best_s = "-" if best is None else ms(best.median_ms) + (
+        "" if best.meaningful is not False else " (not meaningful)")
+    return [src, len(cs), sum(c.screen == "pass" for c in cs), verified,
+            "; ".join(f"{n}x {w}" for w, n in why.most_common()) or "-",
+            best_s, sum(c.path in shipped for c in cs)]

@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from core.records import Search
 
-def edited_since_screened(search: dict) -> bool:
-    for c in search.get("candidates") or []:
-        if c.get("sha1") is None:  # proposals, and logs written before sha1 was recorded
+
+def edited_since_screened(search: Search | dict) -> bool:
+    for c in Search.of(search).candidates or []:
+        if c.sha1 is None:  # proposals, and logs written before sha1 was recorded
             continue
-        p = Path(c["path"])
-        if not p.is_file() or hashlib.sha1(p.read_bytes()).hexdigest() != c["sha1"]:
+        p = Path(c.path)
+        if not p.is_file() or hashlib.sha1(p.read_bytes()).hexdigest() != c.sha1:
             return True
     return False
 
@@ -28,5 +30,5 @@ def sha256(path) -> str | None:
         return None
 
 
-def fingerprint(search: dict) -> dict[str, str | None]:
-    return {p: sha256(p) for p in search.get("order") or []}
+def fingerprint(search: Search | dict) -> dict[str, str | None]:
+    return {p: sha256(p) for p in Search.of(search).order or []}

@@ -8,8 +8,9 @@ import os
 import re
 from pathlib import Path
 
-from core.artifacts import read_json, write_json
+from core.artifacts import load, write_json
 from core.errors import UserError
+from core.records import RunOptions
 
 OPTIONS = "options.json"
 # what `pipeline optimize` was asked for, in the order --resume names them
@@ -95,9 +96,13 @@ def resume_options(run_dir: Path, given: dict, explicit: set[str]) -> tuple[dict
     path = Path(run_dir) / OPTIONS
     if not path.exists():
         return given, None
-    recorded = read_json(path, "run options")
-    # a key the run did not record (None; runs from before the option): what is given now
-    merged = {k: given.get(k) if k in explicit or recorded.get(k) is None else recorded[k]
+    recorded = load(path, RunOptions, "run options")
+
+    def was(key: str):
+        """The recorded value; None where the run did not record it (from before the option)."""
+        return getattr(recorded, key) if recorded.has(key) else None
+    # a key the run did not record: what is given now
+    merged = {k: given.get(k) if k in explicit or was(k) is None else was(k)
               for k in OPTION_FLAGS}
     kept = [_flag(k, merged[k]) for k in OPTION_FLAGS
             if k not in explicit and merged[k] not in (None, False)]

@@ -125,6 +125,17 @@ def kernel_table(graph: nx.DiGraph) -> list[dict]:
     return sorted(rows, key=lambda r: r["ts"])
 
 
+def kernel_durations(graph: nx.DiGraph) -> dict:
+    """correlation -> device time (µs) of the step's kernel it launched."""
+    return {a["correlation"]: a["dur"] for _, a in graph.nodes(data=True)
+            if a["kind"] == "device"}
+
+
+def host_chain_us(graph: nx.DiGraph) -> float:
+    """The host's traced time for the step: every host-side node (`HOST_KINDS`) summed."""
+    return sum(a["dur"] for _, a in graph.nodes(data=True) if a["kind"] in HOST_KINDS)
+
+
 def build_graph(trace: dict, step: int = -1) -> nx.DiGraph:
     """The dependency graph of profiler step `step`, an index into `profiler_steps` (default:
     the last, as `attribution.attribute_step`)."""

@@ -18,14 +18,14 @@ those two runs come:
     out_buffer        `out` keeps its storage, shape and strides (no out.set_(...))
     inputs_unchanged  every input's whole storage is bitwise unchanged
     in_place          families whose adapter writes the result over its inputs (rope:
-                      `Family.in_place`) get, on the first random input set, the same
+                      `VerifyHooks.in_place`) get, on the first random input set, the same
                       result bit for bit when `out` is those inputs
     aten_ops          none of family.aten_ops dispatched (TorchDispatchMode; plus the profiler
                       on a GPU)
     default_stream    all GPU work on the caller's stream (profiler); skipped on the CPU
 
 `out` is the buffer the family's adapter hands its kernel (`Family.make_out`); where that is
-wider than the result (`Family.out_region`: matmul's pad columns), numerics, writes_all and
+wider than the result (`VerifyHooks.out_region`: matmul's pad columns), numerics, writes_all and
 deterministic judge the result's region only, and out_of_bounds the whole buffer.
 
 Each emits one record per case: {"name", "case", "passed", "detail"} (+ "skipped").
@@ -217,7 +217,7 @@ class _Rotation:
         return _out_arg(self.outs[self.k])
 
     def results(self, k: int) -> tuple:
-        """The result's region of buffer k's outputs (`Family.out_region`)."""
+        """The result's region of buffer k's outputs (`VerifyHooks.out_region`)."""
         return as_tuple(result_region(self.family, self.case, _out_arg(self.outs[k])))
 
 
@@ -257,7 +257,7 @@ class Suite:
                     raise _ContextLost(f"{_describe(e)}\ndevice unusable afterwards: {lost}") \
                         from None
             return _describe(e)
-        bad = disallowed_ops(recorder.counts, self.family.library_ops)
+        bad = disallowed_ops(recorder.counts, self.family.verify.library_ops)
         problems = {
             "inputs_unchanged": [p for i, s in snaps for p in s.problems(i)],
             "out_buffer": [f"output {i}: was {m[:3]}, now {g.meta()[:3]}"
@@ -278,7 +278,7 @@ class Suite:
             if self.previous is None or self.previous_kind != "cache_rewound":
                 return None
             inputs = self.previous
-            self.family.cache.grow(case, inputs, gen)
+            self.family.verify.cache.grow(case, inputs, gen)
             note = "the last call's cache one position longer, in the same buffers"
         elif kind in ("new_activations", "new_weights") and self.previous is not None:
             probe = new_activations if kind == "new_activations" else new_weights
@@ -286,9 +286,10 @@ class Suite:
         else:
             inputs = as_tuple(self.family.make_inputs(case, self.device, gen))
             if kind in MEMO_KINDS and self.previous is not None:
-                inputs = repeat_in_part(kind, self.previous, inputs, self.family.stress_inputs)
+                inputs = repeat_in_part(kind, self.previous, inputs,
+                                        self.family.verify.stress_inputs)
             if kind == "cache_rewound":
-                if not self.family.cache.rewind(case, inputs):
+                if not self.family.verify.cache.rewind(case, inputs):
                     return None
                 note = "the cache one position short of the drawn one"
         if kind == "random" or kind in self.memo_kinds:
@@ -375,7 +376,7 @@ class Suite:
                                f"first {result.first_bad}")
                 break
         checks.record(CHECK_OF_KIND[kind], problem, context)
-        alias = self.family.in_place
+        alias = self.family.verify.in_place
         if alias is not None and kind == "random" and trial == 0:
             checks.record("in_place", self._in_place(inputs, alias, first.outs, params),
                           context)
@@ -386,7 +387,7 @@ class Suite:
         the family's adapter runs it in the model, against its out-of-place result."""
         copies = clone_layouts(inputs)
         out = alias(copies)
-        if out is None:  # this case's adapter writes `out` only (Family.in_place)
+        if out is None:  # this case's adapter writes `out` only (VerifyHooks.in_place)
             return []
         try:
             self.forward(*copies, out=out, **params)
@@ -412,7 +413,7 @@ class Suite:
         if seen["current_stream_changed"]:
             problems.append("forward changed the current stream and did not restore it")
         checks.record("default_stream", problems, f"profiled ({seen['n_gpu_events']} GPU events)")
-        bad = disallowed_ops(seen["ops"], self.family.library_ops)
+        bad = disallowed_ops(seen["ops"], self.family.verify.library_ops)
         checks.record("aten_ops", [f"ran {bad}: compute ops outside the allow-list (profiler)"]
                       if bad else [], "profiled")
 
@@ -442,7 +443,7 @@ class Suite:
                             "detail": problems[0] if problems else
                             f"last result of each of {TIMING_BUFFERS} rotating buffers within "
                             "tolerance"})
-            # the baseline on what the unpatched model runs (`Family.baseline_case`)
+            # the baseline on what the unpatched model runs (`VerifyHooks.baseline_case`)
             base_case = baseline_case_of(self.family, case)
             base_rot = rotation if base_case == case else _Rotation(
                 self.family, base_case, self.device,

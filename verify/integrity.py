@@ -228,7 +228,7 @@ COMPUTE_NAMESPACES = ("aten", "prims", "prim", "quantized", "sparse", "_c10d_fun
 def disallowed_ops(seen: Counter, also: tuple[str, ...] = ()) -> dict[str, int]:
     """The dispatched ops a candidate's forward may not run: torch compute ops outside
     ALLOWED_OPS (aten::<name> after normalize_op) and outside `also`, the library calls its
-    family declares as its own implementation (`Family.library_ops`)."""
+    family declares as its own implementation (`VerifyHooks.library_ops`)."""
     bad = {}
     extra = {op.split("::", 1)[-1] for op in also}
     for op, n in sorted(seen.items()):

@@ -40,7 +40,7 @@ def repeat_in_part(kind: str, previous: Sequence, fresh: Sequence,
     same_prefix: `fresh`' tensors with the first half of each floating input's elements (the
     leading rows) copied from `previous`.
 
-    `data`: the family's data inputs (`Family.stress_inputs`); only they get a spliced prefix,
+    `data`: the family's data inputs (`VerifyHooks.stress_inputs`); only they get a spliced prefix,
     the others (tables, weights) come whole from the fresh draw. A spliced table can be an input
     no model passes: rope's cos and sin repeat their first half (HF's rotary embedding), and a
     kernel that reads only that half, as ours does, is right on every model's input and wrong on
@@ -112,13 +112,13 @@ def reference_outputs(family, inputs: Sequence, params: dict) -> tuple[tuple, tu
 
 def order_slack(family, inputs: Sequence, params: dict,
                 reference: tuple | None = None) -> tuple | None:
-    """The family's per-output order bounds (`Family.order_bound(*inputs, reference=...,
+    """The family's per-output order bounds (`VerifyHooks.order_bound(*inputs, reference=...,
     **params)`, on float64 copies of the inputs: {"bound", "overflow"} per output, see
     `compare_one`), or None. `reference`: the float64 reference outputs of these inputs
     (`reference_outputs`), handed on so a bound that needs the exact product does not compute
     it a second time (for the LM head a float64 GEMM of 0.63 TFLOP per input set); None where
     the reference ran in float32, whose rounding a bound must not inherit."""
-    bound = family.order_bound
+    bound = family.verify.order_bound
     if bound is None:
         return None
     return as_tuple(bound(*_upcast(inputs, torch.float64), reference=reference, **params))
@@ -128,7 +128,7 @@ def stress_indices(family, inputs: Sequence) -> list[int]:
     """Which inputs get stress values: family.stress_inputs or else the floating inputs
     with two or more dimensions (activations; 1-D weights and biases keep their usual values so
     the output still depends on the stressed activations rather than overflowing outright)."""
-    chosen = family.stress_inputs
+    chosen = family.verify.stress_inputs
     if chosen is not None:
         return list(chosen)
     floating = [i for i, a in enumerate(inputs)
@@ -222,7 +222,7 @@ def _max(t: torch.Tensor) -> float:
     return float(t.max()) if t.numel() else 0.0
 
 
-# The order bound (a family's `Family.order_bound`) may excuse at most this share of the
+# The order bound (a family's `VerifyHooks.order_bound`) may excuse at most this share of the
 # elements of one output (the verifier's "mixed" stress, magnitudes over 2^-32..2^32, needed it
 # at 0.34 % of a K = 2048 GEMM's outputs summed in another order than torch's, and at 0.1 % of
 # the tiny models' cases), and only when the candidate's errors are, as a distribution, within
@@ -258,7 +258,7 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 def compare_one(cand: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
                 tol: Tolerance, slack: dict | None = None,
                 distribution: bool = False) -> Comparison:
-    """`slack`: the family's order bound for this output (`Family.order_bound`, see
+    """`slack`: the family's order bound for this output (`VerifyHooks.order_bound`, see
     verify/tolerances.py): {"bound": per element, what any summation order may change,
     "overflow": where an accumulator may overflow in some order}. An element outside the rule
     may then pass within the bound (at most ORDER_SHARE of them, and only if the candidate's

@@ -6,7 +6,7 @@ position longer than at the step before. A kernel that caches its answer keyed o
 of the activation and a few of a weight (or of the cache) hits in the model, and returns a
 stale answer, whenever the activation's keyed values repeat; it never hits in a verifier that
 draws every input afresh. So, after the family's declaration of which inputs stay fixed
-(`Family.weights`, `Family.cache`; core/family.py), each given case also gets, right after
+(`VerifyHooks.weights`, `VerifyHooks.cache`; core/family.py), each given case also gets, right after
 its random trials and generic memo probes (verify/numerics.py's `repeat_in_part`):
 
     new_activations  the last input set's own tensors, the fixed inputs untouched, each other
@@ -40,8 +40,8 @@ PROBE_KINDS = MODEL_KINDS + CACHE_KINDS
 def probe_kinds(family: Family) -> tuple[str, ...]:
     """The probes a family's declaration calls for: none without fixed inputs; the cache's
     growth only where it says how its cache grows."""
-    cache = family.cache
-    kinds = MODEL_KINDS if family.weights or cache is not None else ()
+    cache = family.verify.cache
+    kinds = MODEL_KINDS if family.verify.weights or cache is not None else ()
     if cache is not None and cache.rewind is not None and cache.grow is not None:
         kinds += CACHE_KINDS
     return kinds

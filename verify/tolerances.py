@@ -18,7 +18,7 @@ Non-finite reference values must be reproduced exactly (NaN where r or b is NaN,
 sign), so NaN/Inf propagate as the reference does.
 
 A family whose kernel sums long products in another order than the baseline (a GEMM) may give
-`Family.order_bound`: per output element, the classic bound on what any summation order in the
+`VerifyHooks.order_bound`: per output element, the classic bound on what any summation order in the
 accumulator's precision may change (for a dot product of K terms, K u / (1 - K u) * sum |x_k w_k|),
 carried through the epilogue. Where terms cancel, the baseline's own error at that element is luck
 (on fp32 stress inputs the matmul-epilogue kernel's and torch's errors had the same median and

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from codegen.add_layernorm import patch
 from codegen.layernorm import FAMILY as LAYERNORM
+from codegen.layernorm.reference import make_case
 from core.family import Pattern
 
 ADD_LAYERNORM_PATTERN = Pattern(
@@ -44,4 +45,5 @@ FAMILY = replace(
     patterns=(ADD_LAYERNORM_PATTERN,),
     patch=patch.patch,
     cases_from_model=patch.cases_from_model,
+    examples=(make_case(16, 64, "float16", residual=True),),
 )

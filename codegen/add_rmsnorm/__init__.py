@@ -6,7 +6,8 @@ Patched per decoder-layer instance (see patch.py): the add lives in the layer's 
 """
 
 from codegen.add_rmsnorm import kernel, patch, reference
-from core.family import Family, Pattern
+from codegen.rmsnorm.reference import make_case
+from core.family import Family, Pattern, VerifyHooks
 
 # On torch.profiler CPU traces of Llama/Qwen2/Mistral/Gemma decoder layers the layer's own
 # scope runs exactly two aten ops, the residual adds (attention, MLP and both norms claim their
@@ -39,9 +40,12 @@ FAMILY = Family(
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"),
     params=reference.params,
-    weights=(-1,),  # the norm's weight
+    examples=(make_case(16, 64, "float16"),),
     extras={
             "replaces": {"scope_ops": {"aten::add": 1},
                          "child_module": "post_attention_layernorm", "child_family": "rmsnorm"}},
     benchmark="codegen.add_rmsnorm.bench",
+    verify=VerifyHooks(
+        weights=(-1,),  # the norm's weight
+    ),
 )

@@ -23,12 +23,13 @@ from codegen.attention.reference import (
     attention,
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, RankHooks, lazy
 
 SDPA = "aten::scaled_dot_product_attention"
 
@@ -53,7 +54,7 @@ def _cost(ops: list[dict]) -> tuple[int, int]:
 # Measured against the SDPA backends HF runs (cuDNN / flash) on the H200: 0.19x at GPT-2's
 # prefill shapes and 0.23x at Llama-3.2-1B's (pipeline optimize). It never shipped
 # and cost a search and a verification on every run, so the ranking leaves its row without a
-# family (`Family.declines`) until the kernel is competitive; `--only attention` still runs it.
+# family (`RankHooks.declines`) until the kernel is competitive; `--only attention` still runs it.
 NOT_COMPETITIVE = "no competitive kernel: SDPA is faster (0.19-0.23x measured on the H200)"
 
 
@@ -105,11 +106,14 @@ FAMILY = Family(
               "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
               "aten::matmul", "aten::bmm", "aten::baddbmm", "aten::mm", "aten::softmax",
               "aten::_softmax", "aten::_safe_softmax"),
-    # Stress values go into q, k and v alike (the default), so NaN/inf injection lands in q: a
-    # non-finite key or value would reach rows that a causal kernel never reads, where a dense
-    # reference multiplies it by a zero probability and gets NaN.
     params=params,
-    declines=declines,
+    examples=(make_case(2, 8, 4, 2, 16, "float16"),),
+    # No VerifyHooks: stress values go into q, k and v alike (the default), so NaN/inf
+    # injection lands in q: a non-finite key or value would reach rows that a causal kernel
+    # never reads, where a dense reference multiplies it by a zero probability and gets NaN.
+    rank=RankHooks(
+        declines=declines,
+    ),
     # swaps transformers' attention function in a global for the call, which a trace
     # never reads (it would run SDPA silently)
     traceable=False,

@@ -21,6 +21,7 @@ from codegen.cross_entropy.reference import (
     cross_entropy,
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
@@ -56,4 +57,5 @@ FAMILY = Family(
     aten_ops=("aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax",
               "aten::nll_loss", "aten::nll_loss_forward", "aten::nll_loss_nd"),
     params=params,
+    examples=(make_case(16, 512, "bfloat16"),),
 )

@@ -35,13 +35,14 @@ from codegen.decode_attention.reference import (
     edge_cases,
     flops,
     grow,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     params,
     rewind,
 )
-from core.family import Cache, Family, Pattern, lazy
+from core.family import Cache, Family, Pattern, VerifyHooks, lazy
 
 
 def _cost(ops: list[dict]) -> tuple[int, int]:
@@ -91,14 +92,17 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=_ATTENTION.aten_ops + ("aten::where", "aten::masked_fill", "aten::index_select"),
-    # Stress values go into q only: k and v hold stale slots past the length, which a dense
-    # reference multiplies by zero probabilities (a NaN there would turn the row NaN in HF's
-    # code and not in a kernel that rightly skips it)
     params=params,
-    stress_inputs=(0,),
-    # k and v are a layer's KV cache, length and mask which of its slots are valid: the same
-    # buffers step after step, one slot longer each step
-    cache=Cache(inputs=(1, 2, 3, 4), rewind=rewind, grow=grow),
+    examples=(make_case(1, 4, 2, 16, 100, "float16"),),
+    verify=VerifyHooks(
+        # Stress values go into q only: k and v hold stale slots past the length, which a
+        # dense reference multiplies by zero probabilities (a NaN there would turn the row NaN
+        # in HF's code and not in a kernel that rightly skips it)
+        stress_inputs=(0,),
+        # k and v are a layer's KV cache, length and mask which of its slots are valid: the
+        # same buffers step after step, one slot longer each step
+        cache=Cache(inputs=(1, 2, 3, 4), rewind=rewind, grow=grow),
+    ),
     # swaps transformers' attention function in a global for the call, which a trace
     # never reads (it would run SDPA silently)
     traceable=False,

@@ -21,12 +21,13 @@ from codegen.gated_act.reference import (
     edge_cases,
     flops,
     gated_act,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     params,
 )
-from core.family import CudaVariant, Family, Pattern, lazy
+from core.family import CudaVariant, Family, Pattern, RankHooks, VerifyHooks, lazy
 from profiling.roofline import streaming_cost
 
 PATTERNS = (
@@ -69,11 +70,17 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::silu", "aten::gelu", "aten::mul"),
     params=params,
+    examples=(make_case(16, 176, "float16", "silu", "packed"),
+              make_case(16, 176, "float16", "gelu_tanh", "separate"),),
     cuda=CudaVariant(search_space=lazy("codegen.gated_act.cuda", "search_space"),
                      render=lazy("codegen.gated_act.cuda", "render")),
-    rivals=("matmul_epilogue",),
-    baseline_case=baseline_case,
     benchmark="codegen.gated_act.bench",
+    verify=VerifyHooks(
+        baseline_case=baseline_case,
+    ),
+    rank=RankHooks(
+        rivals=("matmul_epilogue",),
+    ),
     # the fused [gate; up] weight is checked by its Parameters' addresses: a trace has none
     traceable=False,
 )

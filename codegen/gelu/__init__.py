@@ -19,13 +19,14 @@ from codegen.gelu.patch import cases_from_model, patch
 from codegen.gelu.reference import (
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     new_gelu,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, RankHooks, lazy
 from profiling.roofline import streaming_cost
 
 PATTERNS = (
@@ -54,6 +55,9 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::pow", "aten::mul", "aten::add", "aten::tanh"),
     params=params,
-    # matmul_gelu computes the activation in c_fc's epilogue: one of the two is integrated
-    rivals=("matmul_gelu",),
+    examples=(make_case(16, 176, "float16"),),
+    rank=RankHooks(
+        # matmul_gelu computes the activation in c_fc's epilogue: one of the two is integrated
+        rivals=("matmul_gelu",),
+    ),
 )

@@ -33,6 +33,7 @@ from codegen.gemv.reference import (
     edge_cases,
     flops,
     linear,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
@@ -41,7 +42,7 @@ from codegen.gemv.reference import (
 )
 from codegen.matmul.reference import gemv_call
 from codegen.shapes import gemm_k_n
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, RankHooks, VerifyHooks, lazy
 
 __all__ = ["FAMILY", "MAX_ROWS", "PATTERNS"]
 
@@ -53,9 +54,6 @@ PATTERNS = (
 
 FAMILY = Family(
     name="gemv",
-    # one pattern over projections of very different sizes, each patched only where a case
-    # was accepted: the graph projection matches each occurrence to its case
-    occurrence_case=gemm_k_n,
     patterns=PATTERNS,
     reference=linear,
     make_inputs=make_inputs,
@@ -68,12 +66,20 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm"),
-    # the cuBLAS candidate runs aten::mm/addmm by design (kept where no GEMV config beats it)
-    library_ops=("aten::mm", "aten::addmm"),
     params=params,
-    # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
-    # order-dependent way (as the matmul family)
-    stress_inputs=(0,),
-    weights=(1, 2),  # the module's weight(s) (and bias), after x
-    order_bound=order_bound,
+    examples=(make_case(2, 136, 32, "float32", True, (2, 1)),),
+    verify=VerifyHooks(
+        # the cuBLAS candidate runs aten::mm/addmm by design (kept where no GEMV config beats it)
+        library_ops=("aten::mm", "aten::addmm"),
+        # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
+        # order-dependent way (as the matmul family)
+        stress_inputs=(0,),
+        weights=(1, 2),  # the module's weight(s) (and bias), after x
+        order_bound=order_bound,
+    ),
+    rank=RankHooks(
+        # one pattern over projections of very different sizes, each patched only where a case
+        # was accepted: the graph projection matches each occurrence to its case
+        occurrence_case=gemm_k_n,
+    ),
 )

@@ -27,12 +27,14 @@ from codegen.kv_cache.reference import (
     edge_cases,
     flops,
     kv_append,
+    make_case,
     make_inputs,
     make_out,
+    make_static_case,
     min_bytes,
     params,
 )
-from core.family import Cache, Family, Pattern, lazy
+from core.family import Cache, Family, Pattern, RankHooks, VerifyHooks, lazy
 
 
 def _occurrence_case(ops: list[dict]) -> dict:
@@ -72,7 +74,6 @@ PATTERNS = (
 
 FAMILY = Family(
     name="kv_cache",
-    occurrence_case=_occurrence_case,
     patterns=PATTERNS,
     reference=kv_append,
     make_inputs=make_inputs,
@@ -86,12 +87,18 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::cat",),
     params=params,
-    # the static layout's adapter writes into the cache buffers themselves
-    in_place=lambda inputs: inputs[:2] if len(inputs) == 5 else None,
-    # the keys and values held before the call (no growth probe: a dynamic cache is a new
-    # tensor each step, and the static layout's position is an input the case fixes)
-    cache=Cache(inputs=(0, 1)),
+    examples=(make_case(2, 2, 16, 0, 6, "float16"), make_static_case(1, 2, 16, 1, "float16"),),
     benchmark="codegen.kv_cache.bench",
+    verify=VerifyHooks(
+        # the static layout's adapter writes into the cache buffers themselves
+        in_place=lambda inputs: inputs[:2] if len(inputs) == 5 else None,
+        # the keys and values held before the call (no growth probe: a dynamic cache is a new
+        # tensor each step, and the static layout's position is an input the case fixes)
+        cache=Cache(inputs=(0, 1)),
+    ),
+    rank=RankHooks(
+        occurrence_case=_occurrence_case,
+    ),
     # the static layout's launch advances the cache position on the device, beyond `out`
     # and `in_place`, and the dynamic layout compares source text per call
     traceable=False,

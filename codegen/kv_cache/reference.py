@@ -20,7 +20,7 @@ buffer per keys and values, and the new states go to positions [p, p + new) with
 (read on the device only, so the step stays capturable). Its inputs are (keys, values,
 key_states, value_states, position); `kv_append` then returns the buffers with those rows
 replaced, out of place, and the adapter runs the kernel in place (out is the buffers
-themselves, `Family.in_place`). A static case carries no position and no slot count: both are
+themselves, `VerifyHooks.in_place`). A static case carries no position and no slot count: both are
 known on the device only, and a kernel is generic over them. Its inputs put the position at
 `position` of `slots` (defaults below: not at either end); edge cases vary both.
 """

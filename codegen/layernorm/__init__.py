@@ -6,7 +6,7 @@ Params for forward and the reference: eps (`FAMILY.params(case)`).
 """
 
 from codegen.layernorm import kernel, patch, reference
-from core.family import Family, Pattern
+from core.family import Family, Pattern, VerifyHooks
 from profiling.roofline import streaming_cost
 
 # On torch.profiler CPU traces of GPT-2's nn.LayerNorm the module scope runs one aten op,
@@ -36,5 +36,8 @@ FAMILY = Family(
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::layer_norm", "aten::native_layer_norm", "aten::add"),
     params=reference.params,
-    weights=(-2, -1),  # the norm's weight and bias, after x (and the residual)
+    examples=(reference.make_case(16, 64, "float16"),),
+    verify=VerifyHooks(
+        weights=(-2, -1),  # the norm's weight and bias, after x (and the residual)
+    ),
 )

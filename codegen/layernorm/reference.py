@@ -35,6 +35,13 @@ def layer_norm(*inputs: torch.Tensor, eps: float, sum_dtype: str | None = None):
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def make_case(rows: int, hidden: int, dtype: str, residual: bool = False, eps: float = 1e-5
+              ) -> Case:
+    """One norm call over `rows` rows of `hidden`; `residual`: the fused residual add first."""
+    case = {"rows": int(rows), "hidden": int(hidden), "dtype": dtype, "eps": float(eps)}
+    return {**case, "residual": True} if residual else case
+
+
 def params(case: Case) -> dict:
     fused = {"sum_dtype": case["dtype"]} if case.get("residual") else {}
     return {"eps": float(case["eps"]), **fused}

@@ -20,7 +20,7 @@ Writes past the buffer are caught by the guard bytes as for any family.
 
 Where GEMMs already run near their roofline (Llama, Qwen: every width a multiple of 64, cuBLAS
 near the peak) there is nothing to win and a measurement per shape would only cost time, so
-the family declines rows whose attainable speedup is under MIN_ATTAINABLE (`Family.declines`);
+the family declines rows whose attainable speedup is under MIN_ATTAINABLE (`RankHooks.declines`);
 the ranking then shows the row without a family and says why. Within a row it acts on, only
 the projections whose output width needs padding get cases and a patch (patch.projections):
 at aligned widths cuBLAS is the thing to beat and these candidates do not.
@@ -45,6 +45,7 @@ from codegen.matmul.reference import (
     flops,
     gemv_call,
     linear,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
@@ -53,7 +54,7 @@ from codegen.matmul.reference import (
     params,
 )
 from codegen.shapes import gemm_k_n
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, RankHooks, VerifyHooks, lazy
 
 # Under this attainable speedup (the ranking's roofline or measured time) a projection row is
 # left alone: what a padded or re-tiled GEMM could still win there is within what measurement
@@ -86,14 +87,10 @@ PATTERNS = (
 
 FAMILY = Family(
     name="matmul",
-    # one pattern over projections of very different sizes, each patched only where a case
-    # was accepted: the graph projection matches each occurrence to its case
-    occurrence_case=gemm_k_n,
     patterns=PATTERNS,
     reference=linear,
     make_inputs=make_inputs,
     make_out=make_out,
-    out_region=out_region,
     edge_cases=edge_cases,
     min_bytes=min_bytes,
     flops=flops,
@@ -101,15 +98,25 @@ FAMILY = Family(
     render=lazy("codegen.matmul.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,
-    # the cuBLAS candidates run aten::mm/addmm on the padded weight by design
-    library_ops=("aten::mm", "aten::addmm"),
     params=params,
-    # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
-    # order-dependent way (as matmul_epilogue)
-    stress_inputs=(0,),
-    weights=(1, 2),  # the module's weight(s) (and bias), after x
-    order_bound=order_bound,
-    declines=declines,
+    examples=(make_case(16, 64, 500, "float32", "linear", False, lead=(2, 8)),
+              make_case(16, 64, 500, "bfloat16", "linear", False, lead=(2, 8)),),
+    verify=VerifyHooks(
+        out_region=out_region,
+        # the cuBLAS candidates run aten::mm/addmm on the padded weight by design
+        library_ops=("aten::mm", "aten::addmm"),
+        # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
+        # order-dependent way (as matmul_epilogue)
+        stress_inputs=(0,),
+        weights=(1, 2),  # the module's weight(s) (and bias), after x
+        order_bound=order_bound,
+    ),
+    rank=RankHooks(
+        # one pattern over projections of very different sizes, each patched only where a case
+        # was accepted: the graph projection matches each occurrence to its case
+        occurrence_case=gemm_k_n,
+        declines=declines,
+    ),
     # a padded copy of the weight, kept right by checking its Parameter's address and
     # version on every call: a trace reads neither
     traceable=False,

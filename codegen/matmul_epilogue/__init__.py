@@ -19,7 +19,7 @@ the profile's matcher never claims with these patterns. Each extends gated_act's
 occurrence plus the `linear` occurrences of the absorbed child Linears (`Pattern.absorbs`:
 gate_proj and up_proj, or Phi-3's packed gate_up_proj) and ranks the row beside gated_act's.
 At most one of the two families is integrated into a model; pipeline/ chooses
-(`Family.rivals`, declared on both), this folder only declares the rivalry.
+(`RankHooks.rivals`, declared on both), this folder only declares the rivalry.
 
 Recognition is by module class (ends in "MLP") and the activation op, like gated_act's; the
 patch (patch.py) then checks the module's code and its projections, as gated_act's does.
@@ -36,13 +36,14 @@ from codegen.matmul_epilogue.reference import (
     edge_cases,
     flops,
     gated_gemm,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     order_bound,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, RankHooks, VerifyHooks, lazy
 from profiling.roofline import MATMUL_OPS, input_bytes, op_cost
 
 
@@ -96,19 +97,27 @@ FAMILY = Family(
     aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::silu",
               "aten::gelu", "aten::mul"),
     params=params,
-    # Only x gets the verifier's stress values: stressed weights too would overflow the fp32
-    # accumulators (products of two values near the dtype's max) in an order-dependent way,
-    # inf or NaN depending on which partial sums meet first.
-    stress_inputs=(0,),
-    weights=(1, 2),  # the module's weight(s) (and bias), after x
-    # where a dot product cancels, the summation order decides which of HF's result and ours
-    # lands closer: the verifier allows either within the classic bound
-    order_bound=order_bound,
-    # replaces the ops gated_act replaces: one of the two is integrated. Not gemv's rival: at
-    # a decode step its GEMV (gemv.py) computes gate and up itself and skips the two Linears'
-    # gemv kernels (`models.patching.SAME_RESULT`), and gemv keeps every other projection, so
-    # the two compose; the ranking counts the gate and up calls in both rows, and the
-    # whole-model measurement of the set decides
-    rivals=("gated_act",),
+    examples=(make_case(16, 64, 176, "float16", "silu"),
+              make_case(1, 96, 176, "float32", "silu", lead=(1, 1)),
+              make_case(16, 64, 176, "float32", "gelu_tanh"),
+              make_case(37, 96, 176, "float32", "silu"),),
     benchmark="codegen.matmul_epilogue.bench",
+    verify=VerifyHooks(
+        # Only x gets the verifier's stress values: stressed weights too would overflow the fp32
+        # accumulators (products of two values near the dtype's max) in an order-dependent way,
+        # inf or NaN depending on which partial sums meet first.
+        stress_inputs=(0,),
+        weights=(1, 2),  # the module's weight(s) (and bias), after x
+        # where a dot product cancels, the summation order decides which of HF's result and ours
+        # lands closer: the verifier allows either within the classic bound
+        order_bound=order_bound,
+    ),
+    rank=RankHooks(
+        # replaces the ops gated_act replaces: one of the two is integrated. Not gemv's rival: at
+        # a decode step its GEMV (gemv.py) computes gate and up itself and skips the two Linears'
+        # gemv kernels (`models.patching.SAME_RESULT`), and gemv keeps every other projection, so
+        # the two compose; the ranking counts the gate and up calls in both rows, and the
+        # whole-model measurement of the set decides
+        rivals=("gated_act",),
+    ),
 )

@@ -9,7 +9,7 @@ read nor the launch remains. The search and the integrate stage decide by measur
 whether a Triton GEMM close enough to cuBLAS makes that pay.
 
 Why a family of its own rather than a capability of matmul or matmul_epilogue: the policy
-integrates one family of each rival pair (`Family.rivals`), and this kernel replaces the
+integrates one family of each rival pair (`RankHooks.rivals`), and this kernel replaces the
 activation that the gelu family replaces. Inside matmul, rivalry with gelu would put the
 whole matmul family (the padded LM head: most of its gain) against gelu on GPT-2; inside
 matmul_epilogue, every function of that family (reference, inputs, order bound, patch) would
@@ -32,13 +32,14 @@ from codegen.matmul_gelu.reference import (
     conv1d_gelu,
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     order_bound,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, RankHooks, VerifyHooks, lazy
 from profiling.roofline import MATMUL_OPS, input_bytes, op_cost
 
 
@@ -80,11 +81,16 @@ FAMILY = Family(
     aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::gelu",
               "aten::tanh", "aten::pow", "aten::mul", "aten::add"),
     params=params,
-    # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
-    # order-dependent way (as matmul_epilogue)
-    stress_inputs=(0,),
-    weights=(1, 2),  # the module's weight(s) (and bias), after x
-    order_bound=order_bound,
-    # replaces the activation the gelu family replaces: one of the two is integrated
-    rivals=("gelu",),
+    examples=(make_case(16, 64, 176, "float32", "gelu_new"),),
+    verify=VerifyHooks(
+        # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
+        # order-dependent way (as matmul_epilogue)
+        stress_inputs=(0,),
+        weights=(1, 2),  # the module's weight(s) (and bias), after x
+        order_bound=order_bound,
+    ),
+    rank=RankHooks(
+        # replaces the activation the gelu family replaces: one of the two is integrated
+        rivals=("gelu",),
+    ),
 )

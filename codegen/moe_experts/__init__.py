@@ -23,6 +23,7 @@ from codegen.moe_experts.patch import BLOCKS, cases_from_model, patch
 from codegen.moe_experts.reference import (
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
@@ -30,7 +31,7 @@ from codegen.moe_experts.reference import (
     order_bound,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, VerifyHooks, lazy
 from profiling.roofline import ELEM_BYTES
 
 
@@ -87,11 +88,17 @@ FAMILY = Family(
               "aten::silu", "aten::index_add", "aten::histc", "aten::one_hot",
               "aten::linear"),
     params=params,
-    # stress values in x only: stressed weights would overflow the fp32 accumulators in an
-    # order-dependent way (as matmul_epilogue's)
-    stress_inputs=(0,),
-    order_bound=order_bound,
-    weights=(1, 2, 3, 4, 5, 6),  # the router's and the experts' weights (and gpt-oss's biases)
+    # narrow widths, eight tokens: both paths' configs are searched, the last (the grouped
+    # path's widest blocks) the fewest programs for the interpreter
+    examples=(make_case(8, 32, 16, 4, 2, "float32", "olmoe"),),
+    verify=VerifyHooks(
+        # stress values in x only: stressed weights would overflow the fp32 accumulators in an
+        # order-dependent way (as matmul_epilogue's)
+        stress_inputs=(0,),
+        order_bound=order_bound,
+        # the router's and the experts' weights (and gpt-oss's biases)
+        weights=(1, 2, 3, 4, 5, 6),
+    ),
     benchmark="codegen.moe_experts.bench",
     # the adapter checks module identities and hooks at call time (`patch._as_patched`),
     # which a trace would freeze

@@ -26,6 +26,7 @@ from codegen.qkv_proj.reference import (
     MAX_ROWS,
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
@@ -33,7 +34,7 @@ from codegen.qkv_proj.reference import (
     params,
     qkv,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, VerifyHooks, lazy
 from profiling.roofline import MATMUL_OPS, input_bytes, op_cost
 
 __all__ = ["FAMILY", "MAX_ROWS", "PATTERNS"]
@@ -80,11 +81,14 @@ FAMILY = Family(
     cases_from_model=cases_from_model,
     aten_ops=("aten::linear", "aten::mm", "aten::addmm", "aten::matmul"),
     params=params,
-    # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
-    # order-dependent way (as the matmul and gemv families)
-    stress_inputs=(0,),
-    weights=(1, 2, 3, 4, 5, 6),  # the three weights (and biases), after x
-    order_bound=order_bound,
+    examples=(make_case(2, 64, 64, 64, 64, "float32", True, (2, 1)),),
+    verify=VerifyHooks(
+        # only x is stressed: stressed weights too would overflow the fp32 accumulator in an
+        # order-dependent way (as the matmul and gemv families)
+        stress_inputs=(0,),
+        weights=(1, 2, 3, 4, 5, 6),  # the three weights (and biases), after x
+        order_bound=order_bound,
+    ),
     # not gemv's rival though both patch the three Linears at a decode step: they compose in
     # either patch order (models.patching.FUSED), gemv keeping every other projection
     # k_proj's and v_proj's calls take what q_proj's kept by the input's version, a number

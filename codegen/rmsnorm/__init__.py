@@ -7,7 +7,7 @@ offset, cast_first (`FAMILY.params(case)`).
 """
 
 from codegen.rmsnorm import kernel, patch, reference
-from core.family import CudaVariant, Family, Pattern, lazy
+from core.family import CudaVariant, Family, Pattern, VerifyHooks, lazy
 from profiling.roofline import streaming_cost
 
 # Counted on torch.profiler CPU traces of the real transformers modules (fp32, fp16 and bf16
@@ -55,9 +55,12 @@ FAMILY = Family(
     cases_from_model=patch.cases_from_model,
     aten_ops=("aten::pow", "aten::mean", "aten::rsqrt", "aten::mul", "aten::add"),
     params=reference.params,
-    weights=(-1,),  # the norm's weight
+    examples=(reference.make_case(16, 64, "float16"),),
     cuda=CudaVariant(search_space=lazy("codegen.rmsnorm.cuda", "search_space"),
                      render=lazy("codegen.rmsnorm.cuda", "render")),
     extras={"forms": reference.FORMS},
     benchmark="codegen.rmsnorm.bench",
+    verify=VerifyHooks(
+        weights=(-1,),  # the norm's weight
+    ),
 )

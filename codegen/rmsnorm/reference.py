@@ -36,6 +36,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float
     return (hidden * scale).type_as(x)
 
 
+def make_case(rows: int, hidden: int, dtype: str, form: str = "llama", eps: float = 1e-6
+              ) -> Case:
+    """One norm call over `rows` rows of `hidden`, in the Llama or the Gemma form."""
+    return {"rows": int(rows), "hidden": int(hidden), "dtype": dtype, "eps": float(eps),
+            **FORMS[form]}
+
+
 def params(case: Case) -> dict:
     """The keyword params a candidate's forward and the reference take for `case`."""
     return {"eps": float(case["eps"]), "offset": float(case["offset"]),

@@ -23,12 +23,13 @@ from codegen.rope.reference import (
     apply_rotary,
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
     params,
 )
-from core.family import Family, Pattern, lazy
+from core.family import Family, Pattern, VerifyHooks, lazy
 
 
 def _cost(ops: list[dict]) -> tuple[int, int]:
@@ -68,11 +69,15 @@ FAMILY = Family(
     patch=patch,
     cases_from_model=cases_from_model,
     aten_ops=("aten::mul", "aten::neg", "aten::cat", "aten::add"),
-    # Stress values go into q and k only: cos/sin are cosines and sines in every model, and
-    # stressing them to 1e4 would test an input no caller can produce. The adapter writes the
-    # rotation over q and k (patch.in_place_ok), so the verifier runs each candidate that way.
     params=params,
-    stress_inputs=(0, 1),
-    in_place=lambda inputs: inputs[:2],
+    examples=(make_case(2, 4, 4, 2, 16, 8, "float16"),),
     benchmark="codegen.rope.bench",
+    verify=VerifyHooks(
+        # Stress values go into q and k only: cos/sin are cosines and sines in every model, and
+        # stressing them to 1e4 would test an input no caller can produce. The adapter writes
+        # the rotation over q and k (patch.in_place_ok), so the verifier runs each candidate
+        # that way.
+        stress_inputs=(0, 1),
+        in_place=lambda inputs: inputs[:2],
+    ),
 )

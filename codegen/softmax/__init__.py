@@ -22,6 +22,7 @@ from __future__ import annotations
 from codegen.softmax.reference import (
     edge_cases,
     flops,
+    make_case,
     make_inputs,
     make_out,
     min_bytes,
@@ -53,4 +54,5 @@ FAMILY = Family(
     cases_from_model=no_cases,
     aten_ops=("aten::softmax", "aten::_softmax"),
     params=params,
+    examples=(make_case(16, 100, "float16", "float32"),),
 )

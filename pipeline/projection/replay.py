@@ -10,13 +10,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.record import Record
+from core.records import Ceilings, ProfiledWorkload, RankedRow
+
 LAUNCH_BOUND_BUSY = 0.5  # below this GPU-busy share of the wall time a pass is launch-bound
 NOT_CALIBRATED = ("CUDA graph costs not calibrated on this device (ceilings measured before "
                   "`graph_node_us`/`graph_launch_us` existed): run `pipeline calibrate` again; "
                   "no projection")
 
 
-def replay_gain(graph, rows: list[dict]) -> float:
+class GraphPass(Record):
+    """A pass replayed as one CUDA graph (`graph_projection`): its length, and its gain over
+    the replayed eager pass; None with a note where it cannot be projected."""
+    pass_us: float | None = None
+    gain: float | None = None
+    note: str | None = None
+    base_us: float | None = None
+    basis: str | None = None
+    in_static_step: list[str] | None = None
+
+
+def replay_gain(graph, rows: list[RankedRow | dict]) -> float:
     """Whole-model gain from replaying the trace with `rows` replaced.
 
     Each occurrence's kernels become one kernel of the target time and its launch calls merge
@@ -26,9 +40,9 @@ def replay_gain(graph, rows: list[dict]) -> float:
     as Triton's launcher can), else none is assumed. Profiled host times are inflated by the
     profiler, so they never stand in for it.
     """
-    from profiling.replay import Replacement, kernel_table, what_if
+    from profiling.replay import Replacement, kernel_durations, what_if
 
-    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
+    dur = kernel_durations(graph)
     reps = []
     for r, corrs, scales in disjoint(rows):
         # a measured kernel may be slower than the code it replaces: project that too, not 1.00x
@@ -43,10 +57,10 @@ def replay_gain(graph, rows: list[dict]) -> float:
         # before them, pooled over those segments (a row's launches can be shorter than the
         # pass's mean launch, and some segments shorter than one launch's share).
         # Evidence for both: benchmarks/results/README.md, "Host savings per row".
-        removed = max(0, r["launches"] - len(occ))
+        removed = max(0, r.launches - len(occ))
         total = None
-        if occ and r.get("host_delta_us") is not None and removed:
-            total = r["host_delta_us"]
+        if occ and r.host_delta_us is not None and removed:
+            total = r.host_delta_us
         for corr, scale in kept:
             present = [c for c in corr if c in dur]
             reps.append(Replacement(frozenset(present), sum(dur[c] for c in present) * scale,
@@ -70,13 +84,13 @@ def clocked(graph, reps: list, pass_us: float) -> tuple[float, float]:
     (benchmarks/results/README.md, "The power cap in the replay"). A replacement of compute
     kernels counts as compute, its fused memory work included."""
     from profiling.density import slowdown
+    from profiling.replay import kernel_durations
 
     base = replayed_once(graph)
     curve, compute = graph.graph.get("density"), graph.graph.get("compute")
     if not curve or not compute:
         return base, pass_us
-    dur = {a["correlation"]: a["dur"] for _, a in graph.nodes(data=True)
-           if a["kind"] == "device"}
+    dur = kernel_durations(graph)
     before = sum(d for c, d in dur.items() if c in compute)
     after = before
     for r in reps:
@@ -91,12 +105,12 @@ def clocked(graph, reps: list, pass_us: float) -> tuple[float, float]:
     return base + before * (s - 1.0), pass_us + after * (s - 1.0)
 
 
-def replacements(graph, rows: list[dict]) -> list:
+def replacements(graph, rows: list[RankedRow | dict]) -> list:
     """Each row's occurrences as replacements at the row's target time, no host saving (the
     graph projections remove the host anyway)."""
-    from profiling.replay import Replacement, kernel_table
+    from profiling.replay import Replacement, kernel_durations
 
-    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
+    dur = kernel_durations(graph)
     reps = []
     for _, corrs, scales in disjoint(rows):
         for corr, scale in zip(corrs, scales):
@@ -106,7 +120,8 @@ def replacements(graph, rows: list[dict]) -> list:
     return reps
 
 
-def disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]], list[float]]]:
+def disjoint(rows: list[RankedRow | dict]
+             ) -> list[tuple[RankedRow, list[list[int]], list[float]]]:
     """Each row with the occurrences (kernel correlations) it replaces, none twice, and each
     one's time scale (`scales`; an occurrence without one is not replaced). Where two rows
     replace the same kernels (GPT-2's c_fc GEMM is in `linear`, which the matmul family
@@ -115,8 +130,8 @@ def disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]], list[float]]
     other row keeps the rest of its occurrences."""
     taken: set[int] = set()
     out = []
-    for r in sorted(rows, key=lambda r: r.get("extends") is None):
-        keep = [(c, f) for c, f in zip(r["kernel_correlations"], scales(r))
+    for r in sorted(RankedRow.list_of(rows), key=lambda r: r.extends is None):
+        keep = [(c, f) for c, f in zip(r.kernel_correlations, scales(r))
                 if f is not None and not taken.intersection(c)]
         for c, _ in keep:
             taken.update(c)
@@ -124,28 +139,29 @@ def disjoint(rows: list[dict]) -> list[tuple[dict, list[list[int]], list[float]]
     return out
 
 
-def row_times(graph, rows: list[dict]) -> dict[str, float]:
+def row_times(graph, rows: list[RankedRow | dict]) -> dict[str, float]:
     """Each row's GPU time (us) with the occurrences it replaces at their target: an
     occurrence no accepted case covers, or one a fused alternative takes (`disjoint`), keeps
     its time, as the patch leaves it (benchmarks/results/README.md, "Per-case speedups in the
     replay")."""
-    from profiling.replay import kernel_table
+    from profiling.replay import kernel_durations
 
-    dur = {k["correlation"]: k["dur_us"] for k in kernel_table(graph)}
-    return {r["pattern"]: r["time_us"] - sum(
+    dur = kernel_durations(graph)
+    return {r.pattern: r.time_us - sum(
         sum(dur.get(c, 0.0) for c in corr) * (1.0 - f) for corr, f in zip(corrs, fs))
         for r, corrs, fs in disjoint(rows)}
 
 
-def scales(row: dict) -> list[float | None]:
+def scales(row: RankedRow | dict) -> list[float | None]:
     """Per occurrence, its target over its time: the row's, or where the row carries measured
     speedups per case (`case_speedups`: [(case, speedup)], with `occurrence_cases`) the
     speedup of the first case whose keys the occurrence's match; None where none does: the
     family's patch leaves that module alone, so it is not replaced (a family's median applied
     to occurrences it never patches over-projects: benchmarks/results/README.md, "Per-case
     speedups in the replay")."""
-    n = len(row["kernel_correlations"])
-    by_case, cases = row.get("case_speedups"), row.get("occurrence_cases")
+    row = RankedRow.of(row)
+    n = len(row.kernel_correlations)
+    by_case, cases = row.case_speedups, row.occurrence_cases
     if by_case is None or cases is None or len(cases) != n:
         return [target_ratio(row)] * n
 
@@ -159,8 +175,8 @@ def scales(row: dict) -> list[float | None]:
     return [scale(c) for c in cases]
 
 
-def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
-                     static=None) -> dict:
+def graph_projection(graph, ceil: Ceilings | dict, rows: list[RankedRow | dict] | None = None,
+                     static=None) -> GraphPass:
     """The pass replayed as one CUDA graph (`profiling.replay.graphed`): `pass_us` and the
     gain over the replayed eager pass, for the unpatched model or (`rows`) with those rows'
     kernels at their target times first ("kernels + graph"). None with a note where the
@@ -179,42 +195,42 @@ def graph_projection(graph, ceil: dict, rows: list[dict] | None = None,
     dynamic step."""
     from profiling.replay import graphed_with
 
-    node, launch = ceil.get("graph_node_us"), ceil.get("graph_launch_us")
+    ceil = Ceilings.of(ceil)
+    node, launch = ceil.graph_node_us, ceil.graph_launch_us
     if graph is None:
-        return {"pass_us": None, "gain": None, "note": "no GPU trace: no replay projection"}
+        return GraphPass(note="no GPU trace: no replay projection")
     if node is None or launch is None:
-        return {"pass_us": None, "gain": None, "note": NOT_CALIBRATED}
+        return GraphPass(note=NOT_CALIBRATED)
     base = replayed_once(graph)
-    rows = rows or []
+    rows = RankedRow.list_of(rows)
     plain = graphed_once(graph, node, launch)
     if static is None:
         reps = replacements(graph, rows)
         base, us = clocked(graph, reps, graphed_with(graph, reps, node, launch) if reps
                            else plain)
-        return {"pass_us": us, "gain": base / us, "base_us": base, "note": None,
-                "basis": "the profiled step"}
+        return GraphPass(pass_us=us, gain=base / us, base_us=base, basis="the profiled step")
     there = static.graph.get("pattern_rows") or {}
-    moved = [as_row_of(r, there[r["pattern"]]) for r in rows if r["pattern"] in there]
-    rest = [r for r in rows if r["pattern"] not in there]
+    moved = [as_row_of(r, there[r.pattern]) for r in rows if r.pattern in there]
+    rest = [r for r in rows if r.pattern not in there]
     reps = replacements(static, moved)
     us = graphed_with(static, reps, node, launch) if reps else graphed_once(static, node, launch)
     if rest:
         us -= plain - graphed_with(graph, replacements(graph, rest), node, launch)
-    return {"pass_us": us, "gain": base / us, "base_us": base, "note": None,
-            "basis": "the step over a static KV cache",
-            "in_static_step": sorted(r["pattern"] for r in moved)}
+    return GraphPass(pass_us=us, gain=base / us, base_us=base,
+                     basis="the step over a static KV cache",
+                     in_static_step=sorted(r.pattern for r in moved))
 
 
-def as_row_of(row: dict, there: dict) -> dict:
+def as_row_of(row: RankedRow, there: RankedRow) -> RankedRow:
     """The static step's row of `row`'s pattern, sped up by `row`'s target over its time, or
     by `row`'s speedups per case, matched to the static step's own occurrences."""
-    return {**there, "target_us": there["time_us"] * target_ratio(row),
-            "case_speedups": row.get("case_speedups")}
+    return there.model_copy(update={"target_us": there.time_us * target_ratio(row),
+                                    "case_speedups": row.case_speedups})
 
 
-def target_ratio(row: dict) -> float:
+def target_ratio(row: RankedRow) -> float:
     """A row's target over its profiled time: the time scale of each of its occurrences."""
-    return row["target_us"] / row["time_us"] if row["time_us"] else 1.0
+    return row.target_us / row.time_us if row.time_us else 1.0
 
 
 def replayed_once(graph) -> float:
@@ -236,15 +252,16 @@ def graphed_once(graph, node: float, launch: float) -> float:
     return graph.graph[key]
 
 
-def workload_graph(w: dict, trace_path: Path | None):
+def workload_graph(w: ProfiledWorkload | dict, trace_path: Path | None):
     """The replay graph of the profiled step, host time calibrated to the unprofiled wall."""
-    if trace_path is None or w["time_basis"] != "device" or not trace_path.exists():
+    w = ProfiledWorkload.of(w)
+    if trace_path is None or w.time_basis != "device" or not trace_path.exists():
         return None
     from profiling.replay import build_graph, calibrate_host, scale_host
     from profiling.trace import load_trace
 
-    traced = build_graph(load_trace(trace_path), w.get("step_index", -1))
-    graph, factor = calibrate_host(traced, w["wall"]["median_ms"] * 1e3)
+    traced = build_graph(load_trace(trace_path), w.step_index)
+    graph, factor = calibrate_host(traced, w.wall.median_ms * 1e3)
     # calibrate_host gives the slowest host consistent with the wall time; a device-bound pass
     # hides how fast its host really is, which the profile's host-bound probe measured. A
     # launch-bound pass hides nothing: its wall is its host chain, and the probe (another,
@@ -252,49 +269,50 @@ def workload_graph(w: dict, trace_path: Path | None):
     # projection depend on another moment's host speed (benchmarks/probes/README.md,
     # `probe_rule_ab.py`). What batch 1 still missed is the set's host saving, which
     # projection.host.spread_set_share accounts for.
-    probe = w.get("host_factor")
-    launch_bound = (w.get("gpu_busy_share") or 1.0) < LAUNCH_BOUND_BUSY
+    probe = w.host_factor
+    launch_bound = (w.gpu_busy_share or 1.0) < LAUNCH_BOUND_BUSY
     if probe is not None and probe < factor and not launch_bound:
         graph, factor = scale_host(traced, probe), probe
     # the host's own unprofiled time for the pass, when the profile timed it: the call returns
     # after its last launch, so it bounds the host chain directly, where a device-bound wall
     # only bounds it from above (a device-bound pass's host chain can be two thirds of its wall)
-    enqueue = enqueue_factor(traced, (w.get("wall") or {}).get("enqueue_ms"))
+    enqueue = enqueue_factor(traced, w.wall.enqueue_ms)
     if enqueue is not None and enqueue < factor:
         graph, factor = scale_host(traced, enqueue), enqueue
     graph.graph["host_scale"] = factor
     # what `clocked` reads: the density curve the profile measured, and which kernels it scales
     from profiling.density import compute_correlations
 
-    graph.graph["density"] = w.get("density")
-    graph.graph["compute"] = compute_correlations(w.get("ops") or [])
+    graph.graph["density"] = w.density
+    graph.graph["compute"] = compute_correlations(w.ops)
     return graph
 
 
 def enqueue_factor(traced, enqueue_ms: float | None) -> float | None:
     """Host scale that makes the traced host chain take the unprofiled `enqueue_ms`."""
-    from profiling.replay import HOST_KINDS
+    from profiling.replay import host_chain_us
 
     if not enqueue_ms:
         return None
-    host_us = sum(a["dur"] for _, a in traced.nodes(data=True) if a["kind"] in HOST_KINDS)
+    host_us = host_chain_us(traced)
     return min(1.0, enqueue_ms * 1e3 / host_us) if host_us > 0 else None
 
 
-def graph_gains(w: dict, rows: list[dict], graph, ceil: dict, static, host: dict | None) -> bool:
+def graph_gains(w: ProfiledWorkload, rows: list[RankedRow], graph, ceil: Ceilings, static,
+                host: RankedRow | None) -> bool:
     """On a launch-bound pass with a graph projection, each family row's `graph_gain`: the
     graphed pass over the graphed pass with that row's kernels at their target, the gain the
     row brings once the graphs stage has removed the host (which it does on such a pass). Eager
     replay gains there are host savings of a few percent, which would rank the kernels of a
     decode step (attention, KV cache, norms) below rows the graph makes irrelevant. True when
     the rows were given one (the ranking then orders by it)."""
-    busy = w.get("gpu_busy_share")
-    if (host is None or host.get("graphed_pass_us") is None or busy is None
+    busy = w.gpu_busy_share
+    if (host is None or host.graphed_pass_us is None or busy is None
             or busy >= LAUNCH_BOUND_BUSY):
         return False
-    plain = host["graphed_pass_us"]
+    plain = host.graphed_pass_us
     for r in rows:
-        if r["family"]:
-            with_row = graph_projection(graph, ceil, [r], static=static)["pass_us"]
-            r["graph_gain"] = plain / with_row if with_row else None
+        if r.family:
+            with_row = graph_projection(graph, ceil, [r], static=static).pass_us
+            r.graph_gain = plain / with_row if with_row else None
     return True

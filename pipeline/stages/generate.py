@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from core.artifacts import read_json, write_json
+from core.artifacts import load, write_json
+from core.records import Search, SearchLog
 from pipeline.resume import edited_since_screened
 
 
 def generate_stage(run_dir: Path, families: list[str], model, workloads, device: str,
                    say: Callable[[str], None], resume: bool, max_configs: int | None,
-                   backend: str = "triton", workers=None, plan=None, proposer=None) -> dict:
+                   backend: str = "triton", workers=None, plan=None,
+                   proposer=None) -> SearchLog:
     """`backend`: "triton", "cuda" or "both" (already checked against the device). `workers`
     (verify.workers): every case is submitted first, then taken in order, so on Ray the cases
     are searched side by side; the local backend searches each as it is taken, as before.
@@ -22,11 +24,12 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     from codegen.search import case_key, family_backend
 
     path = run_dir / "candidates" / "search_log.json"
-    log = read_json(path, "search log") if (resume and path.exists()) else {"searches": []}
-    index = {(s["family"], s["case_key"]): i for i, s in enumerate(log["searches"])}
+    log = load(path, SearchLog, "search log") if (resume and path.exists()) \
+        else SearchLog(searches=[])
+    index = {(s.family, s.case_key): i for i, s in enumerate(log.searches)}
     # a case whose candidate file was edited after it was screened is searched again: the
     # edit is kept (write_candidate) and screened, then verified, as it is now
-    done = {k for k, i in index.items() if not edited_since_screened(log["searches"][i])}
+    done = {k for k, i in index.items() if not edited_since_screened(log.searches[i])}
     changed = not (resume and path.exists())
     how = {"max_configs": max_configs, "backend": backend, "plan": plan, "proposer": proposer,
            "say": say}
@@ -48,7 +51,7 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
             key = (name, case_key(case))
             # a case searched for another backend is searched again (logs written before
             # backends existed searched Triton)
-            if key in done and log["searches"][index[key]].get("backend", "triton") == wanted:
+            if key in done and log.searches[index[key]].backend == wanted:
                 continue
             args = (fam, case, run_dir / "candidates", device)
             if workers is not None and workers.parallel:
@@ -60,22 +63,23 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     for name, case, key, job in pending:  # in the order of the loop above, as before backends
         if job is None:
             if key not in index:
-                index[key] = len(log["searches"])
-                log["searches"].append({"family": name, "case_key": None, "case": None,
-                                        "note": "the model has no call this family can replace"})
+                index[key] = len(log.searches)
+                log.searches.append(Search(
+                    family=name, case_key=None, case=None,
+                    note="the model has no call this family can replace"))
                 changed = True
             continue
         say(f"generate {name} {case_key(case)}")
-        entry = job()
+        entry = Search.of(job())
         if key in index:
-            log["searches"][index[key]] = entry
+            log.searches[index[key]] = entry
         else:
-            index[key] = len(log["searches"])
-            log["searches"].append(entry)
+            index[key] = len(log.searches)
+            log.searches.append(entry)
         write_json(path, log)
         changed = False
     if getattr(proposer, "record", None):  # the language model's budgets, tokens, events
-        log["llm"] = proposer.record
+        log.llm = proposer.record
         changed = True
     if changed:
         write_json(path, log)

@@ -32,7 +32,19 @@ from pathlib import Path
 
 import torch
 
-from core.artifacts import read_json, write_json
+from core.artifacts import load, write_json
+from core.integration_records import (
+    Graphs,
+    GraphSet,
+    GraphSets,
+    GraphsProjection,
+    GraphVerification,
+    IntegratedWorkload,
+    Integration,
+    Medians,
+    Ratio,
+)
+from core.records import Projection, VerificationSummary
 from pipeline.patching import patched, twin
 
 NO_GPU = "CUDA graphs need a GPU"
@@ -49,18 +61,18 @@ GRAPH_TOL = 1e-2
 DECODE_STEPS = TRIALS + 1  # static-cache room beyond the prompt: one position per trial
 
 
-def graphs_stage(run_dir: Path, spec, workloads, summary: dict, say: Callable[[str], None],
-                 pairs: int, timer=None) -> dict:
-    """Add workloads[key]["graphs"] to integration.json for every measured workload."""
-    integ = read_json(run_dir / "integration.json", "integration")
+def graphs_stage(run_dir: Path, spec, workloads, summary: VerificationSummary | dict,
+                 say: Callable[[str], None], pairs: int, timer=None) -> Integration:
+    """Add each measured workload's graphs record to integration.json."""
+    integ = load(run_dir / "integration.json", Integration, "integration")
     proj_path = run_dir / "projection.json"
-    proj = read_json(proj_path, "projection") if proj_path.exists() else {"workloads": {}}
-    measured = [w for w in workloads if w.key in integ["workloads"]]
+    proj = load(proj_path, Projection, "projection") if proj_path.exists() else None
+    measured = [w for w in workloads if w.key in integ.workloads]
     if not measured:
         return integ
     if not can_graph(measured[0].device):
         for w in measured:
-            integ["workloads"][w.key]["graphs"] = {"skipped": NO_GPU}
+            integ.workloads[w.key].graphs = Graphs(skipped=NO_GPU)
         write_json(run_dir / "integration.json", integ)
         return integ
     from pipeline.integrate import fp32_reference
@@ -68,6 +80,7 @@ def graphs_stage(run_dir: Path, spec, workloads, summary: dict, say: Callable[[s
     from verify.timing import paired_ratio
 
     timer = timer or partial(paired_ratio, max_n=2 * pairs)
+    accepted = VerificationSummary.of(summary).accepted
     by_dtype: dict[str, list] = {}
     for w in measured:
         by_dtype.setdefault(w.dtype, []).append(w)
@@ -77,17 +90,18 @@ def graphs_stage(run_dir: Path, spec, workloads, summary: dict, say: Callable[[s
         ref = fp32_reference(model)
         for w in ws:
             say(f"graphs {w.key}")
-            rec = integ["workloads"][w.key]
-            projected = (proj["workloads"].get(w.key) or {}).get("graphs")
+            rec = integ.workloads[w.key]
+            frozen = proj.workloads.get(w.key) if proj is not None else None
+            projected = frozen.graphs if frozen is not None else None
             try:
-                rec["graphs"] = graph_workload(model, ref, w, summary["accepted"], rec["kept"],
-                                               rec.get("cases") or {}, pairs, timer, projected,
-                                               count_kernels=w.device.startswith("cuda"),
-                                               integrable=integrable_set(rec))
+                rec.graphs = graph_workload(model, ref, w, accepted, rec.kept, rec.cases, pairs,
+                                            timer, projected,
+                                            count_kernels=w.device.startswith("cuda"),
+                                            integrable=integrable_set(rec))
             except Exception as e:  # noqa: BLE001 - the host's remedy must not end the run
-                rec["graphs"] = {"captured": False, "error": _one_line(e),
-                                 "decision": "eager: the graphs stage failed here",
-                                 "shipped": False, "projected": projected}
+                rec.graphs = Graphs(captured=False, error=_one_line(e),
+                                    decision="eager: the graphs stage failed here",
+                                    shipped=False, projected=projected)
             if w.device.startswith("cuda"):
                 torch.cuda.empty_cache()
             # each workload's record as it is made: a run cut off in a later one resumes
@@ -101,24 +115,35 @@ def can_graph(device: str) -> bool:
     return device.startswith("cuda")
 
 
-def integrable_set(rec: dict) -> list[str]:
+def integrable_set(rec: IntegratedWorkload | dict) -> list[str]:
     """The eager shipped set plus every family the whole-model check kept for the workload
     (verified, correct in the model) that the eager timing rolled back, less any that replaces
-    the same ops as one already in the set (`Family.rivals`: both would patch one MLP) or whose
+    the same ops as one already in the set (`RankHooks.rivals`: both would patch one MLP) or whose
     kernel the set's pass never called (`integrate.reach`)."""
     from codegen.registry import get_family
 
-    out = list(rec.get("kept") or [])
-    unreached = set(rec.get("unreached") or ())
-    for fam in (rec.get("check") or {}).get("kept") or []:
-        if fam not in out and fam not in unreached and not set(get_family(fam).rivals) & set(out):
+    rec = IntegratedWorkload.of(rec)
+    out = list(rec.kept or [])
+    unreached = set(rec.unreached)
+    for fam in rec.check.kept if rec.check is not None else []:
+        rivals = set(get_family(fam).rank.rivals)
+        if fam not in out and fam not in unreached and not rivals & set(out):
             out.append(fam)
     return out
 
 
+def _record_decode_step(rec: Graphs, sides: _Sides) -> None:
+    """The graphed decode step's anatomy into `rec`, or why it failed."""
+    try:
+        step_ms = rec.medians.graphed_kept_ms if rec.medians is not None else None
+        rec.decode_step = sides.decode_step(step_ms)
+    except Exception as e:  # noqa: BLE001 - a diagnostic must not end the stage
+        rec.decode_step_error = _one_line(e)
+
+
 def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases: dict,
-                   pairs: int, timer, projected: dict | None = None,
-                   count_kernels: bool = False, integrable: list[str] | None = None) -> dict:
+                   pairs: int, timer, projected: GraphsProjection | dict | None = None,
+                   count_kernels: bool = False, integrable: list[str] | None = None) -> Graphs:
     """Capture, verify, time and decide graphs for one workload (see the module docstring).
     `timer(fn_a, fn_b, n=, device=)`: a paired ratio b / a (verify.timing.paired_ratio).
     `integrable`: the set the graph may take instead of `kept` (`integrable_set`)."""
@@ -132,32 +157,29 @@ def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases:
             stack.enter_context(patched(alt, accepted, other, allowed))
         sides = _Sides(model, variant, workload, kept)
         stack.callback(sides.close)
-        rec = {"kept": list(kept), "families": list(kept), "projected": projected}
-        rec.update(sides.capture())
-        if not rec["captured"]:
-            rec.update(decision=f"eager: capture failed ({rec['reason']})", shipped=False)
+        rec = Graphs(kept=list(kept), families=list(kept), projected=projected,
+                     **sides.capture())
+        if not rec.captured:
+            rec.update(decision=f"eager: capture failed ({rec.reason})", shipped=False)
             return rec
-        rec["verification"] = sides.verify(ref)
-        if not rec["verification"]["passed"]:
+        rec.verification = sides.verify(ref)
+        if not rec.verification.passed:
             rec.update(decision="eager: the graph's output does not match the eager "
                                 "patched model", shipped=False)
             return rec
         if other is not None:
-            rec["sets"] = sides.choose_set(alt, other, ref, timer, pairs, count_kernels)
-            if rec["sets"]["chosen"] == "integrable":
-                rec["families"] = list(other)
-                rec["verification"] = rec["sets"]["integrable"].pop("verification")
+            rec.sets = sides.choose_set(alt, other, ref, timer, pairs, count_kernels)
+            if rec.sets.chosen == "integrable":
+                rec.families = list(other)
+                rec.verification = rec.sets.integrable.verification
+                rec.sets.integrable = rec.sets.integrable.without("verification")
         rec.update(sides.time(timer, pairs))
-        rec["decision"], rec["shipped"] = decide(rec["graphed_vs_eager"],
-                                                 rec["graphed_vs_eager_kept"])
+        rec.decision, rec.shipped = decide(rec.graphed_vs_eager, rec.graphed_vs_eager_kept)
         if count_kernels:
-            rec["kernels_per_pass"] = sides.kernels_per_pass()
+            rec.kernels_per_pass = sides.kernels_per_pass()
             if workload.mode == "decode":
-                try:
-                    rec["decode_step"] = sides.decode_step(rec["medians"].get("graphed_kept_ms"))
-                except Exception as e:  # noqa: BLE001 - a diagnostic must not end the stage
-                    rec["decode_step_error"] = _one_line(e)
-        rec["measured_speedup"] = _speedup(rec["graphed_vs_eager"])
+                _record_decode_step(rec, sides)
+        rec.measured_speedup = _speedup(rec.graphed_vs_eager)
         return rec
 
 
@@ -174,27 +196,29 @@ def trial_verdict(e_graph: float, e_new: float, e_base: float) -> dict:
             "passed": e_graph <= graph_limit and e_new <= limit}
 
 
-def choose(ratio: dict) -> tuple[str, str]:
+def choose(ratio: Ratio | dict) -> tuple[str, str]:
     """(chosen set, why) from the paired ratio integrable-graph / kept-graph: the integrable
     set only where the 95 % CI says its graph is faster (the same rule as every decision)."""
-    if not ratio.get("meaningful"):
-        return "kept", f"the eager shipped set: timing not meaningful here ({ratio.get('reason')})"
-    if ratio["verdict"] == "faster":
+    ratio = Ratio.of(ratio)
+    if not ratio.meaningful:
+        return "kept", f"the eager shipped set: timing not meaningful here ({ratio.reason})"
+    if ratio.verdict == "faster":
         return "integrable", (f"the integrable set: its graph is faster (ratio "
-                              f"{ratio['estimate']:.3f})")
+                              f"{ratio.estimate:.3f})")
     return "kept", (f"the eager shipped set: the integrable set's graph is not faster "
-                    f"({ratio['verdict']}, ratio {ratio['estimate']:.3f})")
+                    f"({ratio.verdict}, ratio {ratio.estimate:.3f})")
 
 
-def decide(vs_eager: dict, vs_kept: dict) -> tuple[str, bool]:
+def decide(vs_eager: Ratio | dict, vs_kept: Ratio | dict) -> tuple[str, bool]:
     """Graphs ship only where the paired 95 % CI says the graphed patched model is faster than
     the user's eager call and than the eager shipped set; never a regression."""
     for r, what in ((vs_eager, "the eager model"), (vs_kept, "the eager shipped set")):
-        if not r.get("meaningful"):
-            return f"eager: timing not meaningful here ({r.get('reason')})", False
-        if r["verdict"] != "faster":
+        r = Ratio.of(r)
+        if not r.meaningful:
+            return f"eager: timing not meaningful here ({r.reason})", False
+        if r.verdict != "faster":
             return (f"eager: graphed is not faster than {what} "
-                    f"({r['verdict']}, ratio {r['estimate']:.3f})"), False
+                    f"({r.verdict}, ratio {r.estimate:.3f})"), False
     return "graphs ship", True
 
 
@@ -289,8 +313,9 @@ class _Sides:
             e_new, e_base = logits_error(out, ref_out), logits_error(base, ref_out)
             trials.append({**where, "graph_vs_eager": e_graph, "error_graphed": e_new,
                            "error_unpatched": e_base, **trial_verdict(e_graph, e_new, e_base)})
-        return {"trials": trials, "tolerance": GRAPH_TOL,
-                "passed": all(t["passed"] for t in trials)}
+        checked = GraphVerification(trials=trials, tolerance=GRAPH_TOL)
+        checked.passed = all(t.passed for t in checked.trials)
+        return checked
 
     def graphed(self, g):
         """A timed call of graph `g` (decode: the step at the profiled cache length)."""
@@ -307,38 +332,39 @@ class _Sides:
         return lambda: g(ids)
 
     def choose_set(self, alt, families: list[str], ref, timer, pairs: int,
-                   count_kernels: bool) -> dict:
+                   count_kernels: bool) -> GraphSets:
         """Capture and verify the integrable set's graph, time it against the kept set's,
         adopt it where it is faster (`choose`). Both sets recorded, chosen or not."""
         from models.graphs import capture_reason
 
-        sets = {"kept": {"families": list(self.kept_families)},
-                "integrable": {"families": list(families)}}
+        kept, integrable = GraphSet(families=self.kept_families), GraphSet(families=families)
         try:
             graph = self._graph(alt)
         except Exception as e:  # noqa: BLE001 - the kept set's graph still stands
             reason = _reason(capture_reason, e)
-            sets["integrable"].update(captured=False, reason=reason)
-            return {**sets, "chosen": "kept", "why": "the eager shipped set: the integrable "
-                    f"set's capture failed ({reason})"}
-        sets["integrable"].update(captured=True, pool_bytes=graph.pool_bytes)
+            integrable.update(captured=False, reason=reason)
+            return GraphSets(kept=kept, integrable=integrable, chosen="kept",
+                             why=f"the eager shipped set: the integrable set's capture failed "
+                                 f"({reason})")
+        integrable.update(captured=True, pool_bytes=graph.pool_bytes)
         verification = self.verify(ref, graph, alt)
-        if not verification["passed"]:
-            sets["integrable"]["verification"] = verification
-            return {**sets, "chosen": "kept", "why": "the eager shipped set: the integrable "
-                    "set's graph does not match its eager model"}
-        r = timer(self.graphed(self.graph_kept), self.graphed(graph), n=pairs,
-                  device=self.device).to_dict()
-        sets["kept"]["graphed_ms"] = _median(r, "a")
-        sets["integrable"]["graphed_ms"] = _median(r, "b")
+        if not verification.passed:
+            integrable.verification = verification
+            return GraphSets(kept=kept, integrable=integrable, chosen="kept",
+                             why="the eager shipped set: the integrable set's graph does not "
+                                 "match its eager model")
+        r = Ratio.of(timer(self.graphed(self.graph_kept), self.graphed(graph), n=pairs,
+                           device=self.device).to_dict())
+        kept.graphed_ms, integrable.graphed_ms = _median(r.times_a_ms), _median(r.times_b_ms)
         if count_kernels:
-            sets["kept"]["kernels_per_pass"] = graph_kernels(self.graphed(self.graph_kept))
-            sets["integrable"]["kernels_per_pass"] = graph_kernels(self.graphed(graph))
+            kept.kernels_per_pass = graph_kernels(self.graphed(self.graph_kept))
+            integrable.kernels_per_pass = graph_kernels(self.graphed(graph))
         chosen, why = choose(r)
         if chosen == "integrable":
-            sets["integrable"]["verification"] = verification
+            integrable.verification = verification
             self.graph_kept, self.graph_variant = graph, alt
-        return {**sets, "chosen": chosen, "why": why, "integrable_vs_kept": _brief(r)}
+        return GraphSets(kept=kept, integrable=integrable, chosen=chosen, why=why,
+                         integrable_vs_kept=_brief(r))
 
     def runners(self) -> dict[str, Callable[[], object]]:
         from profiling.capture import make_runner
@@ -362,23 +388,27 @@ class _Sides:
         return out
 
     def time(self, timer, pairs: int) -> dict:
+        """The paired timings: graphed kept kernels against eager and against eager kept
+        kernels, the unpatched graph and (decode) the eager static-cache step against eager,
+        and the medians of each side."""
         run = self.runners()
 
-        def pair(a, b):
-            return timer(run[a], run[b], n=pairs, device=self.device).to_dict()
+        def pair(a, b) -> Ratio:
+            return Ratio.of(timer(run[a], run[b], n=pairs, device=self.device).to_dict())
 
         main = pair("eager", "graphed_kept")
         vs_kept = pair("eager_kept", "graphed_kept")
-        medians = {"eager_ms": _median(main, "a"), "graphed_kept_ms": _median(main, "b"),
-                   "eager_kept_ms": _median(vs_kept, "a"), "graphed_ms": None}
+        medians = Medians(eager_ms=_median(main.times_a_ms),
+                          graphed_kept_ms=_median(main.times_b_ms),
+                          eager_kept_ms=_median(vs_kept.times_a_ms), graphed_ms=None)
         out = {"graphed_vs_eager": _brief(main), "graphed_vs_eager_kept": _brief(vs_kept)}
-        if run["graphed"] is not None:
+        if self.graph_base is not None:
             base = pair("eager", "graphed")
-            medians["graphed_ms"] = _median(base, "b")
+            medians.graphed_ms = _median(base.times_b_ms)
             out["graphed_unpatched_vs_eager"] = _brief(base)
-        if "eager_static" in run:
+        if self.decode:
             static = pair("eager", "eager_static")
-            medians["eager_static_ms"] = _median(static, "b")
+            medians.eager_static_ms = _median(static.times_b_ms)
             out["eager_static_vs_eager"] = _brief(static)
         return {"medians": medians, **out}
 
@@ -427,18 +457,19 @@ def graph_kernels(call: Callable[[], object]) -> int:
                and not e.name.startswith(("Memcpy", "Memset")))
 
 
-def _median(ratio: dict, side: str) -> float | None:
-    times = ratio.get(f"times_{side}_ms")
+def _median(times: list[float] | None) -> float | None:
     return statistics.median(times) if times else None
 
 
-def _brief(ratio: dict) -> dict:
-    return {k: ratio.get(k) for k in ("estimate", "ci_low", "ci_high", "verdict", "meaningful",
-                                      "reason")} | {"pairs": len(ratio.get("ratios") or [])}
+def _brief(ratio: Ratio) -> Ratio:
+    """A paired ratio's verdict without its per-pair data, and how many pairs it took."""
+    return Ratio(estimate=ratio.estimate, ci_low=ratio.ci_low, ci_high=ratio.ci_high,
+                 verdict=ratio.verdict, meaningful=ratio.meaningful, reason=ratio.reason,
+                 pairs=len(ratio.ratios))
 
 
-def _speedup(ratio: dict) -> float | None:
-    return 1.0 / ratio["estimate"] if ratio.get("estimate") else None
+def _speedup(ratio: Ratio | None) -> float | None:
+    return 1.0 / ratio.estimate if ratio is not None and ratio.estimate else None
 
 
 def _reason(capture_reason, exc: BaseException) -> str:

@@ -42,6 +42,7 @@ from functools import partial
 
 import torch
 
+from core.records import HostDelta, HostSet, VerificationSummary
 from pipeline.patching import patched, twin, workload_cases
 from pipeline.policy import fallbacks, integrable
 from profiling.capture import make_runner, sync
@@ -50,7 +51,7 @@ DRIFT_TOLERANCE = 0.2
 ATTEMPTS = 3
 
 
-def host_stage(model, workloads, summary: dict, families: list[str],
+def host_stage(model, workloads, summary: VerificationSummary | dict, families: list[str],
                say: Callable[[str], None], profile_ms: dict | None = None
                ) -> tuple[dict, dict]:
     """Per workload of the model's dtype: each integrable family's host delta per call,
@@ -58,7 +59,7 @@ def host_stage(model, workloads, summary: dict, families: list[str],
     share the integrable families save together (`set_host_share`).
     `profile_ms`: workload key -> the profile's unpatched host time (the ranking's
     enqueue_ms), which the measurements are taken near."""
-    accepted = summary["accepted"]
+    accepted = VerificationSummary.of(summary).accepted
     fams, _ = integrable(accepted, families, workloads[0].device)
     together = list(fams)  # the set integration checks first
     fams += list(fallbacks(accepted, families, workloads[0].device))
@@ -110,12 +111,12 @@ def patched_modules(model, variant) -> list[tuple]:
 
 def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
                          workload_cases: dict | None = None, pairs: int = 10,
-                         profile_ms: float | None = None) -> dict:
-    """family -> {"us_per_call", "share_per_call", "pass_us_per_call", "pass_share_per_call",
-    "base_enqueue_ms", "calls_per_pass", "pairs", "modules", "attempts_ms"} (medians over
-    pairs, see `_paired`): host time saved per kernel call (negative: the patch costs the host
-    more) from the hooked windows and from whole passes, each family patched alone; or
-    {"error"} where measuring failed (the projection keeps the search's number for it).
+                         profile_ms: float | None = None) -> dict[str, HostDelta]:
+    """family -> its HostDelta (us_per_call, share_per_call, pass_us_per_call,
+    pass_share_per_call, base_enqueue_ms, calls_per_pass, pairs, modules, attempts_ms: medians
+    over pairs, see `_paired`): host time saved per kernel call (negative: the patch costs the
+    host more) from the hooked windows and from whole passes, each family patched alone; or
+    its `error` where measuring failed (the projection keeps the search's number for it).
     `profile_ms`: the profile's unpatched host time; measurements at a host speed far from it
     are taken again (see the module's docstring)."""
     out = {}
@@ -125,7 +126,7 @@ def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
                                    workload_cases, pairs), profile_ms)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             # the projection falls back to the search's per-kernel number for this family
-            got = {"error": f"{type(e).__name__}: {e}"[:200]}
+            got = HostDelta(error=f"{type(e).__name__}: {e}"[:200])
             if workload.device.startswith("cuda"):
                 torch.cuda.empty_cache()
         if got is not None:
@@ -133,7 +134,7 @@ def in_model_host_deltas(model, workload, accepted: dict, families: list[str],
     return out
 
 
-def _nearest(measure, profile_ms: float | None) -> dict | None:
+def _nearest(measure, profile_ms: float | None) -> HostDelta | None:
     """`measure()` up to ATTEMPTS times while its unpatched pass ran more than DRIFT_TOLERANCE
     off `profile_ms`; the attempt nearest it, with every attempt's host time."""
     tries = []
@@ -141,14 +142,15 @@ def _nearest(measure, profile_ms: float | None) -> dict | None:
         got = measure()
         if got is None:
             return None
+        got = HostDelta.of(got)
         tries.append(got)
-        if not profile_ms or abs(got["base_enqueue_ms"] / profile_ms - 1) <= DRIFT_TOLERANCE:
+        if not profile_ms or abs(got.base_enqueue_ms / profile_ms - 1) <= DRIFT_TOLERANCE:
             break
-    best = min(tries, key=lambda g: abs(g["base_enqueue_ms"] - (profile_ms or 0)))
-    return {**best, "attempts_ms": [g["base_enqueue_ms"] for g in tries]}
+    best = min(tries, key=lambda g: abs(g.base_enqueue_ms - (profile_ms or 0)))
+    return best.model_copy(update={"attempts_ms": [g.base_enqueue_ms for g in tries]})
 
 
-def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict | None:
+def _one_family(model, workload, accepted, name, workload_cases, pairs) -> HostDelta | None:
     calls = {name: 0}
     variant = twin(model)
     with patched(variant, accepted, [name], workload_cases, calls=calls):
@@ -161,7 +163,7 @@ def _one_family(model, workload, accepted, name, workload_cases, pairs) -> dict 
     if not rows:
         return None
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return {**med, "calls_per_pass": per_pass, "pairs": len(rows), "modules": len(pairs_of)}
+    return HostDelta(**med, calls_per_pass=per_pass, pairs=len(rows), modules=len(pairs_of))
 
 
 def _paired(runners: dict, mods: dict, calls: dict, name: str, pairs: int,
@@ -205,7 +207,7 @@ def _returns_after(runner, device: str) -> float:
 
 
 def set_host_share(model, workload, accepted: dict, families: list[str],
-                   workload_cases: dict | None = None, pairs: int = 10) -> dict:
+                   workload_cases: dict | None = None, pairs: int = 10) -> HostSet:
     """The host time `families` save patched together, as a share of the unpatched pass: per
     pair, each pass's time to return (no hooks, alternating which runs first), the median
     over pairs; or {"error"}. On batch 1 the deltas, each measured alone, add up to less than
@@ -227,6 +229,6 @@ def set_host_share(model, workload, accepted: dict, families: list[str],
     except (RuntimeError, torch.OutOfMemoryError) as e:
         if workload.device.startswith("cuda"):
             torch.cuda.empty_cache()
-        return {"error": f"{type(e).__name__}: {e}"[:200], "families": list(families)}
-    return {"share": statistics.median(shares), "base_enqueue_ms": statistics.median(base),
-            "pairs": len(shares), "families": list(families)}
+        return HostSet(error=f"{type(e).__name__}: {e}"[:200], families=list(families))
+    return HostSet(share=statistics.median(shares), base_enqueue_ms=statistics.median(base),
+                   pairs=len(shares), families=list(families))

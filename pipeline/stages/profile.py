@@ -9,8 +9,8 @@ recorded, so shares plus the "rest" row always sum to exactly 1.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ import torch
 from core.artifacts import write_json
 from core.env import environment, steady_cpu_timing
 from core.errors import UserError
+from core.records import Ceilings, OpRow, Profile, ProfiledOp, ProfiledWorkload, Wall
 from core.workload import Workload
 from pipeline.projection.replay import LAUNCH_BOUND_BUSY
 from profiling import density
@@ -69,7 +70,7 @@ def cpu_size_note(spec: ModelSpec, workloads: list[Workload]) -> str | None:
     if n < LARGE_ON_CPU:
         return None
     itemsize = torch.empty((), dtype=on_cpu[0].torch_dtype()).element_size()
-    rate = ceilings("cpu")["matmul_TFLOPs"] * 1e12
+    rate = Ceilings.of(ceilings("cpu")).matmul_TFLOPs * 1e12
     tokens = sum(w.batch * (w.seq if w.mode == "prefill" else 1) for w in on_cpu)
     seconds = PASSES * 2 * n * tokens / rate
     return (f"{spec.name} has {n / 1e9:.2f} B parameters: {n * itemsize / 2**30:.1f} GiB in "
@@ -78,7 +79,16 @@ def cpu_size_note(spec: ModelSpec, workloads: list[Workload]) -> str | None:
             f"after building it; the built-in tiny- configs (tiny-llama, ...) take seconds")
 
 
-def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict:
+@dataclass
+class Timed:
+    """What a workload's profile timed without the profiler (`time_workload`)."""
+
+    wall: Wall
+    static_wall: Wall | None = None  # decode on a GPU: the step over a static KV cache
+    probe_wall_ms: float | None = None  # the host-bound probe's (`host_factor`)
+
+
+def time_workload(model, workload: Workload, say: Callable[[str], None]) -> Timed:
     """Everything a workload's profile times without the profiler: the wall time, and on a GPU
     the host-bound probe's. Done for every workload before any profiler session, since Kineto
     leaves CUPTI attached after one (pytorch/pytorch#144455) and later launches of the process
@@ -87,98 +97,102 @@ def time_workload(model, workload: Workload, say: Callable[[str], None]) -> dict
     built twice, once per phase."""
     runner = make_runner(model, workload)
     say("timing without the profiler")
-    timed = {"wall": wall_time(runner, workload.device)}
+    timed = Timed(wall=Wall.of(wall_time(runner, workload.device)))
     if workload.device.startswith("cuda") and workload.mode == "decode":
         say("timing the step over a static KV cache without the profiler")
-        timed["static_wall"] = wall_time(make_static_runner(model, workload), workload.device)
+        timed.static_wall = Wall.of(wall_time(make_static_runner(model, workload),
+                                              workload.device))
     if workload.device.startswith("cuda"):
         probe = _probe(workload)
-        timed["probe_wall_ms"] = wall_time(make_runner(model, probe), probe.device, warmup=3,
-                                           reps=10)["median_ms"]
+        timed.probe_wall_ms = Wall.of(wall_time(make_runner(model, probe), probe.device,
+                                                warmup=3, reps=10)).median_ms
     return timed
 
 
 def profile_workload(model, workload: Workload, run_dir: Path, say: Callable[[str], None],
-                     timed: dict) -> dict:
+                     timed: Timed) -> ProfiledWorkload:
     """`timed`: what `time_workload` measured for this workload, before any profiler ran."""
     runner = make_runner(model, workload)
     names = module_names(model, runner)
     say("profiling")
     trace_rel = f"trace/{workload.key}.json.gz"
     profiled_ms = capture(runner, workload.device, run_dir / trace_rel)
-    result = summarise(run_dir / trace_rel, workload, timed["wall"], names, profiled_ms)
-    result["trace"] = trace_rel
+    result = summarise(run_dir / trace_rel, workload, timed.wall, names, profiled_ms)
+    result.trace = trace_rel
     if workload.device.startswith("cuda") and workload.mode == "decode":
         say("profiling the step over a static KV cache (what a CUDA graph replays)")
         static_rel = f"trace/{workload.key}-static.json.gz"
         static = make_static_runner(model, workload)
         static_names = module_names(model, static)
         static_ms = capture(static, workload.device, run_dir / static_rel)
-        result["static_trace"] = static_rel
+        result.static_trace = static_rel
         # its ops, attributed to patterns like the dynamic step's: the graph projection credits
         # each kernel's saving where the graph runs it (projection.replay.graph_projection)
-        result["static"] = summarise(run_dir / static_rel, workload, timed["static_wall"],
-                                     static_names, static_ms)
+        result.static = summarise(run_dir / static_rel, workload, timed.static_wall,
+                                  static_names, static_ms)
     if workload.device.startswith("cuda"):
         say("HTA analyses")
-        result["hta"] = hta_summary(run_dir / trace_rel)
+        result.hta = hta_summary(run_dir / trace_rel)
         say("profiler overhead probe")
-        result["host_factor"] = host_factor(model, workload, timed["probe_wall_ms"])
-        if (result.get("gpu_busy_share") or 0.0) >= LAUNCH_BOUND_BUSY:
+        result.host_factor = host_factor(model, workload, timed.probe_wall_ms)
+        if (result.gpu_busy_share or 0.0) >= LAUNCH_BOUND_BUSY:
             # a launch-bound pass idles the GPU between kernels: no cap to reach
-            say("density curve: the pass's GEMMs against a shrinking rest (the power cap)")
-            try:
-                result["density"] = density.measure(
-                    result["ops"], ceilings(workload.device)["bandwidth_GBps"])
-                say("floor: the pass's GEMMs and attention alone, in one CUDA graph")
-                result["floor"] = density.floor(result["ops"])
-            except (RuntimeError, ValueError) as e:  # a calibration: the profile stands without
-                result["density_error"] = str(e).splitlines()[0][:200]
-                say(f"density curve not measured: {result['density_error']}")
+            _density(result, workload, say)
     return result
 
 
-def summarise(trace_path: Path, workload: Workload, wall: dict,
-              names: dict[str, str] | None = None, profiled_ms: float | None = None) -> dict:
+def _density(result: ProfiledWorkload, workload: Workload, say: Callable[[str], None]) -> None:
+    """The pass's density curve and its floor (`profiling.density`), or why not."""
+    say("density curve: the pass's GEMMs against a shrinking rest (the power cap)")
+    try:
+        result.density = density.measure(result.ops,
+                                         Ceilings.of(ceilings(workload.device)).bandwidth_GBps)
+        say("floor: the pass's GEMMs and attention alone, in one CUDA graph")
+        result.floor = density.floor(result.ops)
+    except (RuntimeError, ValueError) as e:  # a calibration: the profile stands without
+        result.density_error = str(e).splitlines()[0][:200]
+        say(f"density curve not measured: {result.density_error}")
+
+
+def summarise(trace_path: Path, workload: Workload, wall: Wall | dict,
+              names: dict[str, str] | None = None,
+              profiled_ms: float | None = None) -> ProfiledWorkload:
     """One workload's profile entry from its trace and its unprofiled wall time."""
     att = attribute(load_trace(trace_path), names)
     on_gpu = workload.device.startswith("cuda")
-    wall_us = wall["median_ms"] * 1e3
+    wall = Wall.of(wall)
+    wall_us = wall.median_ms * 1e3
     op_time = [(op.device_us if on_gpu else op.cpu_us) for op in att.ops]
     work_us = sum(op_time)
     scale = min(1.0, wall_us / work_us) if work_us > 0 else 1.0
-    ops = []
-    for op, t in zip(att.ops, op_time):
-        d = op.to_dict()
-        d["time_us"] = t * scale
-        d["share"] = t * scale / wall_us
-        ops.append(d)
+    ops = [ProfiledOp(**{**op.to_dict(), "time_us": t * scale, "share": t * scale / wall_us})
+           for op, t in zip(att.ops, op_time)]
     profiled_ms = profiled_ms if profiled_ms is not None else att.span_us / 1e3
-    return {
-        "workload": workload.to_dict(),
-        "key": workload.key,
-        "time_basis": "device" if on_gpu else "cpu",
-        "wall": wall,
-        "profiled_ms_per_step": profiled_ms,
-        "profiler_overhead": profiled_ms / wall["median_ms"] - 1.0,
-        "trace": None,
-        "step": att.step,
-        "step_index": att.index,
-        "step_host_us": att.span_us,
-        "device_busy_us": att.device_busy_us,
-        "device_span_us": att.device_span_us,
-        "gpu_busy_share": min(1.0, att.device_busy_us / wall_us) if on_gpu else None,
-        "gpu_idle_share": max(0.0, 1 - att.device_busy_us / wall_us) if on_gpu else None,
-        "kernel_count": att.kernel_count,
-        "kernel_total_us": att.kernel_total_us,
-        "attributed_us": sum(op.device_us for op in att.ops),
-        "unattributed_us": att.unattributed_us,
-        "time_scale": scale,
-        "rest_share": 1.0 - sum(o["share"] for o in ops),
-        "ops": ops,
-        "modules": att.modules,
-        "by_op": _by_op(ops),
-    }
+    return ProfiledWorkload(
+        workload=workload.to_dict(),
+        key=workload.key,
+        time_basis="device" if on_gpu else "cpu",
+        wall=wall,
+        profiled_ms_per_step=profiled_ms,
+        profiler_overhead=profiled_ms / wall.median_ms - 1.0,
+        trace=None,
+        step=att.step,
+        step_index=att.index,
+        step_host_us=att.span_us,
+        device_busy_us=att.device_busy_us,
+        device_span_us=att.device_span_us,
+        gpu_busy_share=min(1.0, att.device_busy_us / wall_us) if on_gpu else None,
+        gpu_idle_share=max(0.0, 1 - att.device_busy_us / wall_us) if on_gpu else None,
+        kernel_count=att.kernel_count,
+        kernel_total_us=att.kernel_total_us,
+        attributed_us=sum(op.device_us for op in att.ops),
+        unattributed_us=att.unattributed_us,
+        time_scale=scale,
+        rest_share=1.0 - sum(o.share for o in ops),
+        ops=ops,
+        modules=att.modules,
+        by_op=_by_op(ops),
+    )
 
 
 def _probe(workload: Workload) -> Workload:
@@ -212,22 +226,21 @@ def _expert_load(model, workload: Workload, spec: ModelSpec) -> dict | None:
     return expert_load.measure(model, call, random_router=spec.weights != "pretrained")
 
 
-def _by_op(ops: list[dict]) -> list[dict]:
-    agg: dict[str, dict] = collections.defaultdict(lambda: {"calls": 0, "time_us": 0.0,
-                                                            "cpu_us": 0.0, "share": 0.0})
+def _by_op(ops: list[ProfiledOp]) -> list[OpRow]:
+    agg: dict[str, OpRow] = {}
     for o in ops:
-        row = agg[o["name"]]
-        row["calls"] += 1
-        row["time_us"] += o["time_us"]
-        row["cpu_us"] += o["cpu_us"]
-        row["share"] += o["share"]
-    rows = [{"op": k, **v} for k, v in agg.items()]
-    return sorted(rows, key=lambda r: -r["time_us"])
+        row = agg.setdefault(o.name, OpRow(op=o.name, calls=0, time_us=0.0, cpu_us=0.0,
+                                           share=0.0))
+        row.calls += 1
+        row.time_us += o.time_us
+        row.cpu_us += o.cpu_us
+        row.share += o.share
+    return sorted(agg.values(), key=lambda r: -r.time_us)
 
 
 def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
                 say: Callable[[str], None] = lambda s: None,
-                generations: list[tuple[int, int, int]] | None = None) -> dict:
+                generations: list[tuple[int, int, int]] | None = None) -> Profile:
     """Profile every workload (each its own model build only when dtype/device change).
     `generations`: the (batch, prompt, new tokens) the workloads were chosen for
     (`--generation`), kept for `pipeline e2e`'s default grid."""
@@ -255,20 +268,16 @@ def run_profile(spec: ModelSpec, workloads: list[Workload], run_dir: Path,
             results.append(profile_workload(model_for(w), w, run_dir, say, timed[w.key]))
             load = _expert_load(model_for(w), w, spec)
             if load is not None:
-                results[-1]["expert_load"] = load
+                results[-1].expert_load = load
     except torch.OutOfMemoryError:
         raise UserError(f"out of memory building or profiling {spec.model_id} at {w.key}; "
                         f"try a smaller --batch or --seq, or a GPU with more memory") from None
-    skipped = {w["hta"]["reason"] for w in results if "hta" in w and not w["hta"]["available"]}
+    skipped = {w.hta.reason for w in results if w.hta is not None and not w.hta.available}
     for reason in skipped:  # once, not per workload
         say(f"HTA analyses skipped: {reason}")
-    profile = {
-        "stage": "profile",
-        "model": spec.describe(),
-        "environment": environment(workloads[0].device),
-        "ceilings": ceilings(workloads[0].device),
-        "workloads": results,
-        **({"generations": [list(g) for g in generations]} if generations else {}),
-    }
+    profile = Profile(
+        stage="profile", model=spec.describe(), environment=environment(workloads[0].device),
+        ceilings=ceilings(workloads[0].device), workloads=results,
+        **({"generations": [list(g) for g in generations]} if generations else {}))
     write_json(run_dir / PROFILE, profile)
     return profile

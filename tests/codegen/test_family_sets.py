@@ -32,7 +32,7 @@ MODELS = ("tiny-llama", "tiny-qwen2", "tiny-gemma", "tiny-phi3", "tiny-gpt2")
 def set_of(model, workload) -> dict:
     chosen = {}
     for name, fam in families().items():
-        if name in APART or set(fam.rivals) & set(chosen):
+        if name in APART or set(fam.rank.rivals) & set(chosen):
             continue
         predicted = {case_key(c) for c in fam.cases_from_model(model, workload)}
         if predicted:

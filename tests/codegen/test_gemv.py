@@ -77,10 +77,6 @@ def test_the_search_space_is_small_and_ends_with_the_interpreters_cheapest():
     assert FAMILY.search_space(make_case(1, 64, 64, "float32", False))[-1]["BLOCK_K"] == 128
 
 
-def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
-    verify_on_cpu_or_gpu(FAMILY, make_case(2, 136, 32, "float32", True, (2, 1)), tmp_path)
-
-
 def test_the_verifier_accepts_the_cublas_candidate(tmp_path):
     """Its torch.mm / addmm are the family's declared library calls (`library_ops`)."""
     verify_on_cpu_or_gpu(FAMILY, make_case(2, 136, 32, "float32", True, (2, 1)), tmp_path,

@@ -18,7 +18,6 @@ from family_checks import (
     profiled_occurrences,
     run_candidate,
     space_ends,
-    verify_on_cpu_or_gpu,
 )
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
@@ -99,10 +98,6 @@ def test_edge_cases(dtype, tmp_path):
         out, ref = run_candidate(FAMILY, FAMILY.search_space(base)[-1], case, tmp_path,
                                  rendered_for=base)
         _assert_same(out, ref)
-
-
-def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
-    verify_on_cpu_or_gpu(FAMILY, make_case(2, 2, 16, 0, 6, "float16"), tmp_path)
 
 
 def test_rendered_source_is_specialised_and_checks_its_inputs(tmp_path):
@@ -407,19 +402,15 @@ def test_static_kernel_writes_at_the_device_position_in_place_and_out_of_place(d
         _assert_same(out, ref)
         inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(1))
         ref = FAMILY.reference(*inputs)
-        forward(*inputs, out=FAMILY.in_place(inputs))  # the verifier's in-place run
+        forward(*inputs, out=FAMILY.verify.in_place(inputs))  # the verifier's in-place run
         _assert_same(inputs[:2], ref)
         # the adapter's way: in place, and the same launch advances the position
         inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(2))
         ref, start = FAMILY.reference(*inputs), int(inputs[4])
         ticket = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-        forward(*inputs, out=FAMILY.in_place(inputs), ticket=ticket)
+        forward(*inputs, out=FAMILY.verify.in_place(inputs), ticket=ticket)
         _assert_same(inputs[:2], ref)
         assert int(inputs[4]) == start + case["new"] and int(ticket) == 0
-
-
-def test_the_verifier_accepts_a_rendered_static_candidate(tmp_path):
-    verify_on_cpu_or_gpu(FAMILY, make_static_case(1, 2, 16, 1, "float16"), tmp_path)
 
 
 def test_static_cache_decode_steps_take_the_kernel_and_match_hf(tmp_path):
@@ -469,7 +460,7 @@ def test_a_profiled_update_is_matched_to_its_kind_of_case():
     speedup and a dynamic cache's cat by the dynamic case's at its past length."""
     static = [{"name": "aten::index_copy_", "shapes": [[1, 12, 528, 64], [], [1], [1, 12, 1, 64]]}]
     dynamic = [{"name": "aten::cat", "shapes": [[[1, 12, 512, 64], [1, 12, 1, 64]], []]}]
-    of = FAMILY.occurrence_case
+    of = FAMILY.rank.occurrence_case
     assert of(static) == {"layout": "static"}
     assert of(dynamic) == {"layout": None, "past": 512}
     s_case = {"batch": 1, "kv_heads": 12, "head_dim": 64, "new": 1, "layout": "static"}

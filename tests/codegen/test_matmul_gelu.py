@@ -17,7 +17,6 @@ from family_checks import (
     profiled_ops,
     run_candidate,
     space_ends,
-    verify_on_cpu_or_gpu,
 )
 
 from codegen.gelu import FAMILY as GELU
@@ -50,10 +49,6 @@ def test_rendered_kernel_matches_the_reference(rows, k, n, act, dtype, tmp_path)
     for config in space_ends(FAMILY.search_space(case)):
         out, ref = run_candidate(FAMILY, config, case, tmp_path)
         assert_close(out, ref, TOL[dtype])
-
-
-def test_verifier_accepts_the_kernel(tmp_path):
-    verify_on_cpu_or_gpu(FAMILY, make_case(16, 64, 176, "float32", "gelu_new"), tmp_path)
 
 
 def test_patch_gives_the_same_logits_and_undo_restores(tmp_path):

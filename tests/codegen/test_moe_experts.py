@@ -109,11 +109,13 @@ def test_skewed_routing_leaves_an_expert_empty_and_one_full():
     assert bool((logits[:, 0] > logits[:, 2:].max(-1).values).all())
 
 
-def test_the_verifier_accepts_a_rendered_candidate(tmp_path):
-    """Narrow widths: the verifier runs every edge case, stress values and probes, each a
-    pass of the interpreter."""
+def test_the_example_is_verified_with_the_grouped_paths_widest_config():
+    """The family's example (verified by tests/codegen/test_family_contract.py with the search
+    space's last config) has pairs enough for both paths, the grouped path's widest last."""
     case = make_case(8, 32, 16, 4, 2, "float32", "olmoe")
-    verify_on_cpu_or_gpu(FAMILY, case, tmp_path, config=_path_configs(case)[-1])
+    assert case in FAMILY.examples
+    assert FAMILY.search_space(case)[-1] == _path_configs(case)[-1]
+    assert {c["PATH"] for c in FAMILY.search_space(case)} == {"gemv", "grouped"}
 
 
 @pytest.mark.parametrize("model_id", MODELS + list(CONFIGS))

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from core.artifacts import read_json
+from core.records import IntegratedWorkload
 from tests.pipeline.cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -628,9 +629,10 @@ def test_a_family_set_aside_is_tried_where_the_one_it_gave_way_to_does_not_ship(
     def after_measure(kept):
         rec = {"estimate": 1.0, "ci_low": 0.95, "ci_high": 1.05, "meaningful": True,
                "verdict": "same", "ratios": [1.0] * 3}
-        return {"per_family": {"matmul_epilogue": {**rec, "decision": "rolled back"},
-                               **{f: {**rec, "decision": "kept"} for f in kept}},
-                "combined": {**rec, "decision": "kept"} if kept else None, "kept": kept}
+        return IntegratedWorkload.of({
+            "per_family": {"matmul_epilogue": {**rec, "decision": "rolled back"},
+                           **{f: {**rec, "decision": "kept"} for f in kept}},
+            "combined": {**rec, "decision": "kept"} if kept else None, "kept": kept})
 
     def fall_back(m, verdict):
         calls.clear()

@@ -651,7 +651,7 @@ def test_project_with_a_slower_host_replays_the_host_chain_that_much_longer(pref
     (tmp_path / "trace").mkdir()
     shutil.copy(PREFILL, tmp_path / "trace" / "w.json.gz")
     profile = {"ceilings": H200, "workloads": [{**w, "key": "w", "trace": "trace/w.json.gz"}]}
-    monkeypatch.setattr(proj_workload, "read_json", lambda path, kind=None: profile)
+    monkeypatch.setattr(proj_workload, "load", lambda path, model, kind=None: model.of(profile))
     row = max((r for r in pattern_rows(w, H200) if r["family"]),
               key=lambda r: r["time_us"])
     speed = {row["pattern"]: 20.0}

@@ -151,13 +151,13 @@ def test_the_decode_cache_rewinds_and_grows_in_place():
     q, k, v, length, mask = inputs = DECODE.make_inputs(case, "cpu",
                                                         torch.Generator().manual_seed(0))
     k0 = k.clone()
-    assert DECODE.cache.rewind(case, inputs)
+    assert DECODE.verify.cache.rewind(case, inputs)
     assert int(length) == 39 and not mask[..., 39].any() and mask[..., 38].all()
-    DECODE.cache.grow(case, inputs, torch.Generator().manual_seed(1))
+    DECODE.verify.cache.grow(case, inputs, torch.Generator().manual_seed(1))
     assert int(length) == 40 and mask[..., 39].all() and not mask[..., 40].any()
     assert torch.equal(k[:, :, :39], k0[:, :, :39]) and not torch.equal(k[:, :, 39], k0[:, :, 39])
     dynamic = DECODE.make_inputs({**case, "dynamic": True}, "cpu", torch.Generator())
-    assert not DECODE.cache.rewind(case, dynamic)
+    assert not DECODE.verify.cache.rewind(case, dynamic)
 
 
 
@@ -181,7 +181,8 @@ def test_every_familys_fixed_inputs_are_tensors_apart_from_its_activations():
             inputs = fam.make_inputs(case, "cpu", torch.Generator().manual_seed(0))
             fixed = fixed_inputs(fam, len(inputs))
             assert all(isinstance(inputs[i], torch.Tensor) for i in fixed), name
-            weights = fixed_inputs(replace(fam, cache=None), len(inputs))
+            uncached = replace(fam, verify=replace(fam.verify, cache=None))
+            weights = fixed_inputs(uncached, len(inputs))
             assert not set(weights) & set(stress_indices(fam, inputs)), name
             if fixed:
                 declared.add(name)
