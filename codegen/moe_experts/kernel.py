@@ -436,7 +436,8 @@ def _route(x, router_weight, router_bias, count):
     return ids, wts, rank, counts, programs
 '''
 
-_FORWARD_GEMV = '''\
+# both forwards' opening: the checks, an empty batch, the biases and the weights' strides
+_FORWARD_HEAD = '''\
 def forward(x, router_weight, gate_up, down, *biases, out, **params) -> None:
     """x, out: (T, HIDDEN); the model's router weight and expert weights, read in place."""
     _check(x, router_weight, gate_up, down, biases, out, params)
@@ -445,6 +446,9 @@ def forward(x, router_weight, gate_up, down, *biases, out, **params) -> None:
         return
     router_bias, gate_up_bias, down_bias = biases if BIASED else (x, x, x)
     gate, dn, bias = _strides(gate_up, down, biases)
+'''
+
+_FORWARD_GEMV = _FORWARD_HEAD + '''\
     ids, wts, _, _, _ = _route(x, router_weight, router_bias, False)
     pairs = tokens * K
     h = torch.empty((pairs, INTER), dtype=torch.float32, device=x.device)
@@ -461,15 +465,7 @@ def forward(x, router_weight, gate_up, down, *biases, out, **params) -> None:
                      h.stride(0), *dn, bias[3], out.stride(0))
 '''
 
-_FORWARD_GROUPED = '''\
-def forward(x, router_weight, gate_up, down, *biases, out, **params) -> None:
-    """x, out: (T, HIDDEN); the model's router weight and expert weights, read in place."""
-    _check(x, router_weight, gate_up, down, biases, out, params)
-    tokens = x.shape[0]
-    if tokens == 0:
-        return
-    router_bias, gate_up_bias, down_bias = biases if BIASED else (x, x, x)
-    gate, dn, bias = _strides(gate_up, down, biases)
+_FORWARD_GROUPED = _FORWARD_HEAD + '''\
     ids, wts, rank, counts, programs = _route(x, router_weight, router_bias, True)
     pairs = tokens * K
     # every expert's pairs padded to BM: at most one partial block per expert that has any
