@@ -159,7 +159,9 @@ def _arguments(template: dict, layer, args: tuple, kwargs: dict) -> dict | None:
                 extra[key] = value
             else:
                 return None
-        if template["required"] - arguments.keys():
+        # not `required - arguments.keys()`: Dynamo on torch 2.11 cannot subtract dict_keys
+        # from a set, and the graph break left that frame uncompiled
+        if any(key not in arguments for key in template["required"]):
             return None
         if template["varkw"]:
             arguments[template["varkw"]] = extra
