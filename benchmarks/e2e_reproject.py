@@ -35,11 +35,13 @@ def main() -> None:
     points = []
     for p in rec.points:
         eager = next((v.times for v in p.variants if v.name == "hf-eager"), None)
+        graph = next((v.times for v in p.variants if v.name == "graph"), None)
         variants = []
         for v in p.variants:
             if v.name in ("graph", "ours", "ours-graphs") and v.times and eager:
                 new = compose(args.run_dir, v.name, eager, p.new, p.prefill_workload,
-                              p.decode_workload, served(v, "prefill"), served(v, "steps"))
+                              p.decode_workload, served(v, "prefill"), served(v, "steps"),
+                              graph)
                 if new is not None:
                     new = new.model_copy(update={"error": abs(new.speedup - v.over_eager)
                                                  / v.over_eager})

@@ -244,7 +244,8 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
                 **_against(t, eager), **_same_tokens(tokens[name], tokens["hf-eager"], prompt))
             if name in ("graph", "ours", "ours-graphs") and eager is not None and \
                     device.startswith("cuda"):
-                rec = _with_projection(rec, run_dir, eager, new, pre, dec, ledger)
+                rec = _with_projection(rec, run_dir, eager, new, pre, dec, ledger,
+                                       times.get("graph"))
             out.append(rec)
             say(f"  {name}: TTFT {t.ttft_p50:.2f} ms, TPOT {t.tpot_p50 or 0:.3f} ms, "
                 f"{t.tok_s:.1f} tok/s" + (f", {rec.over_eager:.2f}x over hf-eager"
@@ -291,7 +292,7 @@ def _ledger_fields(ledger) -> dict:
 
 
 def _with_projection(rec: GenerationVariant, run_dir: Path, eager, new: int, pre: str | None,
-                     dec: str | None, ledger) -> GenerationVariant:
+                     dec: str | None, ledger, loop_base=None) -> GenerationVariant:
     """`rec` with the run's frozen projections composed over the generation beside it, and
     their error against what it measured."""
     from pipeline.e2e_projection import compose
@@ -299,7 +300,7 @@ def _with_projection(rec: GenerationVariant, run_dir: Path, eager, new: int, pre
     try:
         p = compose(run_dir, rec.name, eager, new, pre, dec,
                     ledger.served("prefill") if ledger else set(),
-                    ledger.served("steps") if ledger else set())
+                    ledger.served("steps") if ledger else set(), loop_base)
     except (KeyError, ValueError, UserError) as e:  # the measurement stands
         p = None
         rec = rec.model_copy(update={"note": f"no projection: {e}"[:300]})

@@ -207,3 +207,18 @@ def test_the_fixture_is_a_gpu_record():
     rec = load(FIXTURE, E2E, "e2e")
     assert rec.device.startswith("cuda") and rec.points
     assert any(v.projected is not None for p in rec.points for v in p.variants)
+
+
+def test_ours_graphs_first_token_starts_from_graphs_measured_one():
+    from core.e2e_records import TokenTimes
+    from pipeline.e2e_projection import first_token_base
+
+    def times(ttft):
+        return TokenTimes(ttft_p50=ttft, ttft_p99=ttft, tpot_p50=1.0, tpot_p99=1.0,
+                          e2e_p50=ttft + 10, tok_s=1.0, samples=1)
+
+    eager, graph = times(22.0), times(13.0)
+    assert first_token_base("ours-graphs", eager, graph) == 13.0
+    assert first_token_base("ours", eager, graph) == 22.0  # transformers' loop: hf-eager's
+    assert first_token_base("graph", eager, graph) == 22.0  # never its own measurement
+    assert first_token_base("ours-graphs", eager, None) == 22.0  # graph not in the grid
