@@ -10,7 +10,9 @@ and the search goes on with the next one. A file the user edited is kept, and tr
 Which configs: codegen.strategies (the grid, random, or TPE; by default the grid where the
 space fits the trial budget, TPE where it does not), starting from the configs an earlier
 search of the same case on the same GPU and software found best (codegen.search_memory) unless
-the plan is fresh. With a proposer and a sampled strategy, the proposer takes a share of the
+the plan is fresh. On a GPU, a case whose remembered best renders to the source it timed is
+not searched again: its remembered timing and baseline stand (`CaseSearch.reusable`), and the
+verify stage still judges it. With a proposer and a sampled strategy, the proposer takes a share of the
 trials (codegen.hybrid).
 
 The log keeps every candidate tried: by which strategy (`strategy`: grid, random, tpe, memory,
@@ -190,6 +192,7 @@ class CaseSearch:
         self.folder = root / family.name / case_key(case)
         self.space = backend_configs(family, case, backend)
         interpreter = not device.startswith("cuda")
+        self._recalled: dict | None = None
         memory, seeds = self._memory(), []
         if memory.get("configs"):
             seeds = [(c, "memory", memory["why"]) for c in memory.pop("configs")]
@@ -235,6 +238,7 @@ class CaseSearch:
         if not configs:
             return {"used": False}
         best = rec["best"][0]
+        self._recalled = rec
         return {"used": True, "key": search_memory.memory_key(case_key(self.case), env),
                 "configs": configs, "remembered": len(configs),
                 "why": f"remembered: fastest {best.get('median_ms')} ms in a "
@@ -268,9 +272,43 @@ class CaseSearch:
             if e.get("config") is not None and e["config"] in self.space:
                 self.strategy.tell(e["config"], _median(e))
 
+    def reusable(self) -> dict | None:
+        """The remembered fastest candidate, measured as it stands, where a warm case need not
+        be timed again: a GPU run (the memory's key already holds the GPU, torch and Triton), a
+        sampled or default strategy (an asked-for grid is exhaustive), the memory holding that
+        candidate's timing and the case's baseline, and the config rendering today to the
+        very source it timed (a changed family template is a new question)."""
+        rec = self._recalled
+        if rec is None or not self.device.startswith("cuda") or self.plan.strategy == "grid":
+            return None
+        best, base = rec["best"][0], rec.get("baseline") or {}
+        if best.get("config") not in self.space or not (best.get("timing") or {}).get(
+                "median_ms") or not base.get("median_ms") or not best.get("sha1"):
+            return None
+        path = self._path(best["config"])
+        if write_candidate(self.family, best["config"], self.case, path) != "generated" or \
+                hashlib.sha1(path.read_bytes()).hexdigest() != best["sha1"]:
+            return None
+        return {"path": str(path), "config": best["config"],
+                "backend": config_backend(best["config"]), "origin": "generated",
+                "sha1": best["sha1"], "source": SEARCH_SOURCE, "strategy": "memory",
+                "trial": 0, "screen": "pass", "timing": best["timing"],
+                "host_us": best.get("host_us"), "graph_ms": best.get("graph_ms"),
+                "why": f"reused, not timed again: {rec.get('strategy')} search of "
+                       f"{rec.get('trials')} trials ({rec.get('updated')})",
+                "elapsed_s": round(time.monotonic() - self.started, 3)}
+
     def run(self) -> dict:
         s, plan = self.strategy, self.plan
         trial, stopped = 0, "budget or space spent"
+        reused = self.reusable()
+        if reused is not None:
+            self.entry["candidates"].append(reused)
+            self.entry["baseline"] = self._recalled["baseline"]
+            self.entry["search"].update(trials=0, stopped="reused the remembered best",
+                                        elapsed_s=round(time.monotonic() - self.started, 3))
+            rank_entries(self.entry)
+            return self.entry
         if not s.adaptive and self.proposer is None and plan.seconds is None and \
                 self.until is None:
             picks = s.planned_picks()
@@ -304,7 +342,11 @@ class CaseSearch:
         timed = sorted((e for e in self.entry["candidates"] if _median(e) is not None
                         and e.get("config") in self.space
                         and e["timing"].get("meaningful")), key=_median)
-        best = [{"config": e["config"], "median_ms": _median(e), "strategy": e["strategy"]}
+        # the timing as a whole and the baseline beside it: a warm GPU run can take the best
+        # as measured (`reusable`)
+        best = [{"config": e["config"], "median_ms": _median(e), "strategy": e["strategy"],
+                 "timing": e["timing"], "host_us": e.get("host_us"),
+                 "graph_ms": e.get("graph_ms"), "sha1": e.get("sha1")}
                 for e in timed[:strategies.MEMORY_TOP]]
         if not best:
             return
@@ -315,7 +357,8 @@ class CaseSearch:
             search_memory.remember(self.family.name, self.case, case_key(self.case), env, best,
                                    self.entry["search"]["strategy"],
                                    self.entry["search"]["trials"],
-                                   warn=lambda line: self.say(f"warning: {line}"))
+                                   warn=lambda line: self.say(f"warning: {line}"),
+                                   baseline=self.entry["baseline"])
 
 
 def proposer_turn(trial: int, share: float) -> bool:

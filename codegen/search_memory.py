@@ -5,8 +5,9 @@ One JSON file per kernel family, `<cache>/kernel-pipeline/search/<family>.json`
 torch version, Triton version) the best configs a search timed, fastest first, with their
 times, the strategy and the trials it took. A later search of the same key starts from them
 (codegen.strategies: they are its first trials, logged with strategy "memory"), and
-`--fresh-search` ignores them. A different GPU or software version is a different key: a
-config's speed there is a new question.
+`--fresh-search` ignores them; on a GPU, a best whose source is unchanged is taken as timed
+(codegen.search.CaseSearch.reusable). A different GPU or software version is a different key:
+a config's speed there is a new question.
 
 A file that cannot be read as such a record is one warning and is treated as empty (the next
 search of that family writes a new one). Writes are atomic (core.artifacts.write_json); a lock
@@ -93,9 +94,10 @@ def recall(family: str, case_key: str, env: dict,
 
 
 def remember(family: str, case: dict, case_key: str, env: dict, best: list[dict],
-             strategy: str, trials: int, warn: Callable[[str], None] = _warn) -> Path | None:
-    """Keep the fastest configs of a search (`best`: {"config", "median_ms"}, fastest first);
-    nothing when none was timed."""
+             strategy: str, trials: int, warn: Callable[[str], None] = _warn,
+             baseline: dict | None = None) -> Path | None:
+    """Keep the fastest configs of a search (`best`: {"config", "median_ms"} and what else
+    it timed, fastest first) and the case's baseline timing; nothing when none was timed."""
     if not best:
         return None
     path = memory_path(family)
@@ -103,6 +105,6 @@ def remember(family: str, case: dict, case_key: str, env: dict, best: list[dict]
         entries = _load(path, warn)
         entries[memory_key(case_key, env)] = {
             "family": family, "case": case, "case_key": case_key, **env,
-            "best": best, "strategy": strategy, "trials": trials,
+            "best": best, "baseline": baseline, "strategy": strategy, "trials": trials,
             "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         return write_json(path, {"kind": "search memory", "entries": entries})

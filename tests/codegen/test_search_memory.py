@@ -94,3 +94,41 @@ def test_a_corrupt_memory_file_is_one_warning(tmp_path, cache, text):
     # the first search wrote a readable file in its place, which the second started from
     assert second["search"]["memory"]["used"]
     assert json.loads(path.read_text())["kind"] == "search memory"
+
+
+def test_a_warm_gpu_case_takes_its_remembered_best_as_timed(tmp_path, cache, monkeypatch):
+    """On a GPU the remembered best, rendering to the source it timed, is not searched again:
+    no screen runs, its timing and the baseline stand. A changed source, an asked-for grid or
+    --fresh-search searches as before."""
+    monkeypatch.setattr(search_memory, "environment", lambda device: {
+        "device_name": "fake H100", "torch": "t", "triton": "tr"})
+
+    def search(root, plan):
+        session = CostSession()
+        entry = CaseSearch(EPILOGUE, CASE, root, "cuda", plan, session).run()
+        return entry, session
+
+    first, s1 = search(tmp_path / "a", SearchPlan("tpe", trials=6, seed=0))
+    assert s1.jobs and not first["search"]["memory"]["used"]
+    best = min((c for c in first["candidates"] if c.get("timing")),
+               key=lambda c: c["timing"]["median_ms"])
+
+    warm, s2 = search(tmp_path / "b", SearchPlan("tpe", trials=6, seed=0))
+    assert s2.jobs == [], "nothing screened: the remembered best stands"
+    (reused,) = warm["candidates"]
+    assert reused["strategy"] == "memory" and reused["why"].startswith("reused")
+    assert reused["config"] == best["config"] and reused["timing"] == best["timing"]
+    assert warm["baseline"] == s1.baseline and warm["order"] == [reused["path"]]
+    assert warm["search"]["trials"] == 0
+
+    for plan in (SearchPlan("grid"), SearchPlan("tpe", trials=6, fresh=True)):
+        _, s = search(tmp_path / plan.strategy, plan)
+        assert s.jobs, f"{plan} searches again"
+
+    path = cache / "matmul_epilogue.json"
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        entry["best"][0]["sha1"] = "0" * 40  # the template changed since it was timed
+    path.write_text(json.dumps(data))
+    again, s3 = search(tmp_path / "c", SearchPlan("tpe", trials=6, seed=0))
+    assert s3.jobs and again["candidates"][0]["strategy"] == "memory"  # re-timed, as seeds
