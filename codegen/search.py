@@ -12,8 +12,8 @@ space fits the trial budget, TPE where it does not), starting from the configs a
 search of the same case on the same GPU and software found best (codegen.search_memory) unless
 the plan is fresh. On a GPU, a case whose remembered best renders to the source it timed is
 not searched again: its remembered timing and baseline stand (`CaseSearch.reusable`), and the
-verify stage still judges it. With a proposer and a sampled strategy, the proposer takes a share of the
-trials (codegen.hybrid).
+verify stage still judges it. With a proposer and a sampled strategy, the proposer takes a
+share of the trials (codegen.hybrid).
 
 The log keeps every candidate tried: by which strategy (`strategy`: grid, random, tpe, memory,
 edited, proposer) at which trial, why where it was not the strategy's own pick (`why`), its
