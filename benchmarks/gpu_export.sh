@@ -72,6 +72,8 @@ for k, v in h["over_eager"].items():
     print(f"{k} over eager {v['speedup']:.3f}x {v['ci']}")
 for k, v in h["pairs"].items():
     print(f"{k} {v['speedup']:.3f}x {v['ci']}")
+for k, rows in (h.get("top_kernels") or {}).items():
+    print(k, "; ".join(f"{n[:48]} x{c} {ms:.2f}ms" for n, c, ms in rows[:8]))
 EOF
 tar -czf $OUT/export-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag $tag-kernels \
   -C $OUT logs-export-$tag

@@ -111,16 +111,34 @@ def rotation(variants: list[str], i: int) -> list[str]:
     return variants[k:] + variants[:k]
 
 
-def kernel_count(events) -> int:
+def device_kernels(events) -> list:
     """Device kernels among profiler events (copies and memsets are not kernels)."""
-    return sum(1 for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")
-               and not e.name.startswith(("Memcpy", "Memset", "memcpy", "memset")))
+    return [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")
+            and not e.name.startswith(("Memcpy", "Memset", "memcpy", "memset"))]
+
+
+def kernel_count(events) -> int:
+    return len(device_kernels(events))
+
+
+TOP_KERNELS = 12
+
+
+def top_kernels(events) -> list[list]:
+    """[name, calls, ms] of the kernels that took longest in total, longest first: what two
+    variants' passes differ in, when their times do."""
+    by_name: dict[str, list] = {}
+    for e in device_kernels(events):
+        row = by_name.setdefault(e.name[:100], [e.name[:100], 0, 0.0])
+        row[1] += 1
+        row[2] += e.time_range.elapsed_us() / 1e3
+    return sorted(by_name.values(), key=lambda r: -r[2])[:TOP_KERNELS]
 
 
 def kernels_per_pass(call: Callable[[], None], setup: Callable[[], None] | None = None
-                     ) -> int | None:
+                     ) -> tuple[int | None, list[list]]:
     """Kernels one synchronised call launches, from torch.profiler (None when it sees none:
-    a graph replay's kernels are reported on some CUPTI versions only)."""
+    a graph replay's kernels are reported on some CUPTI versions only), and the longest."""
     from torch.profiler import ProfilerActivity, profile
 
     if setup is not None:
@@ -129,7 +147,8 @@ def kernels_per_pass(call: Callable[[], None], setup: Callable[[], None] | None 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    return kernel_count(prof.events()) or None
+    events = prof.events()
+    return kernel_count(events) or None, top_kernels(events)
 
 
 def timed(call, device: str, setup=None) -> tuple[float, float]:
@@ -489,11 +508,11 @@ def main() -> None:
     in_rounds = {"graphs": 0, "graph_breaks": 0}
     counted(timed_rounds, in_rounds)
     # after the timing: a profiler session leaves CUPTI attached and later launches slower
-    kernels = {}
+    kernels, top = {}, {}
     if workload.device.startswith("cuda") and not args.no_kernel_count:
         for name in names:
             try:
-                kernels[name] = kernels_per_pass(calls[name], setups.get(name))
+                kernels[name], top[name] = kernels_per_pass(calls[name], setups.get(name))
             except Exception as exc:  # optional: a count the profiler cannot give is noted
                 kernels[name] = None
                 skipped.setdefault(f"kernels:{name}", capture_reason(exc))
@@ -528,6 +547,7 @@ def main() -> None:
         "dynamo": {**dynamo, "in_rounds": in_rounds}, "recompile_limit": recompile_limit,
         "pool_bytes": pools,
         "kernels_per_pass": kernels,
+        "top_kernels": top,  # per variant: [name, calls, ms] over the profiled call
         "kernels_note": "torch.profiler over one synchronised call after the timing; null "
                         "where it saw no kernel (graph replays on some CUPTI versions)",
         "static_cache_len": max_len if workload.mode == "decode" else None,

@@ -161,7 +161,7 @@ def main() -> None:
                     calls[name]()
                 torch.cuda.synchronize()
                 times[name].append((time.perf_counter() - t) * 100)  # ms per call
-        result["kernels_per_step"] = {k: kernels_per_pass(c) for k, c in calls.items()}
+        result["kernels_per_step"] = {k: kernels_per_pass(c)[0] for k, c in calls.items()}
         close_grouped()
         undo()
         close_plain()

@@ -181,3 +181,17 @@ def test_a_compiled_call_that_breaks_its_graph_is_counted():
     assert tally == {"graphs": 2, "graph_breaks": 1}
     counted(lambda: fn(torch.ones(3)), tally)  # cached: nothing new
     assert tally == {"graphs": 2, "graph_breaks": 1}
+
+
+def test_top_kernels_sums_each_kernels_calls_and_time_longest_first():
+    from types import SimpleNamespace
+
+    from head_to_head import top_kernels
+
+    def ev(name, us, device="DeviceType.CUDA"):
+        return SimpleNamespace(name=name, device_type=device,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [ev("gemv", 10), ev("norm", 3), ev("gemv", 12), ev("Memcpy HtoD", 50),
+              ev("aten::mm", 99, "DeviceType.CPU")]
+    assert top_kernels(events) == [["gemv", 2, 0.022], ["norm", 1, 0.003]]
