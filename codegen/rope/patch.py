@@ -177,7 +177,10 @@ def _rot_dim(model: nn.Module, head_dim: int) -> int:
 
 def cases_from_model(model: nn.Module, workload) -> list[Case]:
     """One case per distinct attention shape. Position ids built by the model have batch 1,
-    so cos/sin do too (cos_batch=1); a decode step rotates one position per sequence."""
+    so cos/sin do too (cos_batch=1); a decode step rotates one position per sequence. At
+    batch > 1 transformers' `generate` passes per-row position ids (from the attention mask,
+    for left padding), so cos/sin carry the batch there: that is a case too, or rope would
+    decline every call of a batched generation."""
     seq = workload.seq if workload.mode == "prefill" else 1
     halves = tables_have_equal_halves(model)
     cases = []
@@ -192,11 +195,13 @@ def cases_from_model(model: nn.Module, workload) -> list[Case]:
             # StableLM) slices q and k to the rotary width before the call
             head_dim, width = rot_dim, head_dim
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        case = make_case(workload.batch, seq, config.num_attention_heads, kv_heads, head_dim,
-                         rot_dim, workload.dtype, equal_halves=halves, qkv=fused_qkv(module),
-                         head_width=width, interleaved=hasattr(module, "query_key_value"))
-        if case not in cases:
-            cases.append(case)
+        for cos_batch in dict.fromkeys((1, workload.batch)):
+            case = make_case(workload.batch, seq, config.num_attention_heads, kv_heads,
+                             head_dim, rot_dim, workload.dtype, cos_batch, equal_halves=halves,
+                             qkv=fused_qkv(module), head_width=width,
+                             interleaved=hasattr(module, "query_key_value"))
+            if case not in cases:
+                cases.append(case)
     return cases
 
 

@@ -131,12 +131,17 @@ def test_patch_runs_the_kernel_and_undo_restores(model_id, tmp_path):
         undo = FAMILY.patch(model, chooser)
         assert patched_rotaries(model) == 2
         patched = model(ids).logits
+        # per-row position ids, as transformers' generate passes them at batch > 1: cos and
+        # sin then carry the batch, a case of its own
+        per_row = model(ids, position_ids=torch.arange(8, device=DEVICE).repeat(2, 1)).logits
         # between calls the module global is the original: other models never see the swap
         assert module_globals["apply_rotary_pos_emb"] is original
         undo()
         after = model(ids).logits
-    assert chooser.calls == 2
+    assert chooser.calls == 4
+    assert [c["cos_batch"] for c in chooser.distinct_cases()] == [1, 2]
     assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8))
+    torch.testing.assert_close(per_row, before, atol=1e-4, rtol=1e-4)
     if model_id == "phi3-partial":
         assert chooser.cases[0]["rot_dim"] == chooser.cases[0]["head_dim"] // 2
     torch.testing.assert_close(patched, before, atol=1e-4, rtol=1e-4)
@@ -177,8 +182,9 @@ def test_decode_step_uses_the_decode_cases(tmp_path):
         step = model(ids[:, :1], use_cache=True, **{cache_argument(model): cache}).logits
         undo()
     assert chooser.calls == 2
-    assert chooser.distinct_cases() == FAMILY.cases_from_model(model, Workload(2, 8,
-                                                                              mode="decode"))
+    listed = FAMILY.cases_from_model(model, Workload(2, 8, mode="decode"))
+    assert chooser.distinct_cases() == [c for c in listed if c["cos_batch"] == 1]
+    assert [c["cos_batch"] for c in listed] == [1, 2]  # generate's per-row positions
     assert torch.isfinite(step).all()
 
 
@@ -317,7 +323,7 @@ def test_models_with_hf_rotary_tables_get_half_table_cases_others_do_not(tmp_pat
         patched = model(ids).logits
         undo()
         want = model(ids).logits
-    assert chooser.distinct_cases() == cases
+    assert chooser.distinct_cases() == [c for c in cases if c["cos_batch"] == 1]
     torch.testing.assert_close(patched, want, atol=1e-4, rtol=1e-4)
 
 
