@@ -39,7 +39,7 @@ TIMING_KEYS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "max_ms", "n", "method
 TOP = 12
 LM_HEAD_SUGGEST = 0.05
 # A shipped pass this close to its floor (`profiling.density.floor`) has little left for fusion:
-# issue 29 asked for Llama-3.2-1B b8 "within 10 % of the floor"
+# within 10 % of it, what remains is the GEMMs' and attention's own rate
 FLOOR_NEAR = 1.10
 
 
@@ -255,9 +255,9 @@ DRIFT = 0.10
 
 def _conditions(profile_ms: float | None, iw: dict | None) -> str | None:
     """A note when the unpatched model ran at another speed during the measurement than when it
-    was profiled. The projection assumes the profile's machine: on the shared H200 host one
-    Qwen2.5-0.5B b8 measurement timed the unpatched pass at 38.6 ms against 26.4 ms profiled,
-    turning a device-bound pass host-bound (projected 1.494x, measured 1.302x)."""
+    was profiled. The projection assumes the profile's machine, and a lent host's speed moves
+    enough between the two to turn a device-bound pass host-bound (benchmarks/results/README.md,
+    "Host speed moves")."""
     import statistics
 
     times = ((iw or {}).get("combined") or {}).get("times_a_ms")
