@@ -28,6 +28,7 @@ from pipeline.report_acceptance import (  # noqa: F401 - the report's public nam
 from pipeline.report_render import NOT_MEANINGFUL, host_drift_told, more_rows
 from pipeline.report_search import search_blocks
 from pipeline.report_sources import source_tables
+from pipeline.report_view import ReportView, view
 from pipeline.stages.rank import floor_line, top_level
 
 ARTIFACTS = {"profile": "profile.json", "ranking": "ranking.json",
@@ -56,15 +57,17 @@ def write_report(run_dir: Path) -> dict:
     if "profile" not in arts and "ranking" not in arts:
         raise UserError(f"{run_dir} has neither profile.json nor ranking.json: nothing to report")
     data = collect(arts)
-    plots = rp.make_plots(run_dir, data)
+    v = view(data)
+    plots = rp.make_plots(run_dir, v)
     acceptance = {}
-    for fam in verified_families(data):
-        text = acceptance_record(fam, data, lambda p, f=fam: _record(run_dir, f, p), run_dir)
+    for fam in verified_families(v):
+        text = acceptance_record(fam, v, lambda p, f=fam: _record(run_dir, f, p), run_dir)
         acceptance[fam] = write_text(run_dir / "acceptance" / f"{fam}.md", (
             f"# Acceptance record: {fam}\n\n```text\n{text}\n```\n"))
-    data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
-    data["acceptance"] = {k: str(p.relative_to(run_dir)) for k, p in acceptance.items()}
-    blocks = rp.document(data) + search_blocks(arts.get("search")) + source_tables(arts, data)
+    v.plots = data["plots"] = {k: str(p.relative_to(run_dir)) for k, p in plots.items()}
+    v.acceptance = data["acceptance"] = {k: str(p.relative_to(run_dir))
+                                         for k, p in acceptance.items()}
+    blocks = rp.document(v) + search_blocks(arts.get("search")) + source_tables(arts, v)
     generation = e2e_report.read(run_dir)
     if generation is not None:
         data["e2e"] = generation.model_dump()
@@ -72,8 +75,7 @@ def write_report(run_dir: Path) -> dict:
                                   e2e_report.blocks(run_dir, generation))
     md = write_text(run_dir / "report.md", rp.to_markdown(blocks))
     html = write_text(run_dir / "report.html",
-                      rp.to_html(blocks, "Kernel report: "
-                                 f"{data['model'].get('name') or data['model'].get('id')}"))
+                      rp.to_html(blocks, f"Kernel report: {v.model.name or v.model.id}"))
     js = write_json(run_dir / "report.json", data)
     return {"markdown": md, "html": html, "json": js, "plots": list(plots.values()),
             "acceptance": list(acceptance.values())}
@@ -581,9 +583,9 @@ def _kernels(summ: dict | None, log: dict | None) -> dict:
     return {"accepted": accepted, "rejected": rejected, "not_applicable": no_call}
 
 
-def verified_families(data: dict) -> list[str]:
-    k = data["kernels"]
-    return list(dict.fromkeys(e["family"] for e in k["accepted"] + k["rejected"]))
+def verified_families(data: ReportView) -> list[str]:
+    k = data.kernels
+    return list(dict.fromkeys(e.family for e in [*k.accepted, *k.rejected]))
 
 
 def _record(run_dir: Path, family: str, path: str | None) -> dict | None:
