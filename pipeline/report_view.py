@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.record import Needed, Record
 from core.records import (
     Bound,
     Ceilings,
@@ -27,7 +28,6 @@ from core.records import (
     Trial,
     WorkloadLabel,
 )
-from core.record import Needed, Record
 from pipeline.projection.gap import Gap
 
 Num = float | int | None  # as written: an int stays an int where the text shows it as one
@@ -124,6 +124,8 @@ class AtTimingHost(Record):
     replay: Num = None
     error: Num = None
     host_drift: Num = None
+    profile_host_ms: Num = None
+    timing_host_ms: Num = None
 
 
 class Rollback(Record):
