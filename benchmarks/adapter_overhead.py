@@ -83,7 +83,7 @@ def rendered_us(name: str, case: dict, index: int, tmp: Path) -> float:
     module = load_module(path)
     # the launchers' names in the rendered files: `_launch`, `_kernel`, and the wide dual
     # GEMM's second one, `_kernel_up_first`, whichever weight lies first in memory (a real
-    # interpreter launch left in would run 100000 times: the test's 300 s limit)
+    # interpreter launch left in would be launched 100000 times: the test's 300 s limit)
     launchers = [n for n in vars(module) if n == "_launch" or n.startswith("_kernel")]
     assert launchers, f"no launcher found in the rendered {name} forward"
     for launch in launchers:

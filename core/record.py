@@ -14,7 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    WrapValidator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 R = TypeVar("R", bound="Record")
@@ -47,6 +55,15 @@ _ALIASES: dict[type, dict[str, str]] = {}  # per record class: a field's alias -
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
+    _source: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_source(cls, data: Any, handler) -> Any:
+        rec = handler(data)
+        if isinstance(data, dict) and isinstance(rec, cls):
+            rec._source = data
+        return rec
 
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +96,17 @@ class Record(BaseModel):
         """Plain data, the keys it was read or built with (a declared field never set stays
         out, as it was absent)."""
         return self.model_dump(exclude_unset=True, by_alias=True)
+
+    def as_written(self) -> dict[str, Any]:
+        """The data the record was read from, as written (its keys in their order, numbers
+        not converted), for a reader that passes a part of an artifact on whole (the report's
+        report.json); a record built in code, or one a field was set on since: `to_dict`."""
+        return self.to_dict() if self._source is None else self._source
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not name.startswith("_"):
+            super().__setattr__("_source", None)
 
     def has(self, key: str) -> bool:
         """Whether the record holds `key`: read with it, built with it or set since (a

@@ -253,6 +253,7 @@ class RankedWorkload(Record):
     enqueue_ms: float | None = None
     time_basis: str | None = None
     gpu_busy_share: float | None = None
+    gpu_idle_share: float | None = None
     launch_bound: bool | None = None
     regime: str | None = None
     ranked_by: str | None = None

@@ -436,9 +436,9 @@ def export_cmd(run_dir, out_dir, workload):
     from pipeline.summary import console
 
     record = export(load_run(str(run_dir)), out_dir, workload)
-    console.print(f"export: {out_dir} ({record['name']}, build/{record['variant']}): "
-                  f"{', '.join(record['families'])}" + "".join(
-                      f"; {f} not exported: {why}" for f, why in record["not_exported"].items()))
+    console.print(f"export: {out_dir} ({record.name}, build/{record.variant}): "
+                  f"{', '.join(record.families)}" + "".join(
+                      f"; {f} not exported: {why}" for f, why in record.not_exported.items()))
 
 
 @cli.command()

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from pipeline.export_record import ExportRecord
+
 
 @dataclass(frozen=True)
 class HubLayer:
@@ -198,16 +200,17 @@ def _classes(model: nn.Module, hub: HubLayer) -> tuple[list[dict], str | None]:
     return list(out.values()), None if out else hub.why_not
 
 
-def kernel_mapping(record: dict) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+def kernel_mapping(record: ExportRecord | dict
+                   ) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
     """From an export's record: ([(module, class name, kernelize name)] of the classes that
     need `replace_kernel_forward_from_hub` first, transformers naming no kernel layer for them),
     {kernelize name: layer in the package}."""
     replaced, mapping = [], {}
-    for spec in record["families"].values():
-        for cls in spec["classes"]:
-            key = cls["kernel_layer_name"]
+    for spec in ExportRecord.of(record).families.values():
+        for cls in spec.classes:
+            key = cls.kernel_layer_name
             if key is None:
-                key = cls["name"]
-                replaced.append((cls["module"], cls["name"], key))
-            mapping.setdefault(key, spec["layer"])
+                key = cls.name
+                replaced.append((cls.module, cls.name, key))
+            mapping.setdefault(key, spec.layer)
     return replaced, mapping

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 import re
 
+from core.records import TimingHost
+
 NOT_MEANINGFUL = "not meaningful (CPU / Triton interpreter timing): no speedup derived"
 
 
@@ -16,12 +18,14 @@ NOT_MEANINGFUL = "not meaningful (CPU / Triton interpreter timing): no speedup d
 HOST_DRIFT_SHOWN = 0.05
 
 
-def host_drift_told(reading: dict | None, families) -> bool:
+def host_drift_told(reading: TimingHost | dict | None, families) -> bool:
     """Whether the replay at the timing's host speed (`projection.timing_host_projection`) is
     worth a line: read for the set measured, with the host moved enough to tell."""
-    return bool(reading and reading.get("replay") is not None
-                and set(reading["families"]) == set(families)
-                and abs(reading["host_drift"] - 1) >= HOST_DRIFT_SHOWN)
+    if not reading:
+        return False
+    reading = TimingHost.of(reading)
+    return bool(reading.replay is not None and set(reading.families) == set(families)
+                and abs(reading.host_drift - 1) >= HOST_DRIFT_SHOWN)
 
 
 def speed(v) -> str:

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 
 from core.records import Candidate, LlmRecord, SearchLog, Verdict, VerificationSummary
 from pipeline.report_plots import ci, ms, speed
+from pipeline.report_view import ReportView, WorkloadView
 
 
 def _source(c: Candidate) -> str:
@@ -32,26 +33,27 @@ def _why(c: Candidate, verify_reasons: dict[str, str]) -> str | None:
                          else screen)
 
 
-def _effect(family: str, workloads: list[dict]) -> list[str]:
+def _effect(family: str, workloads: list[WorkloadView]) -> list[str]:
     """What the family's shipped kernels did to the whole model, per workload."""
     out = []
     for w in workloads:
-        per = next((p for p in w.get("per_family") or [] if p["family"] == family), None)
+        per = next((p for p in w.per_family or [] if p.family == family), None)
         if per is None:
             continue
-        kept = family in (w.get("kept") or [])
-        effect = (f"{speed(per['speedup'])} {ci(per['ci'])}".strip() if per.get("meaningful")
-                  else (per.get("reason") or "not meaningful"))
-        out.append(f"{w['key']}: {'kept' if kept else 'rolled back'}; whole model with it "
+        kept = family in (w.kept or [])
+        effect = (f"{speed(per.speedup)} {ci(per.ci)}".strip() if per.meaningful
+                  else (per.reason or "not meaningful"))
+        out.append(f"{w.key}: {'kept' if kept else 'rolled back'}; whole model with it "
                    f"alone: {effect}")
     return out
 
 
-def source_tables(arts: dict, data: dict) -> list[tuple]:
+def source_tables(log: SearchLog | None, summ: VerificationSummary | None,
+                  data: ReportView) -> list[tuple]:
     """Report blocks: per family, a table of candidates, verdicts and best time per source,
     and which source's kernel shipped with what it did to the whole model."""
-    log = SearchLog.of(arts.get("search") or {})
-    summ = VerificationSummary.of(arts.get("verification") or {})
+    log = log or SearchLog.of({})
+    summ = summ or VerificationSummary.of({})
     by_family: dict[str, list[Candidate]] = defaultdict(list)
     for s in log.searches or []:
         if s.case_key:
@@ -83,7 +85,7 @@ def _llm_blocks(llm: LlmRecord | None) -> list[tuple]:
 
 
 def _family_blocks(fam: str, cands: list[Candidate], verify_reasons: dict[str, str],
-                   shipped: dict, data: dict) -> list[tuple]:
+                   shipped: dict, data: ReportView) -> list[tuple]:
     """One family's candidates per source, and which source's kernels shipped."""
     groups: dict[str, list[Candidate]] = defaultdict(list)
     for c in cands:
@@ -94,7 +96,7 @@ def _family_blocks(fam: str, cands: list[Candidate], verify_reasons: dict[str, s
                          "rejected (why)", "best kernel time", "cases shipped"], rows)]
     from_src = Counter(_source(c) for c in cands if c.path in shipped)
     if from_src:
-        effect = _effect(fam, data.get("workloads") or [])
+        effect = _effect(fam, data.workloads or [])
         blocks.append(("p", f"Shipped: {fam} kernels from "
                             + ", ".join(f"{s} ({n} case{'s' * (n > 1)})"
                                         for s, n in from_src.items())

@@ -94,3 +94,18 @@ def test_the_cli_reports_a_corrupt_run_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "profile.json" in lines[0] and "model" in lines[0], proc.stderr
+
+
+def test_a_record_passes_on_what_it_was_read_from_until_a_field_is_set():
+    """`as_written`: the part of an artifact as the file had it (its key order, an int where
+    the record declares a float), for a reader that passes it on whole; a record a field was
+    set on gives its fields instead."""
+    written = {"rows": [], "key": "prefill", "wall_ms": 12,
+               "floor": {"over_wall": 2, "wall_ms": 1.5}}
+    rec = Ranking.of({"workloads": [written]}).workloads[0]
+    assert rec.wall_ms == 12.0 and isinstance(rec.wall_ms, float)
+    assert json.dumps(rec.as_written()) == json.dumps(written)
+    assert json.dumps(rec.floor.as_written()) == json.dumps(written["floor"])
+    rec.wall_ms = 13.0
+    assert rec.as_written() == {**written, "wall_ms": 13.0}
+    assert list(rec.as_written()) != list(written)  # the record's own order now

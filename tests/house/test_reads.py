@@ -3,8 +3,11 @@ functions stay small enough to read: two bounds that only move down.
 
 - Distinct string keys read in pipeline/ (`x["key"]`, `x.get("key")`): each one is a field
   of an artifact or a report row that no record declares, read where a typo fails at run time.
-  Issue #60 measured 306 at d130199 and sets the goal under 100; `KEYS` is where the code
-  stands, lowered as the report's reads become attributes.
+  Measured from the AST of every pipeline/*.py (`key_reads`): a subscript with a constant
+  string that is loaded (not stored), or a call of `.get`, `.pop` or `.setdefault` whose first
+  argument is a constant string; the distinct strings over all files are counted. Issue #60
+  measured 306 at d130199 and set the goal under 100; the report now reads its typed view
+  (`pipeline.report_view`) and the artifacts' records, and `KEYS` is where the code stands.
 - Cyclomatic complexity of every function in pipeline/, counted as radon counts it (`radon cc`:
   1, plus one per if, elif, loop, except, assert, conditional expression, comprehension and
   extra operand of `and`/`or`): at most `COMPLEXITY` (#60: the report's dict-walking blocks
@@ -17,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 
-KEYS = 261
+KEYS = 50
 COMPLEXITY = 30
 OVER: dict[str, int] = {}  # function -> its complexity, for one above the bound until split
 
