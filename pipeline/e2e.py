@@ -29,7 +29,15 @@ from core.artifacts import load, write_json
 from core.errors import UserError
 from core.records import E2E, GenerationPoint, GenerationVariant, Integration, Profile, TokenTimes
 from core.workload import SHORT, parse_int_list
-from pipeline.e2e_variants import GRAPHED, NEEDS_RUN, VARIANTS, Clock, Ledger, hf_variant
+from pipeline.e2e_variants import (
+    GRAPHED,
+    NEEDS_RUN,
+    UNPATCHED_LOOP,
+    VARIANTS,
+    Clock,
+    Ledger,
+    hf_variant,
+)
 
 E2E_FILE = "e2e.json"
 ROUNDS = {"cuda": 3, "cpu": 1}
@@ -245,7 +253,7 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
             if name in ("graph", "ours", "ours-graphs") and eager is not None and \
                     device.startswith("cuda"):
                 rec = _with_projection(rec, run_dir, eager, new, pre, dec, ledger,
-                                       times.get("graph"))
+                                       times.get(UNPATCHED_LOOP))
             out.append(rec)
             say(f"  {name}: TTFT {t.ttft_p50:.2f} ms, TPOT {t.tpot_p50 or 0:.3f} ms, "
                 f"{t.tok_s:.1f} tok/s" + (f", {rec.over_eager:.2f}x over hf-eager"

@@ -26,6 +26,7 @@ import torch
 
 VARIANTS = ("hf-eager", "hf-static", "graph", "ours", "ours-graphs", "ours-static-compile")
 GRAPHED = ("graph", "ours-graphs")
+UNPATCHED_LOOP = GRAPHED[0]  # our loop without our kernels: ours-graphs' first-token base
 NEEDS_RUN = ("ours", "ours-graphs", "ours-static-compile")
 STATIC = ("hf-static", "ours-static-compile")  # transformers' static cache, compiling on CUDA
 
