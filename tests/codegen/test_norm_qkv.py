@@ -228,3 +228,64 @@ def test_a_hooked_projection_runs_hfs_code(tiny, tmp_path):
         assert chooser.calls == 0
     finally:
         undo()
+
+
+DECODE_SET = ("gemv", "norm_qkv", "matmul_epilogue", "add_rmsnorm", "rmsnorm")
+
+
+@pytest.mark.parametrize("order", [DECODE_SET, DECODE_SET[::-1]])
+def test_the_decode_set_composes_in_any_patch_order(tiny, order, tmp_path):
+    """The shipped decode set with this family in qkv_proj's place, patched in either order:
+    the input norm and q, k, v from one launch per layer, add_rmsnorm's layer forward around
+    it, gemv on the other projections; logits as unpatched; undo restores every module."""
+    from codegen.registry import get_family
+
+    ids = _ids()
+    _, want = _decode_step(tiny, ids)
+    choosers, undos = {}, []
+    try:
+        for name in order:
+            (tmp_path / name).mkdir()
+            choosers[name] = CountingChooser(get_family(name), tmp_path / name,
+                                             pick=0 if name == "matmul_epilogue" else -1)
+            undos.append(get_family(name).patch(tiny, choosers[name]))
+        _, got = _decode_step(tiny, ids)
+    finally:
+        for u in reversed(undos):
+            u()
+    assert choosers["norm_qkv"].calls == tiny.config.num_hidden_layers
+    assert all(c.calls > 0 for c in choosers.values())
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert instance_forwards(tiny) == []
+
+
+@pytest.mark.parametrize("batch", [1, MAX_ROWS + 1])
+def test_a_decode_step_ranks_it_beside_qkv_proj(batch, tmp_path):
+    """One occurrence per layer holding the three projections' gemv occurrences and the input
+    norm's rmsnorm occurrence, an option of the gemv row beside qkv_proj's (its rival); past
+    MAX_ROWS rows there is none (the pattern's `accepts`)."""
+    from pipeline.stages.profile import summarise
+    from pipeline.stages.rank import rank_workload
+    from profiling.capture import capture, make_runner, module_names
+
+    spec = resolve("tiny-llama")
+    spec.config.num_key_value_heads = spec.config.num_attention_heads
+    model = build(spec, torch.float32, "cpu")
+    wl = Workload(batch, 8 * batch, "float32", "cpu", "decode")
+    runner = make_runner(model, wl)
+    names = module_names(model, runner)
+    ms = capture(runner, "cpu", tmp_path / "trace.json.gz")
+    w = summarise(tmp_path / "trace.json.gz", wl, {"median_ms": ms}, names, ms)
+    ceil = {"bandwidth_GBps": 4128.5, "matmul_TFLOPs": 768.6, "launch_us": 8.5,
+            "fused_launch_host_us": 17.3}
+    rows = {r["pattern"]: r for r in rank_workload(w, ceil, None)["rows"]}
+    layers_n = model.config.num_hidden_layers
+    assert rows["qkv_proj"]["occurrences"] == layers_n
+    if batch > MAX_ROWS:
+        assert "norm_qkv" not in rows
+        return
+    ours, norm = rows["norm_qkv"], rows["rmsnorm"]
+    assert ours["family"] == "norm_qkv" and ours["occurrences"] == layers_n
+    assert ours["option_of"] == "gemv" and set(ours["alternative_to"]) == {"gemv", "rmsnorm"}
+    per_norm = norm["op_calls"] // norm["occurrences"]
+    assert ours["op_calls"] == rows["qkv_proj"]["op_calls"] + layers_n * per_norm
