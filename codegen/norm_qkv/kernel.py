@@ -3,10 +3,11 @@ at a decode step, in one launch.
 
 The grid is the grouped q/k/v projection's (codegen/qkv_proj/kernel.py): program p takes
 BLOCK_N rows of Wq, Wk or Wv and streams them over k. Before its GEMV every program sums the
-squares of x's rows itself (at most MAX_ROWS rows of 2-8 KB, read from L2 after the first
-program brought them in), so no program waits on another and no second launch computes the
-norm; then each BLOCK_K step normalises its slice of x (x * rstd, scaled by the norm's weight
-with HF's roundings, `_normed`) and multiplies it with the weight tile. Program 0 also stores
+squares of x's rows itself (codegen/norm_prologue.py; at most MAX_ROWS rows of 2-8 KB, read
+from L2 after the first program brought them in), so no program waits on another and no
+second launch computes the norm; then each BLOCK_K step normalises its slice of x (x * rstd,
+scaled by the norm's weight with HF's roundings, `_normed`) and multiplies it with the weight
+tile. Program 0 also stores
 the normed slices it computes, so `normed`, the norm's own output, is written in the same
 launch: the adapter hands the attention a filled tensor.
 
@@ -30,35 +31,11 @@ import triton
 import triton.language as tl
 
 from codegen.launch import cdiv
+from codegen.norm_prologue import _normed, _row_rstd, sources
 from codegen.norm_qkv.reference import MAX_ROWS, WIDTHS
 from codegen.qkv_proj import kernel as qkv_kernel
 from core.family import Case
 from core.source import kernel_source
-
-
-@triton.jit
-def _row_rstd(x_ptr, x_sk, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) of one row of K elements at x_ptr (stride x_sk), in fp32."""
-    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_k * x_sk, mask=offs_k < K, other=0.0).to(tl.float32)
-        squares += x * x
-    return tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
-
-
-@triton.jit
-def _normed(x, nw, rstd, OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr):
-    """HF's RMSNorm of x's slice given its row's rstd, in x's dtype (codegen.rmsnorm.reference:
-    Llama's form casts x * rstd first and multiplies by (offset +) weight in the dtype;
-    Gemma's multiplies in fp32 and casts once)."""
-    h = x.to(tl.float32) * rstd
-    if CAST_FIRST:
-        scale = (nw.to(tl.float32) + OFFSET).to(x.dtype).to(tl.float32)
-        out = (scale * h.to(x.dtype).to(tl.float32)).to(x.dtype)
-    else:
-        out = (h * (nw.to(tl.float32) + OFFSET)).to(x.dtype)
-    return out
 
 
 @triton.jit
@@ -113,7 +90,8 @@ def _norm_qkv_kernel(x_ptr, nw_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_p
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     for m in tl.static_range(BLOCK_M):
         row = m % rows
-        r = _row_rstd(x_ptr + (row // seq) * x_sb + (row % seq) * x_ss, x_sk, eps, K, BLOCK_K)
+        x_row = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss
+        r = _row_rstd(x_row, x_row, x_sk, eps, K, BLOCK_K, False)
         rstd = tl.where(offs_m == m, r, rstd)
     # the rows whose normed values this program stores: all for program 0, none for the
     # rest (every program computes the same values)
@@ -241,5 +219,5 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, kernel_source(_row_rstd), kernel_source(_normed),
-                        kernel_source(_norm_qkv_block), kernel_source(_norm_qkv_kernel), _HOST])
+    return "\n\n".join([head, *sources(), kernel_source(_norm_qkv_block),
+                        kernel_source(_norm_qkv_kernel), _HOST])
