@@ -1,0 +1,220 @@
+"""Residual add + RMSNorm + gate/up GEMV family: the reference is the layer's add, its
+post_attention_layernorm and the MLP's act(gate_proj(x)) * up_proj(x), bit for bit; rendered
+candidates (one row to MAX_ROWS, a hidden size no BLOCK_K divides, x a column slice of wider
+rows, SiLU and tanh-GELU, with and without the residual, Llama's and Gemma's norm forms) equal
+it; the patch on a decode step gives the unpatched logits with one launch per layer for the
+norm and gate/up, alone and under add_rmsnorm's layer forward (the add folded in), composes
+with matmul_epilogue, rmsnorm and norm_qkv in either order, stops fusing where the MLP does
+not take what the launch kept, and undo restores. CPU runs the kernel under the interpreter
+(fp32, fp16); bf16 runs on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import (
+    DEVICE,
+    CountingChooser,
+    assert_close,
+    instance_forwards,
+    run_candidate,
+    space_ends,
+)
+from transformers import DynamicCache
+
+from codegen.norm_gate_up import FAMILY, MAX_ROWS
+from codegen.norm_gate_up.patch import layers
+from codegen.norm_gate_up.reference import make_case
+from codegen.registry import get_family
+from core.workload import Workload
+from models.graphs import cache_argument
+from profiling.loader import build, resolve
+
+TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 4e-3), "bfloat16": (1e-2, 1.6e-2)}
+# hidden 300: no BLOCK_K divides it, SiLU, the residual add; hidden 96 with tanh-GELU and
+# Gemma's form, no residual; hidden 64 with SiLU and the add, 3 rows
+CASES = [make_case(1, 300, 80, "float32", "silu"),
+         make_case(2, 96, 112, "float32", "gelu_tanh", residual=False, form="gemma"),
+         make_case(3, 64, 176, "float32", "silu", eps=1e-5)]
+
+
+def test_the_reference_is_the_layers_add_norm_and_gated_mlp_bitwise():
+    for name in ("tiny-llama", "tiny-gemma"):
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            model = build(resolve(name), dtype, "cpu")
+            layer = model.model.layers[0]
+            norm, mlp = layer.post_attention_layernorm, layer.mlp
+            x = torch.randn(3, model.config.hidden_size).to(dtype)
+            residual = torch.randn(3, model.config.hidden_size).to(dtype)
+            act = "gelu_tanh" if name == "tiny-gemma" else "silu"
+            eps = norm.eps if hasattr(norm, "eps") else norm.variance_epsilon
+            form = {"offset": 1.0, "cast_first": False} if name == "tiny-gemma" else {}
+            with torch.no_grad():
+                total = residual + x
+                normed = norm(total)
+                h = mlp.act_fn(mlp.gate_proj(normed)) * mlp.up_proj(normed)
+                got = FAMILY.reference(x, norm.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
+                                       residual, eps=eps, act=act, **form)
+                plain = FAMILY.reference(total, norm.weight, mlp.gate_proj.weight,
+                                         mlp.up_proj.weight, eps=eps, act=act, **form)
+            assert all(torch.equal(g, w) for g, w in zip(got, (normed, h, total))), name
+            assert all(torch.equal(g, w) for g, w in zip(plain, (normed, h))), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16",
+                                   pytest.param("bfloat16", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("base", CASES, ids=["h300-silu-add", "h96-geglu-gemma", "h64-3rows"])
+def test_rendered_candidates_equal_the_add_norm_and_gated_mlp(base, dtype, tmp_path):
+    case = {**base, "dtype": dtype}
+    edges = FAMILY.edge_cases(case)
+    assert {c["rows"] for c in [case, *edges]} >= {1, 3, MAX_ROWS}
+    for config in space_ends(FAMILY.search_space(case)):
+        for c in [case, *edges]:
+            out, ref = run_candidate(FAMILY, config, c, tmp_path, rendered_for=case)
+            assert len(out) == (3 if case["residual"] else 2)
+            assert_close(out, ref, TOL[dtype])
+
+
+# ------------------------------------------------------------------ the patch on a decode step
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2"])
+def tiny(request):
+    spec = resolve(request.param)
+    spec.config.num_key_value_heads = spec.config.num_attention_heads
+    torch.manual_seed(0)
+    model = build(spec, torch.float32, DEVICE)
+    assert len(layers(model)) == model.config.num_hidden_layers
+    return model
+
+
+def _decode_step(model, ids):
+    cache = DynamicCache()
+    with torch.no_grad():
+        arg = {cache_argument(model): cache}
+        prefill = model(ids, use_cache=True, **arg).logits
+        return prefill, model(ids[:, -1:], use_cache=True, **arg).logits
+
+
+def _ids():
+    return torch.randint(3, 500, (2, 5), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+
+
+def test_patched_decode_step_runs_one_launch_per_layer_and_undo_restores(tiny, tmp_path):
+    ids = _ids()
+    want_prefill, want = _decode_step(tiny, ids)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    try:
+        got_prefill, got = _decode_step(tiny, ids)
+        again = _decode_step(tiny, ids)[1]  # still fusing: every launch was claimed
+    finally:
+        undo()
+    layers_n = tiny.config.num_hidden_layers
+    assert chooser.calls == 2 * layers_n
+    assert torch.equal(got_prefill, want_prefill)
+    assert_close(got, want, (1e-5, 1e-5))
+    assert torch.equal(got, again)
+    assert all(c["residual"] is False for c in chooser.distinct_cases())
+    assert chooser.distinct_cases()[0] in FAMILY.cases_from_model(
+        tiny, Workload(2, 5, "float32", DEVICE, "decode"))
+    assert FAMILY.cases_from_model(tiny, Workload(2, 5, "float32", DEVICE)) == []
+    assert instance_forwards(tiny) == []
+    assert torch.equal(_decode_step(tiny, ids)[1], want)
+
+
+@pytest.mark.parametrize("ours_first", [True, False])
+@pytest.mark.parametrize("other", ["add_rmsnorm", "matmul_epilogue", "rmsnorm", "norm_qkv"])
+def test_composes_in_either_patch_order(tiny, other, ours_first, tmp_path):
+    """Under add_rmsnorm's layer forward the add is folded in (the residual cases); with
+    matmul_epilogue on the MLP, rmsnorm on the norm or norm_qkv on the attention, the norm
+    and gate/up still come from this family's one launch per layer; logits as unpatched."""
+    ids = _ids()
+    _, want = _decode_step(tiny, ids)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "t").mkdir()
+    ours = CountingChooser(FAMILY, tmp_path / "o")
+    theirs_family = get_family(other)
+    theirs = CountingChooser(theirs_family, tmp_path / "t",
+                             pick=0 if other == "matmul_epilogue" else -1)
+    pairs = [(FAMILY, ours), (theirs_family, theirs)]
+    undos = [f.patch(tiny, c) for f, c in (pairs if ours_first else pairs[::-1])]
+    try:
+        _, got = _decode_step(tiny, ids)
+    finally:
+        for u in undos if ours_first else reversed(undos):
+            u()
+    assert ours.calls == tiny.config.num_hidden_layers
+    assert {c["residual"] for c in ours.cases} == {other == "add_rmsnorm"}
+    assert_close(got, want, (1e-5, 1e-5))
+    assert instance_forwards(tiny) == []
+
+
+DECODE_SET = ("gemv", "norm_qkv", "norm_gate_up", "matmul_epilogue", "add_rmsnorm", "rmsnorm")
+
+
+@pytest.mark.parametrize("order", [DECODE_SET, DECODE_SET[::-1]])
+def test_the_decode_set_composes_in_any_patch_order(tiny, order, tmp_path):
+    """Both norm fusions with the shipped decode set: per layer the input norm with q/k/v and
+    the add + post-attention norm with gate/up, each one launch, the residual still
+    accumulated in down_proj's GEMV; logits as unpatched; undo restores every module."""
+    ids = _ids()
+    _, want = _decode_step(tiny, ids)
+    choosers, undos = {}, []
+    try:
+        for name in order:
+            (tmp_path / name).mkdir()
+            choosers[name] = CountingChooser(get_family(name), tmp_path / name,
+                                             pick=0 if name == "matmul_epilogue" else -1)
+            undos.append(get_family(name).patch(tiny, choosers[name]))
+        _, got = _decode_step(tiny, ids)
+    finally:
+        for u in reversed(undos):
+            u()
+    layers_n = tiny.config.num_hidden_layers
+    assert choosers["norm_qkv"].calls == layers_n
+    assert choosers["norm_gate_up"].calls == layers_n
+    assert {c["residual"] for c in choosers["norm_gate_up"].cases} == {True}
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert instance_forwards(tiny) == []
+
+
+def test_an_unclaimed_launch_stops_the_layer_fusing(tiny, tmp_path):
+    """The norm called on its own fuses and keeps h, which nobody claims: the next call sees
+    it unclaimed and that layer runs HF's code from then on; the normed tensor it returned
+    holds the norm's values, and the decode step gives the unpatched logits."""
+    ids = _ids()
+    _, want = _decode_step(tiny, ids)
+    layer = tiny.model.layers[0]
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    try:
+        with torch.no_grad():
+            x = torch.randn(2, 1, tiny.config.hidden_size, device=DEVICE)
+            normed = layer.post_attention_layernorm(x)
+            assert chooser.calls == 1
+            assert_close(normed, type(layer.post_attention_layernorm).forward(
+                layer.post_attention_layernorm, x), (1e-6, 1e-6))
+        _, got = _decode_step(tiny, ids)
+    finally:
+        undo()
+    assert chooser.calls == 1 + tiny.config.num_hidden_layers - 1
+    assert_close(got, want, (1e-5, 1e-5))
+    assert instance_forwards(tiny) == []
+
+
+def test_a_hooked_mlp_runs_hfs_code(tiny, tmp_path):
+    """A hook on the MLP (a user's, accelerate's) must see it called: no launch for that
+    layer while it is there."""
+    ids = _ids()
+    _, want = _decode_step(tiny, ids)
+    chooser = CountingChooser(FAMILY, tmp_path)
+    undo = FAMILY.patch(tiny, chooser)
+    handle = tiny.model.layers[0].mlp.register_forward_pre_hook(lambda m, a: None)
+    try:
+        _, got = _decode_step(tiny, ids)
+    finally:
+        handle.remove()
+        undo()
+    assert chooser.calls == tiny.config.num_hidden_layers - 1
+    assert_close(got, want, (1e-5, 1e-5))
