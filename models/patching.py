@@ -147,20 +147,6 @@ def accumulator(module: nn.Module) -> Callable | None:
     return None
 
 
-# On a norm's adapter forward, a function (x, residual, out) -> bool: out = (residual + x, the
-# norm of it) written in one launch with its consumer's work (codegen/norm_gate_up), True where
-# it did; a layer forward that adds and norms itself (add_rmsnorm's) asks it first
-ADDS_AND_NORMS = "adds_and_norms"
-
-
-def declared(module: nn.Module, name: str) -> Callable | None:
-    """The `name` attribute of the first live forward on `module` declaring one, or None."""
-    for layer in _layers_from_top(module):
-        if layer.live and getattr(layer.run, name, None) is not None:
-            return getattr(layer.run, name)
-    return None
-
-
 def reaches(module: nn.Module, forward: Callable) -> bool:
     """Whether a call of `module` reaches the instance forward `forward` (installed on it),
     through live SAME_RESULT forwards only, which pass it down (`fused_below`) where it is

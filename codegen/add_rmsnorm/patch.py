@@ -38,12 +38,7 @@ from codegen.add_rmsnorm.residual_gemm import Slot, down_proj_wrap, mlp_into, pl
 from codegen.rmsnorm.patch import kernel_can_take, kernel_resolver
 from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
 from core.family import Case
-from models.patching import (
-    ADDS_AND_NORMS,
-    declared,
-    set_instance_forwards,
-    wrap_instance_forward,
-)
+from models.patching import set_instance_forwards, wrap_instance_forward
 
 NAME_RE = re.compile(r".*DecoderLayer$")
 HS = "hidden_states"
@@ -230,11 +225,8 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable,
             residual_2d = residual.contiguous().view(-1, hidden)
             total_2d = torch.empty_like(residual_2d)
             normed = torch.empty_like(residual_2d)
-            attn_2d = attn_out.contiguous().view(-1, hidden)
-            # a norm fused into the MLP's gate/up launch adds and norms there (norm_gate_up)
-            adds = declared(layer.post_attention_layernorm, ADDS_AND_NORMS)
-            if adds is None or not adds(attn_2d, residual_2d, (total_2d, normed)):
-                fn(attn_2d, residual_2d, weight, out=(total_2d, normed), **kw)
+            fn(attn_out.contiguous().view(-1, hidden), residual_2d, weight,
+               out=(total_2d, normed), **kw)
             # unpacked sizes: view(torch.Size) costs 2.5x view(*ints) on the host (CPU, 2.13)
             total, normed = total_2d.view(*residual.shape), normed.view(*residual.shape)
             # Phi-3's dropout is the identity in eval, and the fused add skips it only then
@@ -256,11 +248,16 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable,
 
 def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) -> Callable[[], None]:
     """Replace the forward of every recognised decoder layer instance; returns undo."""
+    return patch_layers([(layer, found, chooser) for _, layer in model.named_modules()
+                         if (found := recognise(layer)) is not None])
+
+
+def patch_layers(layers: list[tuple[torch.nn.Module, dict, Callable]]) -> Callable[[], None]:
+    """`patch` for each (layer, what `recognise` found, the chooser of its add + norm kernel):
+    norm_gate_up hands each layer a chooser of its own, whose kernel also runs that layer's
+    gate/up GEMV."""
     replacements, down_undos = [], []
-    for _, layer in model.named_modules():
-        found = recognise(layer)
-        if found is None:
-            continue
+    for layer, found, chooser in layers:
         down = plain_down_proj(layer.mlp)
         drop = found["template"]["dropouts"][1]
         if down is not None and (drop is None or type(getattr(layer, drop)) is torch.nn.Dropout):

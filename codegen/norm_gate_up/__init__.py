@@ -8,15 +8,18 @@ GEMV with SiLU-and-multiply"): a graphed batch-1 decode step is bound by its ker
 (benchmarks/results/decode-1207-h100/decode-step-llama-3.2-1b.md: 197 kernels, 132 of them
 reading no weight). Each program of the GEMV forms the residual stream's row and normalises it
 itself, and program 0 writes the row (total) and the norm's output (normed), so the layer's
-residual add into down_proj (add_rmsnorm's residual_gemm) goes on as before.
+residual add into down_proj (add_rmsnorm's residual_gemm) goes on as before: the layer's
+forward is add_rmsnorm's, with this kernel in place of the add + norm kernel (patch.py).
 
 Recognition: the `norm_gate_up` occurrence is matmul_epilogue's (a gated MLP's gate and up
 Linears) plus the layer's post_attention_layernorm's rmsnorm occurrence, at most MAX_ROWS
-rows; an option beside matmul_epilogue's row. It composes with matmul_epilogue (on the MLP),
-rmsnorm (on the norm) and add_rmsnorm (the layer's forward), patch.py.
+rows; an option beside matmul_epilogue's row. add_rmsnorm is its rival (both replace the
+layer's add + norm: add_rmsnorm ships where this one does not, a prefill); it composes with
+matmul_epilogue (on the MLP), gemv, rmsnorm and norm_qkv.
 
-Cases: rows, hidden, cols, dtype, act, residual, and the norm's form (eps, offset,
-cast_first); params eps, offset, cast_first, act.
+Cases: rows, hidden, cols, dtype, act, residual (whether the add comes first: the patch
+always adds; without it the kernel is a norm + gate/up for a layer whose add is elsewhere),
+and the norm's form (eps, offset, cast_first); params eps, offset, cast_first, act.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from codegen.norm_gate_up.reference import (
     order_bound,
     params,
 )
-from core.family import Family, Pattern, VerifyHooks, lazy
+from core.family import Family, Pattern, RankHooks, VerifyHooks, lazy
 from profiling.roofline import MATMUL_OPS, input_bytes, op_cost
 
 __all__ = ["FAMILY", "MAX_ROWS", "PATTERNS"]
@@ -106,6 +109,8 @@ FAMILY = Family(
         weights=(1, 2, 3),  # the norm's weight, w_gate, w_up
         order_bound=order_bound,
     ),
+    # both replace the layer's residual add + post-attention norm: one of the two per run
+    rank=RankHooks(rivals=("add_rmsnorm",)),
     # the MLP's forward takes what the norm's launch kept by the normed tensor's identity and
     # version, which a trace does not know
     traceable=False,
