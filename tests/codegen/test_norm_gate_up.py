@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from family_checks import (
     DEVICE,
     CountingChooser,
     assert_close,
     instance_forwards,
+    load_rendered,
     run_candidate,
     space_ends,
 )
@@ -219,3 +221,73 @@ def test_a_hooked_mlp_runs_hfs_code(tiny, tmp_path):
         undo()
     assert chooser.calls == tiny.config.num_hidden_layers - 1
     assert_close(got, want, (1e-5, 1e-5))
+
+
+@pytest.mark.gpu
+def test_gpu_every_config_is_right_in_bf16_at_llamas_shape_and_captures(tmp_path):
+    """Llama-3.2-1B's add + post-attention norm and gate/up (2048 -> 8192, SiLU, bf16) at one
+    and MAX_ROWS rows: every config's total and normed equal the reference's within bf16
+    rounding and h is within bf16 error of the float64 products of the reference's normed x;
+    one config captured in a CUDA graph replays the eager result on new x."""
+    for rows in (1, MAX_ROWS):
+        case = make_case(rows, 2048, 8192, "bfloat16", "silu", eps=1e-5)
+        inputs = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(rows))
+        kw = FAMILY.params(case)
+        ref = FAMILY.reference(*inputs, **kw)
+        n = ref[0].double()
+        exact = F.silu(n @ inputs[2].double().T) * (n @ inputs[3].double().T)
+        for config in FAMILY.search_space(case):
+            forward = load_rendered(FAMILY, config, case, tmp_path)
+            outs = tuple(o.fill_(float("nan")) for o in FAMILY.make_out(case, inputs))
+            forward(*inputs, out=outs, **kw)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[2], ref[2])  # one rounded add, as HF's
+            assert_close(outs[0], ref[0], (1e-2, 1.6e-2))
+            err = (outs[1].double() - exact).abs().max().item()
+            assert err <= 1e-2 + 1.6e-2 * exact.abs().max().item(), (rows, config, err)
+    case = make_case(1, 2048, 8192, "bfloat16", "silu", eps=1e-5)
+    kw = FAMILY.params(case)
+    forward = load_rendered(FAMILY, FAMILY.search_space(case)[0], case, tmp_path)
+    inputs = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(9))
+    outs = FAMILY.make_out(case, inputs)
+    forward(*inputs, out=outs, **kw)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(*inputs, out=outs, **kw)
+    inputs[0].copy_(torch.randn_like(inputs[0]))
+    graph.replay()
+    want = FAMILY.make_out(case, inputs)
+    forward(*inputs, out=want, **kw)
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, w) for o, w in zip(outs, want))
+
+
+@pytest.mark.parametrize("batch", [1, MAX_ROWS + 1])
+def test_a_decode_step_ranks_it_beside_matmul_epilogue(batch, tmp_path):
+    """One occurrence per layer holding the MLP's gate/up Linears, its activation and product
+    and the layer's post_attention_layernorm, an option of the gated MLP's row beside
+    matmul_epilogue's; past MAX_ROWS rows there is none (the pattern's `accepts`)."""
+    from pipeline.stages.profile import summarise
+    from pipeline.stages.rank import rank_workload
+    from profiling.capture import capture, make_runner, module_names
+
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    wl = Workload(batch, 8 * batch, "float32", "cpu", "decode")
+    runner = make_runner(model, wl)
+    names = module_names(model, runner)
+    ms = capture(runner, "cpu", tmp_path / "trace.json.gz")
+    w = summarise(tmp_path / "trace.json.gz", wl, {"median_ms": ms}, names, ms)
+    ceil = {"bandwidth_GBps": 4128.5, "matmul_TFLOPs": 768.6, "launch_us": 8.5,
+            "fused_launch_host_us": 17.3}
+    rows = {r["pattern"]: r for r in rank_workload(w, ceil, None)["rows"]}
+    layers_n = model.config.num_hidden_layers
+    assert rows["gated_mlp_gemm"]["occurrences"] == layers_n
+    if batch > MAX_ROWS:
+        assert "norm_gate_up" not in rows
+        return
+    ours, norm = rows["norm_gate_up"], rows["rmsnorm"]
+    assert ours["family"] == "norm_gate_up" and ours["occurrences"] == layers_n
+    assert ours["option_of"] == "swiglu_mlp" and "rmsnorm" in ours["alternative_to"]
+    per_norm = norm["op_calls"] // norm["occurrences"]
+    assert ours["op_calls"] == rows["gated_mlp_gemm"]["op_calls"] + layers_n * per_norm

@@ -289,3 +289,42 @@ def test_a_decode_step_ranks_it_beside_qkv_proj(batch, tmp_path):
     assert ours["option_of"] == "gemv" and set(ours["alternative_to"]) == {"gemv", "rmsnorm"}
     per_norm = norm["op_calls"] // norm["occurrences"]
     assert ours["op_calls"] == rows["qkv_proj"]["op_calls"] + layers_n * per_norm
+
+
+@pytest.mark.gpu
+def test_gpu_every_config_is_right_in_bf16_at_llamas_shape_and_captures(tmp_path):
+    """Llama-3.2-1B's input norm and projections (2048 -> 2048, 512, 512, bf16) at one and
+    MAX_ROWS rows: every config's normed equals the reference's within bf16 rounding and q, k,
+    v are within bf16 error of the float64 products of the reference's normed x; one config
+    captured in a CUDA graph replays the eager result on new x."""
+    for rows in (1, MAX_ROWS):
+        case = make_case(rows, 2048, 2048, 512, 512, "bfloat16", False, (rows, 1), eps=1e-5)
+        inputs = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(rows))
+        kw = FAMILY.params(case)
+        ref = FAMILY.reference(*inputs, **kw)
+        exact = [F.linear(ref[0].double(), w.double()) for w in inputs[2:5]]
+        for config in FAMILY.search_space(case):
+            forward = load_rendered(FAMILY, config, case, tmp_path)
+            outs = tuple(o.fill_(float("nan")) for o in FAMILY.make_out(case, inputs))
+            forward(*inputs, out=outs, **kw)
+            torch.cuda.synchronize()
+            assert_close(outs[0], ref[0], (1e-2, 1.6e-2))
+            for o, e in zip(outs[1:], exact):
+                err = (o.double() - e).abs().max().item()
+                assert err <= 1e-2 + 1.6e-2 * e.abs().max().item(), (rows, config, err)
+    case = make_case(1, 2048, 2048, 512, 512, "bfloat16", False, (1, 1), eps=1e-5)
+    kw = FAMILY.params(case)
+    forward = load_rendered(FAMILY, FAMILY.search_space(case)[0], case, tmp_path)
+    inputs = FAMILY.make_inputs(case, "cuda", torch.Generator("cuda").manual_seed(9))
+    outs = FAMILY.make_out(case, inputs)
+    forward(*inputs, out=outs, **kw)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(*inputs, out=outs, **kw)
+    inputs[0].copy_(torch.randn_like(inputs[0]))
+    graph.replay()
+    want = FAMILY.make_out(case, inputs)
+    forward(*inputs, out=want, **kw)
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, w) for o, w in zip(outs, want))
