@@ -123,26 +123,31 @@ def match(ops: list[dict], patterns: list[Pattern], module_info: dict[int, tuple
 
 def alternatives(occurrences: list[Occurrence], patterns: list[Pattern],
                  ops: list[dict] | None = None) -> list[Occurrence]:
-    """Occurrences of the patterns that extend another (`Pattern.extends`): one per occurrence
-    of the extended pattern whose scope has every absorbed child module's own occurrence (the
-    gate and up Linears of an MLP), with the ops of all of them. They overlap what `match`
-    found, so they are ranked beside it and never replaced together with it. With `ops` (the
-    profile's op list), a pattern's `accepts` judges the occurrence's ops too (the grouped
-    q/k/v takes a decode step's GEMVs only, not a projection the matmul family pads).
+    """Occurrences of the patterns that extend another (`Pattern.extends`): one per pattern and
+    occurrence of the extended pattern whose scope has every absorbed child module's own
+    occurrence (the gate and up Linears of an MLP), with the ops of all of them. They overlap
+    what `match` found, so they are ranked beside it and never replaced together with it.
+    With `ops` (the profile's op list), a pattern's `accepts` judges the occurrence's ops too
+    (the grouped q/k/v takes a decode step's GEMVs only, not a projection the matmul family
+    pads).
     Children are found by module path, so this needs a profile that names modules (the
     pipeline's own profiles do; a bare trace's `Linear_4` does not say which projection it
-    is)."""
+    is). Two patterns may extend one occurrence with overlapping children (the grouped q/k/v
+    projection, and the same with the input norm before it): each is an occurrence of its
+    own, rivals the ranking keeps apart (`RankHooks.rivals`); a child is absorbed once per
+    pattern."""
     by_module: dict[str, list[Occurrence]] = {}
     for o in occurrences:
         by_module.setdefault(o.module, []).append(o)
-    taken: set[int] = set()
+    taken: dict[str, set[int]] = {}
     found = []
     for o in occurrences:
         for pat in patterns:
             if pat.extends != o.pattern:
                 continue
+            mine = taken.setdefault(pat.name, set())
             parts = [next((c for c in by_module.get(_child_path(o.module, child), [])
-                           if id(c) not in taken), None) for child in pat.absorbs]
+                           if id(c) not in mine), None) for child in pat.absorbs]
             if any(c is None for c in parts):
                 continue
             own = [] if pat.absorbs_only else o.ops
@@ -150,12 +155,11 @@ def alternatives(occurrences: list[Occurrence], patterns: list[Pattern],
             if ops is not None and pat.accepts is not None \
                     and not pat.accepts([ops[i] for i in idx]):
                 continue
-            taken.update(id(c) for c in parts)
+            mine.update(id(c) for c in parts)
             # absorbs_only: shown beneath, and an alternative to, the children's own row
             found.append(Occurrence(pat.name, pat.family, o.module, o.module_class, idx,
                                     extends=parts[0].pattern if pat.absorbs_only
                                     else o.pattern))
-            break
     return found
 
 

@@ -250,11 +250,16 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable,
 
 def patch(model: torch.nn.Module, chooser: Callable[[Case], Callable | None]) -> Callable[[], None]:
     """Replace the forward of every recognised decoder layer instance; returns undo."""
+    return patch_layers([(layer, found, chooser) for _, layer in model.named_modules()
+                         if (found := recognise(layer)) is not None])
+
+
+def patch_layers(layers: list[tuple[torch.nn.Module, dict, Callable]]) -> Callable[[], None]:
+    """`patch` for each (layer, what `recognise` found, the chooser of its add + norm kernel):
+    norm_gate_up hands each layer a chooser of its own, whose kernel also runs that layer's
+    gate/up GEMV."""
     replacements, down_undos = [], []
-    for _, layer in model.named_modules():
-        found = recognise(layer)
-        if found is None:
-            continue
+    for layer, found, chooser in layers:
         down = plain_down_proj(layer.mlp)
         drop = found["template"]["dropouts"][1]
         if down is not None and (drop is None or type(getattr(layer, drop)) is torch.nn.Dropout):

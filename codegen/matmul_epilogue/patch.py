@@ -31,6 +31,7 @@ from codegen.gated_act.patch import GatedMLP, find_gated_mlps
 from codegen.matmul_epilogue.reference import make_case, packed_weight, params
 from core.family import Case, kernel_by_signature
 from models.patching import (
+    fused_below,
     intercepted,
     needs_graph,
     only_same_result_forwards,
@@ -136,6 +137,9 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
         def forward(*args, **kwargs):
             if len(args) == 1 and not kwargs:  # HF calls mlp(hidden_states)
                 (x,) = args
+                fused = fused_below(below)  # the gate/up launch a norm below ran (norm_gate_up)
+                if fused is not None and (out := fused(x)) is not None:
+                    return out
                 w_gate, w_up = weights() if _as_patched(mlp, projs) else (None, None)
                 if (w_gate is not None and w_gate.dtype == w_up.dtype == x.dtype
                         and w_gate.device == w_up.device == x.device

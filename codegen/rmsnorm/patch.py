@@ -20,7 +20,7 @@ import torch
 from codegen.dtypes import dtype_name
 from codegen.rmsnorm.reference import params, rms_norm
 from core.family import Case, kernel_by_signature
-from models.patching import set_instance_forwards
+from models.patching import fused_below, set_instance_forwards
 
 NAME_RE = re.compile(r".*RMSNorm$")
 _PROBE_ROWS = 4
@@ -101,6 +101,9 @@ def _wrap(module: torch.nn.Module, form: dict, chooser: Callable) -> Callable:
         weight = module.weight
         if args or kwargs or not kernel_can_take(hidden_states, weight, form):
             return original(hidden_states, *args, **kwargs)
+        fused = fused_below(original)  # a norm fused into its consumer's launch (norm_qkv)
+        if fused is not None and (out := fused(hidden_states)) is not None:
+            return out
         hidden = weight.shape[0]
         fn, kw = resolve(hidden_states.shape, hidden_states.dtype, hidden)
         if fn is None:
