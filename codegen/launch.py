@@ -26,6 +26,8 @@ import inspect
 from collections.abc import Callable
 from operator import itemgetter
 
+from codegen import pdl
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for grids; Triton 3.6's `triton.cdiv` is a constexpr function whose
@@ -188,9 +190,13 @@ def _picker(positions: tuple) -> Callable[[tuple], tuple]:
 
 def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     """`launch(grid, *runtime_args)` for `kernel` with its trailing constexpr parameters and
-    launch options (num_warps, num_stages) bound once."""
+    launch options (num_warps, num_stages) bound once. A kernel whose last parameter is
+    `PDL` (codegen/pdl.py) and that the caller leaves unbound launches with PDL=False, or
+    with PDL=True and the PDL launch attribute while `codegen.pdl.enabled()` is on."""
     fn = getattr(kernel, "fn", None)
     names = list(inspect.signature(fn).parameters) if fn is not None else []
+    if names[-1:] == [pdl.PARAM] and pdl.PARAM not in constexprs_and_options:
+        return _pdl_switch(kernel, constexprs_and_options)
     bound = {k: v for k, v in constexprs_and_options.items() if k in names}
     options = {k: v for k, v in constexprs_and_options.items() if k not in names}
     trailing = tuple(bound[n] for n in names[len(names) - len(bound):]) \
@@ -258,4 +264,27 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
 
     launch.compiled = compiled  # what tests (and a curious user) can inspect
     launch.exact = exact
+    return launch
+
+
+def _pdl_switch(kernel, bound: dict) -> Callable[..., None]:
+    """The launcher of `kernel` with PDL off, or, where PDL can run in this process, one that
+    picks per launch (by `pdl.STATE`) between it and a PDL launcher built on first use. The
+    PDL launcher compiles its own specialisations (PDL is a constexpr), so a graph captured
+    with PDL on and one captured with it off hold different kernels."""
+    off = launcher(kernel, **bound, **{pdl.PARAM: False})
+    if pdl.hardware_reason() is not None:
+        return off
+    state, on = pdl.STATE, []
+
+    def launch(grid, *args):
+        if not state.on:
+            return off(grid, *args)
+        if not on:
+            on.append(launcher(kernel, **bound, **{pdl.PARAM: True}, launch_pdl=True))
+        return on[0](grid, *args)
+
+    for name in ("compiled", "exact"):
+        if hasattr(off, name):
+            setattr(launch, name, getattr(off, name))
     return launch
