@@ -388,6 +388,21 @@ def test_api_decode_handle_has_a_graphed_static_decoder(tiny, fakes, tmp_path):
     assert dec.closed
 
 
+@pytest.mark.parametrize("kept_on", [True, False])
+def test_api_captures_with_pdl_where_the_graphs_stage_kept_it(tiny, fakes, tmp_path, pdl_here,
+                                                              kept_on):
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    why = "on: faster" if kept_on else "off: not faster"
+    _run_dir(tmp_path, {DECODE.key: {"shipped": True, "pdl": {"on": kept_on, "why": why}},
+                        PREFILL.key: {"shipped": True, "pdl": {"on": kept_on, "why": why}}})
+    with apply_kernels(model, tmp_path, workload=DECODE.key, graphs=True) as handle:
+        assert handle.decoder.pdl is kept_on
+    with apply_kernels(model, tmp_path, workload=PREFILL.key, graphs=True) as handle:
+        assert handle.graph.pdl is kept_on
+
+
 def test_api_graphs_where_they_did_not_ship_is_a_one_line_error(tiny, fakes, tmp_path):
     from core.errors import UserError
     from pipeline.api import apply_kernels
