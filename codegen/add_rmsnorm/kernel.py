@@ -31,8 +31,8 @@ def _add_rms_norm_forward_kernel(X, R, W, S, Y, n_rows, x_row_stride, r_row_stri
     cols = tl.arange(0, BLOCK)
     col_ok = cols < HIDDEN
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
-    scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
-    if PDL:  # codegen/pdl.py: the weight above is no kernel's output; the rows are the step's
+    if PDL:  # codegen/pdl.py: the weight is no kernel's output; the rows are the step's
+        scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(X + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
@@ -41,6 +41,8 @@ def _add_rms_norm_forward_kernel(X, R, W, S, Y, n_rows, x_row_stride, r_row_stri
     total = (x.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
     tl.store(S + rows[:, None] * s_row_stride + cols[None, :], total, mask=mask)
     h = total.to(tl.float32)
+    if not PDL:  # where it always was: with PDL off the kernel compiles as before
+        scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
     variance = tl.sum(h * h, axis=1) / HIDDEN
     normed = h * tl.math.rsqrt(variance + eps)[:, None]
     if CAST_FIRST:

@@ -38,12 +38,14 @@ def _rms_norm_forward_kernel(X, W, Y, n_rows, x_row_stride, y_row_stride, eps,
     cols = tl.arange(0, BLOCK)
     col_ok = cols < HIDDEN
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
-    scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
-    if PDL:  # codegen/pdl.py: the weight above is no kernel's output; the rows are the step's
+    if PDL:  # codegen/pdl.py: the weight is no kernel's output; the rows are the step's
+        scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(X + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
+    if not PDL:  # where it always was: with PDL off the kernel compiles as before
+        scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
     variance = tl.sum(x * x, axis=1) / HIDDEN
     normed = x * tl.math.rsqrt(variance + eps)[:, None]
     if CAST_FIRST:
