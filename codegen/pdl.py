@@ -18,7 +18,9 @@ program waits unconditionally, so a kernel's completion implies its predecessor'
 chain holds across the whole step. `launch_dependents` comes after the wait, not before:
 a successor's programs then occupy SM slots only one kernel ahead, not the whole step's.
 
-`codegen.launch.launcher` binds `PDL` itself: off, unless `enabled()` is set around the call,
+`codegen.launch.launcher` binds `PDL` itself (the switch, `PDL_STATE`, lives in launch.py,
+which an exported package copies and which must import nothing of the project): off, unless
+`enabled()` is set around the call,
 and on only where `unavailable()` says nothing (never under the interpreter, which must not
 execute the griddepcontrol instructions, nor on a GPU older than sm_90 or a Triton without
 them). Whether PDL pays is a whole-graph question (a kernel's gain is its predecessor's tail),
@@ -30,20 +32,13 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from functools import cache
+
+from codegen import launch
+from codegen.launch import PDL_PARAM as PARAM  # noqa: F401 - the name kernels take
+from codegen.launch import PDL_STATE as STATE
+from codegen.launch import pdl_options as launch_options  # noqa: F401 - for kernel[grid] calls
 
 NO_PDL_ENV = "PIPELINE_NO_PDL"
-PARAM = "PDL"  # the constexpr each PDL-aware kernel takes, last
-
-
-class _State:
-    __slots__ = ("on",)
-
-    def __init__(self) -> None:
-        self.on = False
-
-
-STATE = _State()  # read by every PDL-aware launcher at each launch
 
 
 def forced_off() -> bool:
@@ -51,27 +46,10 @@ def forced_off() -> bool:
     return os.environ.get(NO_PDL_ENV, "") not in ("", "0")
 
 
-@cache
-def _hardware_reason() -> str | None:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "the Triton interpreter runs the kernels"
-    try:
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
-    except ImportError:
-        return "this Triton has no griddepcontrol (gdc_wait)"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    if major < 9:
-        return f"the GPU is sm_{major}{minor}; PDL needs sm_90 or later"
-    return None
-
-
 def hardware_reason() -> str | None:
-    """Why PDL launches cannot run in this process at all, or None where they can."""
-    return _hardware_reason()
+    """Why PDL launches cannot run in this process at all (the interpreter, no sm_90 GPU, a
+    Triton without griddepcontrol), or None where they can."""
+    return launch.pdl_hardware_reason()
 
 
 def unavailable() -> str | None:
@@ -79,12 +57,6 @@ def unavailable() -> str | None:
     if forced_off():
         return f"{NO_PDL_ENV} is set"
     return hardware_reason()
-
-
-def launch_options() -> dict:
-    """What a `kernel[grid](...)` call of a PDL-aware kernel adds: PDL=True and the launch
-    attribute while PDL is on, nothing (the kernel's PDL=False) otherwise."""
-    return {PARAM: True, "launch_pdl": True} if STATE.on else {}
 
 
 @contextmanager

@@ -246,7 +246,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.pdl import launch_options as pdl_options
+        from codegen.launch import pdl_options
 
         HEAD_DIM = {d}
         BLOCK_D = {block_d(d)}

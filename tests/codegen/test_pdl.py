@@ -37,7 +37,9 @@ class FakeKernel:
 
 @pytest.fixture
 def pdl_here(monkeypatch):
-    monkeypatch.setattr(pdl, "hardware_reason", lambda: None)
+    from codegen import launch
+
+    monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
     monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
 
 
@@ -83,6 +85,27 @@ def test_the_environment_forces_pdl_off(pdl_here, monkeypatch, value, off):
         launch((1,), "x", 3)
     assert on is not off and kernel.launches[0]["PDL"] is not off
     assert (pdl.unavailable() is not None) is off
+
+
+def test_pdl_keeps_the_launcher_and_the_candidates_exportable(tmp_path):
+    """pipeline/export.py copies codegen/launch.py into a package that has no project to
+    import, and refuses a candidate importing the project beyond codegen.launch: the PDL
+    switch lives in launch.py, and decode_attention's direct launches take it from there."""
+    import ast
+
+    from codegen.decode_attention.kernel import render, search_space
+    from pipeline.export import _source
+
+    tree = ast.parse((ROOT / "codegen" / "launch.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom | ast.Import)
+                and any(a.name.startswith("codegen") for a in n.names)
+                or isinstance(n, ast.ImportFrom) and (n.module or "").startswith("codegen")]
+    case = {"head_dim": 64, "dtype": "bfloat16", "batch": 1, "heads": 4, "kv_heads": 2,
+            "slots": 64, "scale": 0.125}
+    path = tmp_path / "decode_attention.py"
+    path.write_text(render(search_space(case)[0], case))
+    text, why = _source({"source": str(path)}, tmp_path)
+    assert why is None and "from .._launch import pdl_options" in text
 
 
 def _decode_kernels() -> dict:

@@ -211,9 +211,9 @@ def test_integrable_capture_failure_keeps_the_eager_set_with_its_reason(tiny, fa
 @pytest.fixture
 def pdl_here(monkeypatch):
     """PDL as on a Hopper GPU: available, and `enabled` turning it on inside the capture."""
-    from codegen import pdl
+    from codegen import launch, pdl
 
-    monkeypatch.setattr(pdl, "hardware_reason", lambda: None)
+    monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
     monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
     return pdl
 
