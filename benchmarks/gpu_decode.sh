@@ -11,14 +11,17 @@
 # calibrate's); then the same optimize runs again on a copy of the profiled run with those
 # caches warm, and both wall times are printed and kept in warm.json (T_WARM limits it).
 # T_TABLE=0 skips the GEMV table.
-# Env: M, B, S, FAMILIES, MAXC, PAIRS, ROUNDS, TABLE_MODELS, TABLE_ROWS, TABLE_MAXC, QWEN, WARM
-# and the limits in seconds T_PROFILE, T_OPTIMIZE, T_H2H, T_TABLE, T_WARM. Every step runs under
+# Env: M, B, S, FAMILIES, MAXC, PAIRS, ROUNDS, VARIANTS, PDL, TABLE_MODELS, TABLE_ROWS,
+# TABLE_MAXC, QWEN, WARM and the limits in seconds T_PROFILE, T_OPTIMIZE, T_H2H, T_TABLE,
+# T_WARM. Every step runs under
 # `timeout` in its own process group (benchmarks/gpu_step.sh); outputs under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export M=${M:-llama-3.2-1b} B=${B:-1} S=${S:-1024} MODE=decode
 export FAMILIES=${FAMILIES:-gemv,qkv_proj,matmul_epilogue,decode_attention,kv_cache,rope,rmsnorm,add_rmsnorm}
-export MAXC=${MAXC:-4} PAIRS=${PAIRS:-12} ROUNDS=${ROUNDS:-20} VARIANTS=graph,ours-graphs
+export MAXC=${MAXC:-4} PAIRS=${PAIRS:-12} ROUNDS=${ROUNDS:-20}
+# PDL=1: also time ours-graphs captured with PDL forced on and off (head_to_head.py)
+export VARIANTS=${VARIANTS:-graph,ours-graphs$([ "${PDL:-0}" = 1 ] && echo ,ours-graphs-pdl,ours-graphs-nopdl)}
 export T_PROFILE=${T_PROFILE:-70} T_OPTIMIZE=${T_OPTIMIZE:-270} T_H2H=${T_H2H:-80}
 TABLE_MODELS=${TABLE_MODELS:-llama-3.2-1b,llama-3.1-8b,qwen2.5-0.5b} TABLE_ROWS=${TABLE_ROWS:-1,8}
 TABLE_MAXC=${TABLE_MAXC:-3} T_TABLE=${T_TABLE:-70} QWEN=${QWEN:-0} WARM=${WARM:-0}
@@ -38,6 +41,8 @@ for key, w in json.loads(p.read_text())["workloads"].items():
     g = w.get("graphs") or {}
     print(key, "families in the graph:", g.get("families"), "kernels per pass:",
           g.get("kernels_per_pass"), "medians:", g.get("medians"))
+    pd = g.get("pdl") or {}
+    print("PDL:", pd.get("why"), "medians off/on:", pd.get("off_ms"), pd.get("on_ms"))
     if g.get("decode_step"):
         from pipeline.decode_step import blocks
         from pipeline.report_plots import to_markdown

@@ -3,7 +3,8 @@
 
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
         [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static,
-                    ours-compile,ours-kernels,hf-best-experts] [--export PKG]
+                    ours-compile,ours-kernels,hf-best-experts,ours-graphs-pdl,
+                    ours-graphs-nopdl] [--export PKG]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
@@ -23,7 +24,11 @@ Variants (`--variants`, eager always included; the default is the first three):
   `model(ids, use_cache=False)`, decode the static-cache step below.
 - graph / ours-graphs: the unpatched twin / a twin patched with the set the graphs stage put
   in the graph (`apply_kernels(graph_set=True)`: the eager shipped set or the integrable one)
-  captured (`GraphedPrefill` on `use_cache=False`; `StaticDecoder(graph=True)`).
+  captured (`GraphedPrefill` on `use_cache=False`; `StaticDecoder(graph=True)`), with
+  programmatic dependent launch where the graphs stage kept it (`Graphs.pdl`, codegen/pdl.py).
+- ours-graphs-pdl / ours-graphs-nopdl: ours-graphs captured with PDL on / off whatever the
+  graphs stage decided (skipped where PDL cannot run: no sm_90, the interpreter,
+  PIPELINE_NO_PDL), the paired A/B of PDL alone.
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
 - ours-compile: the twin patched with the kept kernels torch.compile traces
   (`apply_kernels(compiled=True)`: each kernel call one custom op), then torch.compile in
@@ -79,7 +84,9 @@ from verify.stats import bootstrap_ci
 
 VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has always run
 ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
-                           "ours-compile", "ours-kernels", "hf-best-experts")
+                           "ours-compile", "ours-kernels", "hf-best-experts",
+                           "ours-graphs-pdl", "ours-graphs-nopdl")
+OURS_GRAPHS = ("ours-graphs", "ours-graphs-pdl", "ours-graphs-nopdl")
 DECODE_ONLY = ("eager-static",)
 COMPILED = ("compile", "compile-reduce-overhead", "ours-compile")  # torch.compile's twins
 RECOMPILE_LIMIT = 8  # dynamo's default, per code object
@@ -89,7 +96,8 @@ FAST_HOST = 1.1  # a round within 10 % of eager's fastest host time counts as a 
 PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
          ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"),
          ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"),
-         ("ours", "hf-best-experts"), ("ours-graphs", "hf-best-experts"))
+         ("ours", "hf-best-experts"), ("ours-graphs", "hf-best-experts"),
+         ("ours-graphs-pdl", "ours-graphs-nopdl"))
 
 
 def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -326,6 +334,26 @@ def best_experts(model, workload: Workload, calls: int = BEST_EXPERTS_CALLS):
                      "calls_per_option": calls}
 
 
+def pdl_context(name: str, run_dir: Path, key: str):
+    """The capture context of graph variant `name`: PDL as the graphs stage decided for
+    ours-graphs, on for ours-graphs-pdl (ValueError where it cannot be), off otherwise."""
+    from codegen import pdl
+
+    if name == "ours-graphs-pdl":
+        why = pdl.unavailable()
+        if why is not None:
+            raise ValueError(f"PDL cannot run here: {why}")
+        return pdl.enabled
+    if name != "ours-graphs":
+        return None
+    from core.artifacts import load
+    from core.integration_records import Integration
+    from pipeline.api import capture_context
+
+    rec = load(run_dir / "integration.json", Integration, "integration").workloads.get(key)
+    return capture_context(rec.graphs if rec is not None else None)
+
+
 def build_variants(model, workload: Workload, variants: list[str], run_dir: Path,
                    max_len: int, package: Path | None = None
                    ) -> tuple[dict, dict, dict, dict, list]:
@@ -384,8 +412,8 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
 
     # the patched twins first: gated_act's first patch moves the shared gate/up weights into
     # one buffer, and a graph of another twin captured before that would read their old storage
-    for name in sorted(variants, key=lambda n: n not in ("ours", "ours-graphs",
-                                                         "ours-compile")):
+    for name in sorted(variants, key=lambda n: n not in ("ours", "ours-compile",
+                                                         *OURS_GRAPHS)):
         try:
             if name == "eager":
                 calls[name] = runner_call(runner)
@@ -415,16 +443,18 @@ def build_variants(model, workload: Workload, variants: list[str], run_dir: Path
                     calls[name] = mark_step(static_step(name, dec))
                 else:
                     calls[name] = mark_step(no_grad(lambda m=compiled: m(ids, use_cache=False)))
-            elif name in ("graph", "ours-graphs"):
+            elif name == "graph" or name in OURS_GRAPHS:
                 target = plain_twin() if name == "graph" else graph_twin()
+                context = pdl_context(name, run_dir, workload.key)
                 if decode:
-                    dec = StaticDecoder(target, workload.batch, max_len, graph=True)
+                    dec = StaticDecoder(target, workload.batch, max_len, graph=True,
+                                        capture_context=context)
                     calls[name] = static_step(name, dec)
                     setups[name]()
                     calls[name]()  # captures the step now, so its pool is known
                     pools[name] = dec.pool_bytes
                 else:
-                    graphed = GraphedPrefill(target, ids)
+                    graphed = GraphedPrefill(target, ids, capture_context=context)
                     owned.append(graphed)
                     calls[name] = lambda g=graphed: g(ids)
                     pools[name] = graphed.pool_bytes
@@ -546,6 +576,9 @@ def main() -> None:
         # (nonzero: a variant recompiled then)
         "dynamo": {**dynamo, "in_rounds": in_rounds}, "recompile_limit": recompile_limit,
         "pool_bytes": pools,
+        # ours-graphs captured with PDL (the graphs stage's decision, codegen/pdl.py)
+        "ours_graphs_pdl": pdl_context("ours-graphs", args.run_dir, workload.key) is not None
+        if "ours-graphs" in names else None,
         "kernels_per_pass": kernels,
         "top_kernels": top,  # per variant: [name, calls, ms] over the profiled call
         "kernels_note": "torch.profiler over one synchronised call after the timing; null "

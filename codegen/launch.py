@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import cache
 from operator import itemgetter
 
 
@@ -188,9 +189,13 @@ def _picker(positions: tuple) -> Callable[[tuple], tuple]:
 
 def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     """`launch(grid, *runtime_args)` for `kernel` with its trailing constexpr parameters and
-    launch options (num_warps, num_stages) bound once."""
+    launch options (num_warps, num_stages) bound once. A kernel whose last parameter is
+    `PDL` (codegen/pdl.py) and that the caller leaves unbound launches with PDL=False, or
+    with PDL=True and the PDL launch attribute while `codegen.pdl.enabled()` is on."""
     fn = getattr(kernel, "fn", None)
     names = list(inspect.signature(fn).parameters) if fn is not None else []
+    if names[-1:] == [PDL_PARAM] and PDL_PARAM not in constexprs_and_options:
+        return _pdl_switch(kernel, constexprs_and_options)
     bound = {k: v for k, v in constexprs_and_options.items() if k in names}
     options = {k: v for k, v in constexprs_and_options.items() if k not in names}
     trailing = tuple(bound[n] for n in names[len(names) - len(bound):]) \
@@ -258,4 +263,70 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
 
     launch.compiled = compiled  # what tests (and a curious user) can inspect
     launch.exact = exact
+    return launch
+
+
+# Programmatic dependent launch (codegen/pdl.py says what and why; its `enabled` turns this on).
+# The switch lives here, not there, because this file is also an exported package's launcher
+# (pipeline/export.py copies it), which must import nothing of the project.
+PDL_PARAM = "PDL"  # the constexpr each PDL-aware kernel takes, last
+
+
+class _PDLState:
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = False
+
+
+PDL_STATE = _PDLState()  # read by every PDL-aware launcher at each launch
+
+
+@cache
+def pdl_hardware_reason() -> str | None:
+    """Why PDL launches cannot run in this process at all, or None where they can."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "the Triton interpreter runs the kernels"
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return "this Triton has no griddepcontrol (gdc_wait)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"the GPU is sm_{major}{minor}; PDL needs sm_90 or later"
+    return None
+
+
+def pdl_options() -> dict:
+    """What a `kernel[grid](...)` call of a PDL-aware kernel adds: PDL=True and the launch
+    attribute while PDL is on, nothing (the kernel's PDL=False) otherwise."""
+    return {PDL_PARAM: True, "launch_pdl": True} if PDL_STATE.on else {}
+
+
+def _pdl_switch(kernel, bound: dict) -> Callable[..., None]:
+    """The launcher of `kernel` with PDL off, or, where PDL can run in this process, one that
+    picks per launch (by `PDL_STATE`) between it and a PDL launcher built on first use. The
+    PDL launcher compiles its own specialisations (PDL is a constexpr), so a graph captured
+    with PDL on and one captured with it off hold different kernels."""
+    off = launcher(kernel, **bound, **{PDL_PARAM: False})
+    if pdl_hardware_reason() is not None:
+        return off
+    state, on = PDL_STATE, []
+
+    def launch(grid, *args):
+        if not state.on:
+            return off(grid, *args)
+        if not on:
+            on.append(launcher(kernel, **bound, **{PDL_PARAM: True}, launch_pdl=True))
+        return on[0](grid, *args)
+
+    for name in ("compiled", "exact"):
+        if hasattr(off, name):
+            setattr(launch, name, getattr(off, name))
     return launch

@@ -167,6 +167,21 @@ class DecodeStep(Record):
     verdict: Needed[str]
 
 
+class GraphPDL(Record):
+    """Programmatic dependent launch in the graph (codegen/pdl.py): the step captured with
+    PDL and verified, timed paired against the same set's graph without it; `on` only where
+    the paired 95 % CI says the PDL graph is faster (`stages.graphs.choose_pdl`)."""
+    on: bool = False
+    why: Needed[str]
+    tried: bool = False  # False: PDL unavailable or turned off here (`why` says which)
+    captured: bool | None = None
+    reason: str | None = None  # why the PDL capture failed, where it did
+    off_ms: float | None = None  # medians of the paired timing: the graph without PDL
+    on_ms: float | None = None  # and with it
+    on_vs_off: Ratio | None = None
+    verification: GraphVerification | None = None  # the PDL graph's, where it failed
+
+
 class Graphs(Record):
     """The graphs stage's record of one workload (`stages.graphs.graph_workload`)."""
     skipped: str | None = None
@@ -189,6 +204,7 @@ class Graphs(Record):
     measured_speedup: float | None = None
     pool_bytes: dict[str, int | None] = {}
     kernels_per_pass: KernelsPerPass | None = None
+    pdl: GraphPDL | None = None  # on a GPU; absent in runs from before PDL
     # on a GPU, for a decode workload; absent in runs from before it
     decode_step: DecodeStep | None = None
     decode_step_error: str | None = None  # why the anatomy failed, where it did

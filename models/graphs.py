@@ -213,6 +213,11 @@ def causal_prefill_mask():
         yield
 
 
+def _entered(factory):
+    """`factory()`, or a context that does nothing where there is none."""
+    return contextlib.nullcontext() if factory is None else factory()
+
+
 class GraphedPrefill:
     """`model(ids, use_cache=False).logits` for one (batch, seq), captured once as a CUDA graph on
     a static input buffer and replayed. Warm-up on a side stream before capture (as PyTorch's
@@ -221,12 +226,15 @@ class GraphedPrefill:
     The logits a call returns are the graph's static output: the next call overwrites them
     (clone to keep them)."""
 
-    def __init__(self, model, example_ids: torch.Tensor, *, warmup: int = 3):
+    def __init__(self, model, example_ids: torch.Tensor, *, warmup: int = 3,
+                 capture_context=None):
         self.shape: tuple[int, int] = tuple(example_ids.shape)
         self._device = example_ids.device
         self._model = model
         self._ids = example_ids.clone()
-        self._graph, self._logits, pool = capture_graph(self._forward, self._device, warmup)
+        with _entered(capture_context):
+            self._graph, self._logits, pool = capture_graph(self._forward, self._device,
+                                                            warmup)
         self.pool_bytes: int = pool + self._ids.nbytes
 
     def _forward(self) -> torch.Tensor:
@@ -301,15 +309,20 @@ class StaticDecoder:
 
     step_model: a module over the same weights to run the steps with (torch.compile of the
     model, say); the prefill stays eager on `model`, so the cache's lazy allocation happens
-    outside any compiled region, as transformers asks."""
+    outside any compiled region, as transformers asks.
+
+    capture_context: a context manager factory entered around each capture (warm-up and
+    capture; GraphedPrefill takes it too), for launch settings a graph keeps, such as
+    programmatic dependent launch (codegen/pdl.py's `enabled`)."""
 
     def __init__(self, model, batch: int, max_len: int, *, graph: bool, warmup: int = 3,
-                 step_model=None):
+                 step_model=None, capture_context=None):
         param = next(model.parameters())
         self._model = model
         self._step_model = model if step_model is None else step_model
         self._device = param.device
         self.batch, self.max_len, self.graph, self._warmup = batch, max_len, graph, warmup
+        self._capture_context = capture_context
         self.cache = static_cache(model.config, batch, max_len, param.device, param.dtype)
         self._cache_arg = cache_argument(model)
         self._ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
@@ -438,7 +451,8 @@ class StaticDecoder:
             return self._step_forward()
 
         try:
-            graph, logits, pool = capture_graph(from_start, self._device, self._warmup)
+            with _entered(self._capture_context):
+                graph, logits, pool = capture_graph(from_start, self._device, self._warmup)
         finally:
             self._set_position(start)
         self._graph, self._logits = graph, logits

@@ -61,6 +61,8 @@ class KernelHandle:
     graph: object = None  # models.graphs.GraphedPrefill of the profiled prefill shape
     decoder: object = None  # models.graphs.StaticDecoder(graph=True) of a decode workload
     graphed: bool = False  # generate's steps replay a CUDA graph (graphs shipped and asked)
+    # entered around each capture: codegen.pdl.enabled where the graphs stage kept PDL on
+    capture_context: object = None
     # each family's kernel calls since patching, and the cases it had no kernel for (those
     # calls ran the original code): which kernels served a generation
     calls: dict[str, int] = field(default_factory=dict)
@@ -111,7 +113,8 @@ class KernelHandle:
             if dec is not None:
                 dec.close()
             self._generator = None
-            self._generator = StaticDecoder(self.model, batch, max_len, graph=self.graphed)
+            self._generator = StaticDecoder(self.model, batch, max_len, graph=self.graphed,
+                                            capture_context=self.capture_context)
         return self._generator
 
     def undo(self) -> None:
@@ -199,6 +202,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
             family = get_family(name)
             handle._undo.append(family.patch(model, compilable(family, chooser)))
         if graphed is not None:
+            handle.capture_context = capture_context(measured[graphed].graphs)
             _capture(handle, model, measured[graphed].workload, max_len)
     except BaseException:
         handle.undo()
@@ -229,6 +233,18 @@ def _shipped(measured: dict[str, IntegratedWorkload], key: str) -> str:
     return key
 
 
+def capture_context(graphs) -> Callable | None:
+    """What to enter around a capture of this workload's graph: PDL where the graphs stage
+    kept it on (`Graphs.pdl`; codegen/pdl.py), None otherwise. PIPELINE_NO_PDL still wins:
+    `enabled` turns nothing on where PDL is unavailable or forced off."""
+    rec = getattr(graphs, "pdl", None)
+    if rec is None or not rec.on:
+        return None
+    from codegen.pdl import enabled
+
+    return enabled
+
+
 def _capture(handle: KernelHandle, model, spec: WorkloadSpec, max_len: int | None) -> None:
     import torch
 
@@ -237,7 +253,7 @@ def _capture(handle: KernelHandle, model, spec: WorkloadSpec, max_len: int | Non
     device = next(model.parameters()).device
     if spec.mode == "decode":
         handle.decoder = StaticDecoder(model, spec.batch, max_len or spec.seq + DECODE_HEADROOM,
-                                       graph=True)
+                                       graph=True, capture_context=handle.capture_context)
         return
     ids = torch.zeros((spec.batch, spec.seq), dtype=torch.long, device=device)
-    handle.graph = GraphedPrefill(model, ids)
+    handle.graph = GraphedPrefill(model, ids, capture_context=handle.capture_context)

@@ -206,10 +206,13 @@ def rank(run_dir):
 @click.option("--e2e", "then_e2e", is_flag=True,
               help="Then `pipeline e2e` on the run: generation end to end, on the "
                    "generations it was profiled for (--generation), else the default grid.")
+@click.option("--no-pdl", is_flag=True,
+              help="Never try programmatic dependent launch in the graphs stage (as "
+                   "PIPELINE_NO_PDL=1 does); by default it is kept where it measures faster.")
 def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer,
              llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume,
              max_configs, search, search_seconds, search_seed, fresh_search, proposer_share,
-             pairs, workers, ray_address, run_dir, then_e2e):
+             pairs, workers, ray_address, run_dir, then_e2e, no_pdl):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
     a model id. TARGET defaults to the latest run under ./runs.
 
@@ -229,6 +232,10 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
     if top < 1:
         raise UserError("--top must be at least 1")
+    if no_pdl:
+        from codegen.pdl import NO_PDL_ENV
+
+        os.environ[NO_PDL_ENV] = "1"  # the graphs stage reads it (codegen.pdl.unavailable)
     if max_configs is not None and max_configs < 1 or \
             search_seconds is not None and search_seconds <= 0:
         raise UserError("--max-configs and --search-seconds must be positive")

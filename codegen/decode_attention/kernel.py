@@ -56,7 +56,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                          LEN_ON_DEVICE: tl.constexpr, HAS_MASK: tl.constexpr,
-                         QK_PRECISION: tl.constexpr, PV_PRECISION: tl.constexpr):
+                         QK_PRECISION: tl.constexpr, PV_PRECISION: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    if PDL:  # codegen/pdl.py: q, the cache, its length and the mask are all written in the step
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = (bk // kv_heads).to(tl.int64)
@@ -123,10 +127,14 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr
 @triton.jit
 def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh, o_sd,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_G: tl.constexpr, SPLITS: tl.constexpr):
+                           BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                           PDL: tl.constexpr = False):
     # One program per query head, every split's partial in one [SPLITS, BLOCK_D] load: a loop
     # over the splits per (batch, kv head) took longer than the split kernel itself, one
     # dependent load after another (benchmarks/probes/README.md, `decode_kernels.py`).
+    if PDL:  # codegen/pdl.py: the partials are the split kernel's
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     bk = tl.program_id(0)
     g = tl.program_id(1)
     b = (bk // kv_heads).to(tl.int64)
@@ -198,6 +206,7 @@ def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
     o = out.squeeze(1)  # (batch, heads, HEAD_DIM)
     chunk = triton.cdiv(triton.cdiv(slots, SPLITS), BLOCK_N) * BLOCK_N
     # enable_fp_fusion=False: see codegen/attention/kernel.py (FMA next to the row max)
+    pdl = pdl_options()  # PDL=True and its launch attribute while codegen.pdl is on
     _decode_split_kernel[(batch * kv_heads, SPLITS)](
         q, k, v, length if length is not None else q, mask_arg, o, part, ml,
         slots, chunk, kv_heads, group, scale * LOG2E,
@@ -205,11 +214,11 @@ def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
         *o.stride(), HEAD_DIM=HEAD_DIM, BLOCK_D=bd, BLOCK_G=bg, BLOCK_N=BLOCK_N, SPLITS=SPLITS,
         LEN_ON_DEVICE=length is not None, HAS_MASK=mask is not None,
         QK_PRECISION=QK_PRECISION, PV_PRECISION=PV_PRECISION,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=False)
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=False, **pdl)
     if SPLITS > 1:
         _decode_combine_kernel[(batch * kv_heads, group)](
             part, ml, o, kv_heads, group, *o.stride(), HEAD_DIM=HEAD_DIM, BLOCK_D=bd,
-            BLOCK_G=bg, SPLITS=SPLITS, num_warps=2, enable_fp_fusion=False)
+            BLOCK_G=bg, SPLITS=SPLITS, num_warps=2, enable_fp_fusion=False, **pdl)
 '''
 
 
@@ -236,6 +245,8 @@ def render(config: dict, case: Case) -> str:
         import torch
         import triton
         import triton.language as tl
+
+        from codegen.launch import pdl_options
 
         HEAD_DIM = {d}
         BLOCK_D = {block_d(d)}

@@ -79,11 +79,26 @@ def _rows_times_tile(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss,
 
 
 @triton.jit
+def _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """The (BLOCK_N, BLOCK_K) weight tile at columns offs_k of rows w_rows. EVEN_K (decided
+    at compile time): every split is whole BLOCK_K steps inside K, so only rows past N (if
+    any) are masked and the loads stay unmasked along k."""
+    w_ptrs = w_rows + offs_k[None, :] * w_sk
+    if EVEN_K and EVEN_N:
+        w = tl.load(w_ptrs)
+    elif EVEN_K:
+        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+    else:
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return w
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk, w_sn, w_sk,
                  o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr):
+                 SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, PDL: tl.constexpr = False):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -93,18 +108,20 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     lo = split * K_CHUNK
-    for k0 in range(0, K_CHUNK, BLOCK_K):
+    if PDL:  # codegen/pdl.py: the first weight tile, then the wait, then x (the first step)
+        # no kernel of a decode step writes a weight, so its first tile loads while the
+        # previous kernel finishes; x, the bias' sum, out and the workspace wait for it
+        offs_k = lo + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w = _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K, EVEN_N)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
+                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+    for k0 in range(PDL * BLOCK_K, K_CHUNK, BLOCK_K):
         offs_k = lo + k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        w_ptrs = w_rows + offs_k[None, :] * w_sk
-        # EVEN_K (decided at compile time): every split is whole BLOCK_K steps inside K, so
-        # only rows past N (if any) are masked and the loads stay unmasked along k
-        if EVEN_K and EVEN_N:
-            w = tl.load(w_ptrs)
-        elif EVEN_K:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K, EVEN_N)
         acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
                                x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
     if SPLIT_K == 1:
@@ -123,7 +140,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
 @triton.jit
 def _split_sum_kernel(ws_ptr, b_ptr, o_ptr, rows, o_sm, N: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, SPLIT_K: tl.constexpr,
-                      ACCUMULATE: tl.constexpr):
+                      ACCUMULATE: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # codegen/pdl.py: everything it reads but the bias is the step's activations
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_ok = offs_n < N
     for m in range(0, rows):
@@ -337,5 +357,5 @@ def render(config: dict, case: Case) -> str:
         NUM_STAGES = {config["num_stages"]}
         ''')
     return "\n\n".join([header + common + consts, kernel_source(_rows_times_tile),
-                        kernel_source(_gemv_kernel),
+                        kernel_source(_weight_tile), kernel_source(_gemv_kernel),
                         kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

@@ -114,10 +114,14 @@ def _kv_static_kernel(pk_ptr, pv_ptr, nk_ptr, nv_ptr, ok_ptr, ov_ptr, pos_ptr, t
                       pv_sd, nk_sb, nk_sh, nk_st, nk_sd, nv_sb, nv_sh, nv_st, nv_sd,
                       ok_sb, ok_sh, ok_st, ok_sd, ov_sb, ov_sh, ov_st, ov_sd,
                       KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_D: tl.constexpr, WRITE_ALL: tl.constexpr, ADVANCE: tl.constexpr):
+                      BLOCK_D: tl.constexpr, WRITE_ALL: tl.constexpr, ADVANCE: tl.constexpr,
+                      PDL: tl.constexpr = False):
     # StaticLayer.update's two index_copy_ in one launch: keys' row blocks, then values'; the
     # position is read here, on the device, so a captured step replays at whatever
     # cumulative_length holds then
+    if PDL:  # codegen/pdl.py: position, ticket, new states and cache are all the step's
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     position64 = tl.load(pos_ptr)
     position = position64.to(tl.int32)
     if ADVANCE:

@@ -31,7 +31,7 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.gemv.kernel import _rows_times_tile
+from codegen.gemv.kernel import _rows_times_tile, _weight_tile
 from codegen.gemv.reference import MAX_ROWS
 from codegen.launch import cdiv
 from codegen.matmul_epilogue.epilogue import _gated
@@ -49,10 +49,23 @@ MIN_TILE = 2048
 
 
 @triton.jit
+def _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m, rows, x_sm, x_sk,
+                EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Both accumulators plus x times one tile of each weight."""
+    # x as `rows` rows of one sequence: (row // seq) * 0 + (row % seq) * x_sm
+    acc_gate = _rows_times_tile(acc_gate, wg.to(tl.float32), x_ptr, offs_k, k_ok, offs_m,
+                                rows, rows, 0, x_sm, x_sk, EVEN_K, BLOCK_M)
+    acc_up = _rows_times_tile(acc_up, wu.to(tl.float32), x_ptr, offs_k, k_ok, offs_m,
+                              rows, rows, 0, x_sm, x_sk, EVEN_K, BLOCK_M)
+    return acc_gate, acc_up
+
+
+@triton.jit
 def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg_sk, wu_sn,
                        wu_sk, o_sm, o_sn, HIDDEN: tl.constexpr, COLS: tl.constexpr,
                        EVEN_K: tl.constexpr, GELU_TANH: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr = False):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < COLS
     offs_m = tl.arange(0, BLOCK_M)
@@ -62,20 +75,24 @@ def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg
     u_rows = wu_ptr + n64 * wu_sn
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, HIDDEN, BLOCK_K):
+    if PDL:  # codegen/pdl.py: both weights' first tiles, then the wait, then x (the first step)
+        # no kernel of a decode step writes a weight, so the first tiles load while the
+        # previous kernel finishes; x and out wait for it
+        offs_k = tl.arange(0, BLOCK_K)
+        k_ok = offs_k < HIDDEN
+        wg = _weight_tile(g_rows, offs_k, k_ok, n_ok, wg_sk, EVEN_K, False)
+        wu = _weight_tile(u_rows, offs_k, k_ok, n_ok, wu_sk, EVEN_K, False)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        acc_gate, acc_up = _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m,
+                                       rows, x_sm, x_sk, EVEN_K, BLOCK_M)
+    for k0 in range(PDL * BLOCK_K, HIDDEN, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < HIDDEN
-        if EVEN_K:
-            mask = n_ok[:, None]
-        else:
-            mask = n_ok[:, None] & k_ok[None, :]
-        wg = tl.load(g_rows + offs_k[None, :] * wg_sk, mask=mask, other=0.0)
-        wu = tl.load(u_rows + offs_k[None, :] * wu_sk, mask=mask, other=0.0)
-        # x as `rows` rows of one sequence: (row // seq) * 0 + (row % seq) * x_sm
-        acc_gate = _rows_times_tile(acc_gate, wg.to(tl.float32), x_ptr, offs_k, k_ok, offs_m,
-                                    rows, rows, 0, x_sm, x_sk, EVEN_K, BLOCK_M)
-        acc_up = _rows_times_tile(acc_up, wu.to(tl.float32), x_ptr, offs_k, k_ok, offs_m,
-                                  rows, rows, 0, x_sm, x_sk, EVEN_K, BLOCK_M)
+        wg = _weight_tile(g_rows, offs_k, k_ok, n_ok, wg_sk, EVEN_K, False)
+        wu = _weight_tile(u_rows, offs_k, k_ok, n_ok, wu_sk, EVEN_K, False)
+        acc_gate, acc_up = _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m,
+                                       rows, x_sm, x_sk, EVEN_K, BLOCK_M)
     y = _gated(acc_gate, acc_up, GELU_TANH)
     tl.store(o_ptr + offs_m[:, None] * o_sm + offs_n[None, :] * o_sn,
              y.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -168,4 +185,5 @@ def render(config: dict, case: Case, helpers: str, formula: str) -> str:
         BAKED_PARAMS = {{"act": {act!r}}}
         ''')
     return "\n\n".join([head, kernel_source(_gated), kernel_source(_rows_times_tile),
+                        kernel_source(_weight_tile), kernel_source(_gated_step),
                         kernel_source(_gated_gemv_kernel), helpers, _HOST])

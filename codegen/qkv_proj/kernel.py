@@ -25,7 +25,7 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.gemv.kernel import _rows_times_tile
+from codegen.gemv.kernel import _rows_times_tile, _weight_tile
 from codegen.launch import cdiv
 from codegen.qkv_proj.reference import MAX_ROWS, WIDTHS
 from core.family import Case
@@ -43,20 +43,28 @@ MIN_TILE = 2048  # weight elements per step under which a tile is not searched (
 @triton.jit
 def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
                K: tl.constexpr, N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PDL: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if PDL:  # codegen/pdl.py: the first weight tile, then the wait, then x (the first step)
+        # no kernel of a decode step writes a weight, so its first tile loads while the
+        # previous kernel finishes; x and the outputs wait for it
+        offs_k = tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w = _weight_tile(w_rows, offs_k, k_ok, n_ok, 1, EVEN_K, False)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
+                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+    for k0 in range(PDL * BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-        else:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = _weight_tile(w_rows, offs_k, k_ok, n_ok, 1, EVEN_K, False)
         acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
                                x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
     if HAS_BIAS:
@@ -70,17 +78,19 @@ def _qkv_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, q_ptr, k_
                 rows, seq, x_sb, x_ss, x_sk, K: tl.constexpr, NQ: tl.constexpr,
                 NK: tl.constexpr, NV: tl.constexpr, Q_BLOCKS: tl.constexpr,
                 K_BLOCKS: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     if pid < Q_BLOCKS:
         _qkv_block(x_ptr, wq_ptr, bq_ptr, q_ptr, pid * BLOCK_N, rows, seq, x_sb, x_ss, x_sk,
-                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
     elif pid < Q_BLOCKS + K_BLOCKS:
         _qkv_block(x_ptr, wk_ptr, bk_ptr, k_ptr, (pid - Q_BLOCKS) * BLOCK_N, rows, seq, x_sb,
-                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
     else:
         _qkv_block(x_ptr, wv_ptr, bv_ptr, v_ptr, (pid - Q_BLOCKS - K_BLOCKS) * BLOCK_N, rows,
-                   seq, x_sb, x_ss, x_sk, K, NV, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+                   seq, x_sb, x_ss, x_sk, K, NV, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K,
+                   PDL)
 
 
 def programs(case: Case, block_n: int) -> int:
@@ -196,5 +206,6 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, kernel_source(_rows_times_tile), kernel_source(_qkv_block),
+    return "\n\n".join([head, kernel_source(_rows_times_tile), kernel_source(_weight_tile),
+                        kernel_source(_qkv_block),
                         kernel_source(_qkv_kernel), _HOST])

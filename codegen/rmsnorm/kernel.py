@@ -31,15 +31,21 @@ PER_THREAD = (4, 32)
 @triton.jit
 def _rms_norm_forward_kernel(X, W, Y, n_rows, x_row_stride, y_row_stride, eps,
                              HIDDEN: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                             OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr):
+                             OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr,
+                             PDL: tl.constexpr = False):
     # int64 row offsets: rows * stride passes 2**31 at a few million tokens of a wide model.
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     col_ok = cols < HIDDEN
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
+    if PDL:  # codegen/pdl.py: the weight is no kernel's output; the rows are the step's
+        scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(X + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
-    scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
+    if not PDL:  # where it always was: with PDL off the kernel compiles as before
+        scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
     variance = tl.sum(x * x, axis=1) / HIDDEN
     normed = x * tl.math.rsqrt(variance + eps)[:, None]
     if CAST_FIRST:

@@ -84,7 +84,10 @@ def _rope_forward_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows,
                          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                          HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                         HALF_TABLE: tl.constexpr):
+                         HALF_TABLE: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # codegen/pdl.py: q, k and the cos/sin tables are all the step's
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # int64: batch * stride passes 2**31 at long sequences of wide models.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     b = rows // seq_len
@@ -160,7 +163,11 @@ def _rope_split_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_rows, s
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       BLOCK_PASS: tl.constexpr, NATIVE: tl.constexpr, HALF_TABLE: tl.constexpr):
+                       BLOCK_PASS: tl.constexpr, NATIVE: tl.constexpr, HALF_TABLE: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    if PDL:  # codegen/pdl.py: q, k and the cos/sin tables are all the step's
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # Every head of BLOCK_S positions: q's heads and k's as two tiles of their own, each
     # padded to a power of two (no straddling block, no complementary masked loads).
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)

@@ -20,6 +20,15 @@ host is gone and kernel count and kernel time decide. Where
 the two sets differ, the integrable one is captured and verified too and the two graphs are
 timed against each other (one extra capture and one paired timing, not a search over subsets);
 it is kept only where the paired 95 % interval says it is faster, else the eager set stays.
+
+Then programmatic dependent launch (codegen/pdl.py): where the GPU and Triton support it and
+the user did not turn it off (`optimize --no-pdl`, PIPELINE_NO_PDL=1), the chosen set's graph
+is captured a second time with PDL on, verified like the first, and the two graphs are timed
+paired against each other. Its gain is the overlap of each kernel's start with its
+predecessor's tail, which only a whole-graph timing can show, so it is decided here, per
+workload, by the same rule: on only where the paired 95 % interval says faster. Both medians
+and the decision go into the record (`Graphs.pdl`); later timings (against eager) use the graph
+kept.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import torch
 
 from core.artifacts import load, write_json
 from core.integration_records import (
+    GraphPDL,
     Graphs,
     GraphSet,
     GraphSets,
@@ -173,6 +183,7 @@ def graph_workload(model, ref, workload, accepted: dict, kept: list[str], cases:
                 rec.families = list(other)
                 rec.verification = rec.sets.integrable.verification
                 rec.sets.integrable = rec.sets.integrable.without("verification")
+        rec.pdl = sides.choose_pdl(ref, timer, pairs)
         rec.update(sides.time(timer, pairs))
         rec.decision, rec.shipped = decide(rec.graphed_vs_eager, rec.graphed_vs_eager_kept)
         if count_kernels:
@@ -209,6 +220,18 @@ def choose(ratio: Ratio | dict) -> tuple[str, str]:
                     f"({ratio.verdict}, ratio {ratio.estimate:.3f})")
 
 
+def choose_pdl(ratio: Ratio | dict) -> tuple[bool, str]:
+    """(PDL on, why) from the paired ratio PDL-graph / plain-graph: on only where the 95 % CI
+    says the PDL graph is faster (the same rule as every decision)."""
+    ratio = Ratio.of(ratio)
+    if not ratio.meaningful:
+        return False, f"off: timing not meaningful here ({ratio.reason})"
+    if ratio.verdict == "faster":
+        return True, f"on: the graph with PDL is faster (ratio {ratio.estimate:.3f})"
+    return False, (f"off: the graph with PDL is not faster ({ratio.verdict}, ratio "
+                   f"{ratio.estimate:.3f})")
+
+
 def decide(vs_eager: Ratio | dict, vs_kept: Ratio | dict) -> tuple[str, bool]:
     """Graphs ship only where the paired 95 % CI says the graphed patched model is faster than
     the user's eager call and than the eager shipped set; never a regression."""
@@ -242,11 +265,12 @@ class _Sides:
         n = self.w.seq if length is None else length
         return torch.randint(0, self.vocab, (self.w.batch, n), generator=gen).to(self.device)
 
-    def _graph(self, m):
+    def _graph(self, m, capture_context=None):
         from models.graphs import GraphedPrefill, StaticDecoder
 
         if self.decode:
-            dec = StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS, graph=True)
+            dec = StaticDecoder(m, self.w.batch, self.w.seq + DECODE_STEPS, graph=True,
+                                capture_context=capture_context)
             self.open.append(dec)
             dec.prefill(self.ids(0))
             # the step is captured on its first call: make that happen here, where a failure
@@ -254,7 +278,7 @@ class _Sides:
             dec.step(self.ids(1, 1))
             dec.rewind(self.w.seq)
             return dec
-        g = GraphedPrefill(m, self.ids(0))
+        g = GraphedPrefill(m, self.ids(0), capture_context=capture_context)
         self.open.append(g)
         return g
 
@@ -365,6 +389,38 @@ class _Sides:
             self.graph_kept, self.graph_variant = graph, alt
         return GraphSets(kept=kept, integrable=integrable, chosen=chosen, why=why,
                          integrable_vs_kept=_brief(r))
+
+    def choose_pdl(self, ref, timer, pairs: int) -> GraphPDL:
+        """Capture the graph of the set in it again with PDL on, verify it, time it paired
+        against the graph without; keep it where it is faster (`choose_pdl`)."""
+        from codegen import pdl
+        from models.graphs import capture_reason
+
+        why = pdl.unavailable()
+        if why is not None:
+            return GraphPDL(on=False, tried=False, why=f"off: {why}")
+        try:
+            graph = self._graph(self.graph_variant, capture_context=pdl.enabled)
+        except Exception as e:  # noqa: BLE001 - the graph without PDL still stands
+            reason = _reason(capture_reason, e)
+            return GraphPDL(on=False, tried=True, captured=False, reason=reason,
+                            why=f"off: the capture with PDL failed ({reason})")
+        try:
+            verification = self.verify(ref, graph)
+            if not verification.passed:
+                return GraphPDL(on=False, tried=True, captured=True, verification=verification,
+                                why="off: the graph with PDL does not match the eager model")
+            r = Ratio.of(timer(self.graphed(self.graph_kept), self.graphed(graph), n=pairs,
+                               device=self.device).to_dict())
+        except Exception as e:  # noqa: BLE001 - the graph without PDL still stands
+            return GraphPDL(on=False, tried=True, captured=True, reason=_one_line(e),
+                            why=f"off: checking the graph with PDL failed ({_one_line(e)})")
+        on, why = choose_pdl(r)
+        if on:
+            self.graph_kept = graph
+        return GraphPDL(on=on, why=why, tried=True, captured=True,
+                        off_ms=_median(r.times_a_ms), on_ms=_median(r.times_b_ms),
+                        on_vs_off=_brief(r))
 
     def runners(self) -> dict[str, Callable[[], object]]:
         from profiling.capture import make_runner

@@ -21,8 +21,17 @@ def capture_reason(exc) -> str:
     return getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
 
 
+def _capture(context) -> bool:
+    """Enter the capture context as the real capture does; whether it turned something on."""
+    if context is None:
+        return False
+    with context() as on:
+        return bool(on)
+
+
 class GraphedPrefill:
-    def __init__(self, model, example_ids, *, warmup=3):
+    def __init__(self, model, example_ids, *, warmup=3, capture_context=None):
+        self.pdl = _capture(capture_context)
         self.model, self.shape = model, tuple(example_ids.shape)
         self.static = example_ids.clone()
         with torch.no_grad():
@@ -51,7 +60,7 @@ class StalePrefill(GraphedPrefill):
 
 
 class FailingPrefill(GraphedPrefill):
-    def __init__(self, model, example_ids, *, warmup=3):
+    def __init__(self, model, example_ids, *, warmup=3, capture_context=None):
         raise CaptureError("aten::nonzero synchronises the host during capture")
 
 
@@ -61,17 +70,18 @@ class ThirdFails(GraphedPrefill):
 
     made = 0
 
-    def __init__(self, model, example_ids, *, warmup=3):
+    def __init__(self, model, example_ids, *, warmup=3, capture_context=None):
         type(self).made += 1
         if type(self).made == 3:
             raise CaptureError("aten::item synchronises the host during capture")
-        super().__init__(model, example_ids, warmup=warmup)
+        super().__init__(model, example_ids, warmup=warmup, capture_context=capture_context)
 
 
 class StaticDecoder:
     """Eager decode over a dynamic cache cropped on rewind: positions as a static one."""
 
-    def __init__(self, model, batch, max_len, *, graph: bool):
+    def __init__(self, model, batch, max_len, *, graph: bool, capture_context=None):
+        self.pdl = _capture(capture_context)
         self.model, self.batch, self.max_len, self.graph = model, batch, max_len, graph
         self.position, self.pool_bytes, self.cache, self.closed = 0, 4096 if graph else 0, \
             None, False

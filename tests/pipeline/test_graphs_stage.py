@@ -206,6 +206,78 @@ def test_integrable_capture_failure_keeps_the_eager_set_with_its_reason(tiny, fa
     assert "aten::item" in sets["why"] and rec["shipped"] is True and len(timer.calls) == 3
 
 
+# programmatic dependent launch: captured again with it, kept only where faster -------------
+
+@pytest.fixture
+def pdl_here(monkeypatch):
+    """PDL as on a Hopper GPU: available, and `enabled` turning it on inside the capture."""
+    from codegen import launch, pdl
+
+    monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
+    monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
+    return pdl
+
+
+def test_pdl_is_off_without_an_extra_capture_where_it_cannot_run(tiny, fakes):
+    timer = timer_of(ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer)
+    assert rec["pdl"]["on"] is False and rec["pdl"]["tried"] is False
+    assert rec["pdl"]["why"].startswith("off: ") and "interpreter" in rec["pdl"]["why"]
+    assert len(timer.calls) == 3  # no PDL timing
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_pdl_graph_is_kept_where_the_paired_timing_says_faster(tiny, fakes, pdl_here, mode):
+    workload = PREFILL if mode == "prefill" else DECODE
+    # PDL graph vs plain graph first, then the timings of the graph kept
+    timer = timer_of(ratio("faster", 0.9), ratio("faster"), ratio("faster"), ratio("faster"),
+                     ratio("faster"))
+    seen = []
+    real_time = gs._Sides.time
+
+    def time(sides, timer, pairs):
+        seen.append(sides.graph_kept)
+        return real_time(sides, timer, pairs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gs._Sides, "time", time)
+        rec = run(tiny, workload, timer)
+    p = rec["pdl"]
+    assert p["on"] is True and p["tried"] and p["captured"] and "faster" in p["why"]
+    assert p["off_ms"] == 2.0 and p["on_ms"] == pytest.approx(1.8)
+    assert p["on_vs_off"]["estimate"] == 0.9 and p["on_vs_off"]["pairs"] == 4
+    assert seen[0].pdl is True  # the later timings use the graph captured with PDL on
+    assert rec["verification"]["passed"] and rec["shipped"] is True
+    assert pdl_here.STATE.on is False  # only inside the capture
+
+
+@pytest.mark.parametrize("verdict", ["same", "slower"])
+def test_pdl_stays_off_unless_faster(tiny, fakes, pdl_here, verdict):
+    timer = timer_of(ratio(verdict), ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer)
+    p = rec["pdl"]
+    assert p["on"] is False and p["tried"] and verdict in p["why"]
+    assert p["off_ms"] == 2.0 and p["on_ms"] is not None and len(timer.calls) == 4
+
+
+def test_pdl_forced_off_by_the_environment(tiny, fakes, pdl_here, monkeypatch):
+    monkeypatch.setenv(pdl_here.NO_PDL_ENV, "1")
+    timer = timer_of(ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer)
+    assert rec["pdl"]["tried"] is False and pdl_here.NO_PDL_ENV in rec["pdl"]["why"]
+    assert len(timer.calls) == 3
+
+
+def test_pdl_capture_failure_keeps_the_plain_graph(tiny, fakes, pdl_here, monkeypatch):
+    monkeypatch.setattr(fake_graphs.ThirdFails, "made", 0)
+    fakes(prefill=fake_graphs.ThirdFails)  # the third capture is the PDL one
+    timer = timer_of(ratio("faster"), ratio("faster"), ratio("faster"))
+    rec = run(tiny, PREFILL, timer)
+    assert rec["pdl"]["on"] is False and rec["pdl"]["captured"] is False
+    assert "aten::item" in rec["pdl"]["why"] and rec["shipped"] is True
+    assert len(timer.calls) == 3
+
+
 def _integration(tmp_path, workloads):
     write_json(tmp_path / "integration.json", {"stage": "integrate", "families": [],
                "workloads": {w.key: {"workload": w.to_dict(), "kept": [], "cases": {}}
@@ -314,6 +386,21 @@ def test_api_decode_handle_has_a_graphed_static_decoder(tiny, fakes, tmp_path):
         new = dec.generate(prompt, 4)
         assert new.shape == (1, 4) and dec.position == DECODE.seq + 4
     assert dec.closed
+
+
+@pytest.mark.parametrize("kept_on", [True, False])
+def test_api_captures_with_pdl_where_the_graphs_stage_kept_it(tiny, fakes, tmp_path, pdl_here,
+                                                              kept_on):
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    why = "on: faster" if kept_on else "off: not faster"
+    _run_dir(tmp_path, {DECODE.key: {"shipped": True, "pdl": {"on": kept_on, "why": why}},
+                        PREFILL.key: {"shipped": True, "pdl": {"on": kept_on, "why": why}}})
+    with apply_kernels(model, tmp_path, workload=DECODE.key, graphs=True) as handle:
+        assert handle.decoder.pdl is kept_on
+    with apply_kernels(model, tmp_path, workload=PREFILL.key, graphs=True) as handle:
+        assert handle.graph.pdl is kept_on
 
 
 def test_api_graphs_where_they_did_not_ship_is_a_one_line_error(tiny, fakes, tmp_path):
