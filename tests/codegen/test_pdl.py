@@ -92,6 +92,7 @@ def test_pdl_keeps_the_launcher_and_the_candidates_exportable(tmp_path):
     import, and refuses a candidate importing the project beyond codegen.launch: the PDL
     switch lives in launch.py, and decode_attention's direct launches take it from there."""
     import ast
+    from types import SimpleNamespace
 
     from codegen.decode_attention.kernel import render, search_space
     from pipeline.export import _source
@@ -104,7 +105,7 @@ def test_pdl_keeps_the_launcher_and_the_candidates_exportable(tmp_path):
             "slots": 64, "scale": 0.125}
     path = tmp_path / "decode_attention.py"
     path.write_text(render(search_space(case)[0], case))
-    text, why = _source({"source": str(path)}, tmp_path)
+    text, why = _source(SimpleNamespace(source=str(path)), tmp_path)  # an Accepted's field
     assert why is None and "from .._launch import pdl_options" in text
 
 
