@@ -7,7 +7,8 @@
 # exactly these, comma-separated), RESUME (a carried run folder to continue with
 # `optimize --resume` instead of profiling anew), MAXC (configs per case; "all":
 # the default exhaustive search), PAIRS, BACKEND, ROUNDS, VARIANTS, and the limits in seconds
-# T_PROFILE, T_OPTIMIZE, T_H2H. Each step runs under `timeout`, which (without --foreground)
+# T_PROFILE, T_OPTIMIZE, T_H2H (0: no head_to_head; the optimize's graphs stage still times
+# the graphed step). Each step runs under `timeout`, which (without --foreground)
 # puts itself and the step in one process group and signals the whole group on expiry, TERM
 # then KILL 15 s later: workers and compile subprocesses go with the step.
 set -uo pipefail
@@ -47,7 +48,7 @@ fi
 [ -f $run/report.md ] || [ ! -f $run/profile.json ] || echo "optimize did not finish: untar" \
   "graphs-$tag.tgz and traces-$tag.tgz into one folder, carry it and rerun with RESUME=DIR/$tag"
 # without an optimize run, head_to_head skips ours and ours-graphs and says why
-[ -f $run/profile.json ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
+[ -f $run/profile.json ] && [ "$T_H2H" != 0 ] && step h2h $T_H2H python3 benchmarks/head_to_head.py $run \
   $logs/h2h.json --rounds $ROUNDS --variants $VARIANTS
 tar -czf $OUT/graphs-$tag.tgz --exclude='*.json.gz' -C /tmp/runs $tag -C $OUT logs-$tag
 # the traces apart (tens of MB): enough to re-project a run offline (profiling.replay)
