@@ -133,11 +133,12 @@ def edge_cases(case: Case) -> list[Case]:
     into it (the dispatcher only sends it those), so edges vary what stays free at run time:
     one token (a decode step); an odd batch and a prime sequence with cos/sin given per
     sequence; contiguous q/k instead of HF's transposed views."""
+    per_row = case["cos_batch"] > 1  # cos/sin per sequence stay so at the edges' batches
     cases = [
-        {**case, "batch": 1, "seq": 1},
+        {**case, "batch": 1, "seq": 1, "cos_batch": 1},
         {**case, "batch": 3, "seq": 7, "cos_batch": 3},
         {**{k: v for k, v in case.items() if k not in ("qkv", "interleaved", "head_width")},
-         "batch": 2, "seq": 5, "contiguous": True},
+         "batch": 2, "seq": 5, "cos_batch": 2 if per_row else 1, "contiguous": True},
     ]
     return distinct(case, cases)
 
