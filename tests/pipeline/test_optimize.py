@@ -1069,7 +1069,7 @@ def test_top_n_end_to_end(model, tmp_path):
     from pipeline.policy import choose_families
 
     run_dir = tmp_path / "run"
-    proc = run_cli("optimize", model, "--top", str(TOP), "--batch", "2", "--seq", "16",
+    proc = run_cli("optimize", model, "--top", str(TOP), "--batch", "1", "--seq", "16",
                    "--device", "cpu", "--pairs", str(PAIRS), "--run-dir", str(run_dir),
                    home=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
