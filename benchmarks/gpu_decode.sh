@@ -26,9 +26,10 @@ export T_PROFILE=${T_PROFILE:-70} T_OPTIMIZE=${T_OPTIMIZE:-270} T_H2H=${T_H2H:-8
 TABLE_MODELS=${TABLE_MODELS:-llama-3.2-1b,llama-3.1-8b,qwen2.5-0.5b} TABLE_ROWS=${TABLE_ROWS:-1,8}
 TABLE_MAXC=${TABLE_MAXC:-3} T_TABLE=${T_TABLE:-70} QWEN=${QWEN:-0} WARM=${WARM:-0}
 T_WARM=${T_WARM:-200}
-# cold: nothing cached from an earlier call on a warm machine
-export TRITON_CACHE_DIR=/tmp/decode-triton XDG_CACHE_HOME=/tmp/decode-cache
-rm -rf $TRITON_CACHE_DIR $XDG_CACHE_HOME
+if [ "$WARM" = 1 ]; then  # cold: nothing cached from an earlier call on a warm machine
+  export TRITON_CACHE_DIR=/tmp/decode-triton XDG_CACHE_HOME=/tmp/decode-cache
+  rm -rf $TRITON_CACHE_DIR $XDG_CACHE_HOME
+fi
 
 anatomy() {  # the graphs stage's decode_step record of a run, as the report prints it
   PYTHONPATH=/tmp/site:$PWD timeout 60 python3 - "$1" <<'EOF'
