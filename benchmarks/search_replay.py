@@ -63,16 +63,14 @@ def trials_to_reach(strategy: str, table: list[tuple[dict, float]], seed: int) -
 def replay(tables: dict, seeds: int) -> list[dict]:
     rows = []
     for family, table in tables.items():
-        size = len(table)
-        grid_first = next(i + 1 for i, (_, m) in enumerate(table)
-                          if m <= min(t for _, t in table) * (1 + WITHIN))
+        size, target = len(table), min(t for _, t in table) * (1 + WITHIN)
+        grid_first = next(i + 1 for i, (_, m) in enumerate(table) if m <= target)
         for strategy in STRATEGIES:
             runs = [trials_to_reach(strategy, table, s) for s in range(seeds)]
             reached = [r for r in runs if r is not None]
             rows.append({
                 "family": family, "strategy": strategy, "space": size, "seeds": seeds,
-                "within_1pct_configs": sum(m <= min(t for _, t in table) * (1 + WITHIN)
-                                           for _, m in table),
+                "within_1pct_configs": sum(m <= target for _, m in table),
                 "grid_trials_to_1pct": grid_first,
                 "median_trials_to_1pct": statistics.median(reached) if reached else None,
                 "worst": max(reached) if reached else None,

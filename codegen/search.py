@@ -286,8 +286,9 @@ class CaseSearch:
                 "median_ms") or not base.get("median_ms") or not best.get("sha1"):
             return None
         path = self._path(best["config"])
+        # write_candidate stamps the rendered source's sha1 beside it: no second hash
         if write_candidate(self.family, best["config"], self.case, path) != "generated" or \
-                hashlib.sha1(path.read_bytes()).hexdigest() != best["sha1"]:
+                path.with_suffix(".rendered.sha1").read_text().strip() != best["sha1"]:
             return None
         return {"path": str(path), "config": best["config"],
                 "backend": config_backend(best["config"]), "origin": "generated",
