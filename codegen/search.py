@@ -198,6 +198,9 @@ class CaseSearch:
             seeds = [(c, "memory", memory["why"]) for c in memory.pop("configs")]
         seeds += [(c, "edited", "the user edited this file") for c in self.space
                   if user_edited(self._path(c)) and all(c != s[0] for s in seeds)]
+        if not interpreter and not memory.get("used") and family.leads is not None:
+            seeds += [(c, "guess", "the family's best guess")
+                      for c in self.space[:family.leads(case)] if all(c != s[0] for s in seeds)]
         self.seeds = seeds
         name, trials = strategies.resolve(plan, len(self.space), interpreter,
                                           warm=memory.get("used", False))

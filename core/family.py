@@ -242,6 +242,11 @@ class Family:
     # custom op, codegen.ops); False: compiled users are not offered the family (its adapter
     # reads what a trace cannot: addresses, versions, globals swapped during a call)
     traceable: bool = True
+    # leads(case) -> how many of search_space(case)'s first configs are the family's best
+    # guesses (gemv: cuBLAS, then the guessed tile): a GPU search with nothing remembered times
+    # them first, whatever its strategy (two random starts and an even spread both skipped
+    # gemv's guess at four trials, and o_proj stayed on cuBLAS). None: no guesses
+    leads: Callable[[Case], int] | None = None
     # data private to the family's own folder and its tests; nothing outside them reads it
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -62,6 +62,7 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.gemv.kernel", "search_space"),
+    leads=lambda case: 2,  # cuBLAS, then the guessed tile
     render=lazy("codegen.gemv.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

@@ -31,6 +31,7 @@ make that choice just by discovering the family.
 
 from __future__ import annotations
 
+from codegen.matmul.reference import GEMV_MAX_ROWS
 from codegen.matmul_epilogue.patch import cases_from_model, patch
 from codegen.matmul_epilogue.reference import (
     edge_cases,
@@ -91,6 +92,8 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.matmul_epilogue.kernel", "search_space"),
+    # at a decode step's rows the GEMV kernel's guessed tile leads the space
+    leads=lambda case: 1 if case["rows"] <= GEMV_MAX_ROWS else 0,
     render=lazy("codegen.matmul_epilogue.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

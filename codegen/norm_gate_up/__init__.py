@@ -95,6 +95,7 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.norm_gate_up.kernel", "search_space"),
+    leads=lambda case: 1,
     render=lazy("codegen.norm_gate_up.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

@@ -85,6 +85,7 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.norm_qkv.kernel", "search_space"),
+    leads=lambda case: 1,
     render=lazy("codegen.norm_qkv.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

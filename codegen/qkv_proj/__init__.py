@@ -76,6 +76,7 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.qkv_proj.kernel", "search_space"),
+    leads=lambda case: 1,
     render=lazy("codegen.qkv_proj.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

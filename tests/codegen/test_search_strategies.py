@@ -179,3 +179,23 @@ def test_on_parallel_workers_a_case_searches_in_a_thread_and_screens_remotely(tm
     assert sorted(c[2] for c in calls) == [1, 1, 1, 4]
     assert all(c[:2] == ("matmul_epilogue", "cuda") and c[3] for c in calls)
     assert all(t.startswith("search") for t in threads)
+
+
+@pytest.mark.parametrize("strategy", ["tpe", "random", "auto"])
+def test_a_gpu_search_times_the_familys_guesses_first(tmp_path, strategy):
+    """gemv's space leads with cuBLAS and its guessed tile: a GPU search of four trials times
+    both first whatever its strategy (o_proj's guess, second in the list, was skipped by an
+    even spread and by TPE's random starts); the interpreter does not."""
+    from codegen.gemv import FAMILY as GEMV
+    from codegen.gemv.reference import make_case as gemv_case
+
+    case = gemv_case(1, 2048, 2048, "bfloat16", False, (1, 1))
+    space = GEMV.search_space(case)
+    assert len(space) > 4 and GEMV.leads(case) == 2
+    plan = SearchPlan(strategy, trials=4, seed=3, fresh=True)
+    gpu = CaseSearch(GEMV, case, tmp_path / "gpu", "cuda", plan, CostSession()).run()
+    cands = gpu["candidates"]
+    assert [c["config"] for c in cands[:2]] == space[:2]
+    assert [c["strategy"] for c in cands[:2]] == ["guess", "guess"] and len(cands) <= 5
+    cpu = CaseSearch(GEMV, case, tmp_path / "cpu", "cpu", plan, CostSession()).run()
+    assert "guess" not in {c["strategy"] for c in cpu["candidates"]}
