@@ -26,7 +26,7 @@ MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
            "transformers 5.17.0")
 VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
             "eager-static", "liger", "hf-eager", "hf-static", "ours-compile", "ours-kernels",
-            "ours-static-compile", "hf-best-experts")
+            "ours-static-compile", "hf-best-experts", "ours-graphs-pdl", "ours-graphs-nopdl")
 
 
 def key(row: dict) -> tuple:
@@ -100,7 +100,7 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
     the eager median timed in this same process. Over the profile's own eager pass instead,
     host drift between processes decides the ratio: Llama-3.2-1B b1's eager ran 12.4 ms in
     the profile and 14.6 ms here, with the graphed pass projected within 0.2 %."""
-    proj, pass_ms = {}, {}
+    proj, pass_ms, floor_ms = {}, {}, None
     if run_dir is not None and (Path(run_dir) / "projection.json").exists():
         p = json.loads((Path(run_dir) / "projection.json").read_text())["workloads"].get(
             h2h["workload"]) or {}
@@ -118,6 +118,7 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
         for variant, field in (("graph", "unpatched_pass_us"), ("ours-graphs", "kept_pass_us")):
             if g.get(field):
                 pass_ms[variant] = g[field] / 1e3
+        floor_ms = ((w.get("graphs") or {}).get("decode_step") or {}).get("floor_ms")
         eager = h2h["median_ms"].get("eager")
         if eager and "ours-graphs" in pass_ms:
             proj["ours-graphs"] = eager / pass_ms["ours-graphs"]
@@ -135,6 +136,10 @@ def rows_from_h2h(h2h: dict, model: str, commit: str, date: str,
                      "kernels_per_pass":
                      (h2h.get("kernels_per_pass") or {}).get(variant), "commit": commit,
                      "date": date, "source": "head_to_head.py"})
+        if floor_ms:  # a graphed decode step's weight-read floor (pipeline.decode_step)
+            rows[-1]["floor_ms"] = round(floor_ms, 4)
+            if variant.startswith("ours-graphs"):
+                rows[-1]["multiple_of_floor"] = round(ms / floor_ms, 3)
         if variant == "hf-best-experts" and h2h.get("hf_best_experts"):
             rows[-1]["option"] = h2h["hf_best_experts"]["option"]  # which experts_implementation
     return rows
