@@ -99,4 +99,6 @@ def main(contender: str, model_id: str, batch: int, seq: int, out: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 6 or sys.argv[1] not in ("compile", "liger"):
+        sys.exit("usage: python benchmarks/contenders.py compile|liger MODEL BATCH SEQ OUT.json")
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -40,4 +40,6 @@ def main(task: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or not Path(sys.argv[1], "task.json").is_file():
+        sys.exit("usage: python benchmarks/scripted_proposer.py TASK (a folder with task.json)")
     main(Path(sys.argv[1]))

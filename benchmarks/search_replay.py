@@ -34,25 +34,33 @@ def _key(config: dict) -> str:
 
 
 def grid_tables(folder: Path) -> dict[str, list[tuple[dict, float]]]:
-    """Per family, the grid's (config, median ms) in its order, from the run's logs."""
+    """Per family, the grid's (config, median ms) in its order, from the run's logs, and
+    under "leads" the family's guesses among them (Family.leads), which a GPU search times
+    first whatever its strategy (codegen.search.CaseSearch)."""
+    from codegen.registry import get_family
+
     out = {}
     for log in sorted((folder / "logs").glob("*-grid-s0.json")):
         entry = json.loads(log.read_text())
-        out[entry["family"]] = [(c["config"], c["timing"]["median_ms"])
-                                for c in entry["candidates"]
-                                if (c.get("timing") or {}).get("median_ms") is not None]
+        table = [(c["config"], c["timing"]["median_ms"]) for c in entry["candidates"]
+                 if (c.get("timing") or {}).get("median_ms") is not None]
+        family = get_family(entry["family"])
+        space = family.search_space(entry["case"])
+        guesses = space[:family.leads(entry["case"])] if family.leads else []
+        out[entry["family"]] = (table, [c for c in guesses if any(c == t for t, _ in table)])
     if not out:
         raise SystemExit(f"search_replay: no grid log (logs/*-grid-s0.json) under {folder}")
     return out
 
 
-def trials_to_reach(strategy: str, table: list[tuple[dict, float]], seed: int) -> int | None:
+def trials_to_reach(strategy: str, table: list[tuple[dict, float]], seed: int,
+                    leads: list[dict] = ()) -> int | None:
     """Trials a strategy takes, told the measured times, to pick a config within 1 %."""
     from codegen.strategies import make
 
     ms = {_key(c): m for c, m in table}
     target = min(ms.values()) * (1 + WITHIN)
-    search = make(strategy, [c for c, _ in table], None, seed=seed)
+    search = make(strategy, [c for c, _ in table], None, seed=seed, seeds=list(leads))
     while (pick := search.suggest()) is not None:
         search.tell(pick[0], ms[_key(pick[0])])
         if ms[_key(pick[0])] <= target:
@@ -62,14 +70,15 @@ def trials_to_reach(strategy: str, table: list[tuple[dict, float]], seed: int) -
 
 def replay(tables: dict, seeds: int) -> list[dict]:
     rows = []
-    for family, table in tables.items():
+    for family, (table, leads) in tables.items():
         size, target = len(table), min(t for _, t in table) * (1 + WITHIN)
         grid_first = next(i + 1 for i, (_, m) in enumerate(table) if m <= target)
         for strategy in STRATEGIES:
-            runs = [trials_to_reach(strategy, table, s) for s in range(seeds)]
+            runs = [trials_to_reach(strategy, table, s, leads) for s in range(seeds)]
             reached = [r for r in runs if r is not None]
             rows.append({
                 "family": family, "strategy": strategy, "space": size, "seeds": seeds,
+                "leads": len(leads),
                 "within_1pct_configs": sum(m <= target for _, m in table),
                 "grid_trials_to_1pct": grid_first,
                 "median_trials_to_1pct": statistics.median(reached) if reached else None,
@@ -84,14 +93,17 @@ def replay(tables: dict, seeds: int) -> list[dict]:
 def markdown(rows: list[dict], source: str) -> str:
     lines = [f"# Search strategies replayed over the grid's measured times ({source})", "",
              "Each seed's picks are told the grid's median of that config; \"within 1 %\" is "
-             "against the grid's best.", "",
-             "| family | space | configs within 1 % | grid's order reaches it at | strategy | "
-             "seeds | median trials to 1 % | worst | seeds within 30 % of the space |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "against the grid's best. Each strategy first times the family's guesses "
+             "(`leads`, Family.leads), as a GPU search does.", "",
+             "| family | space | configs within 1 % | grid's order reaches it at | leads | "
+             "strategy | seeds | median trials to 1 % | worst | seeds within 30 % of the "
+             "space |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['family']} | {r['space']} | {r['within_1pct_configs']} | "
-            f"{r['grid_trials_to_1pct']} | {r['strategy']} | {r['seeds']} | "
+            f"{r['grid_trials_to_1pct']} | {r.get('leads', 0)} | {r['strategy']} | "
+            f"{r['seeds']} | "
             f"{r['median_trials_to_1pct']} | {r['worst']} | "
             f"{r['share_of_seeds_within_30pct']:.0%} |")
     tpe = [r for r in rows if r["strategy"] == "tpe"]

@@ -246,7 +246,7 @@ def main(argv=None) -> int:
                    help=f"of {', '.join(CASES)}")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--seeds", default="0", help="seeds of random, tpe and hybrid")
-    p.add_argument("--full", action="store_true", help="spend every budget, not stopping at 1 %")
+    p.add_argument("--full", action="store_true", help="spend every budget, not stopping at 1 %%")
     p.add_argument("--dry-run", action="store_true", help="CPU, synthetic times: tests the flow")
     p.add_argument("--table", nargs="+", metavar="JSON", help="no run: merge these "
                    "search_strategies.json files (calls that each ran some families) into "
