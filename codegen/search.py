@@ -217,6 +217,7 @@ class CaseSearch:
             "search": {"strategy": name, "asked": plan.strategy, "space": len(self.space),
                        "budget_trials": self.strategy.budget, "budget_s": plan.seconds,
                        "seed": plan.seed, "memory": memory,
+                       "rank_by": plan.rank_by,
                        "hybrid": self.proposer.label if self.proposer else None,
                        "proposer_share": plan.proposer_share if self.proposer else None}}
         if self.proposer:
@@ -372,9 +373,15 @@ def proposer_turn(trial: int, share: float) -> bool:
 
 
 def rank_entries(entry: dict) -> None:
-    """Order screened candidates by median time and say why each was kept or discarded."""
-    timed = sorted((e for e in entry["candidates"] if e.get("timing")),
-                   key=lambda e: e["timing"]["median_ms"])
+    """Order screened candidates by median time and say why each was kept or discarded; by
+    the time inside a CUDA graph where the search asks for it (SearchPlan.rank_by) and every
+    timed candidate has one."""
+    timed = [e for e in entry["candidates"] if e.get("timing")]
+    if (entry.get("search") or {}).get("rank_by") == "graph" \
+            and all(e.get("graph_ms") for e in timed):
+        timed.sort(key=lambda e: e["graph_ms"])
+    else:
+        timed.sort(key=lambda e: e["timing"]["median_ms"])
     for e in entry["candidates"]:
         e["decision"] = f"discarded: {e['screen']}"
     for rank, e in enumerate(timed):

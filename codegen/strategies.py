@@ -44,7 +44,11 @@ class SearchPlan:
     """One run's search options. `trials`: configs timed per case (None: the strategy's
     default); `seconds`: no trial starts after that long on one case; `fresh`: ignore the
     remembered configs; `proposer_share`: the share of a sampled search's trials (random,
-    TPE) a proposer takes when one is given (codegen.hybrid)."""
+    TPE) a proposer takes when one is given (codegen.hybrid); `rank_by`: "kernel" orders
+    the timed configs by their own timing (launched one by one), "graph" by their time inside
+    a CUDA graph where the screen captured both (verify.timing.bench_graphed), what a graphed
+    decode step pays: launch-bound kernels rank differently there (gemv's down projection
+    lost to cuBLAS by 5 % launched one by one and won by 3 % in a graph, one launch fewer)."""
 
     strategy: str = "auto"
     trials: int | None = None
@@ -52,6 +56,7 @@ class SearchPlan:
     seed: int = 0
     fresh: bool = False
     proposer_share: float = 0.3
+    rank_by: str = "kernel"
 
 
 def resolve(plan: SearchPlan, size: int, interpreter: bool = False,

@@ -322,6 +322,7 @@ class SearchMeta(Record):
     trials: int | None = None
     budget_trials: int | None = None
     memory: Memory | None = None
+    rank_by: str | None = None  # "kernel" or "graph" (codegen.strategies.SearchPlan)
 
 
 class Search(Record):

@@ -25,3 +25,23 @@ def test_one_config_under_the_interpreter_is_the_widest():
     assert backend_configs(ROPE, case, "triton", 1, interpreter=True) == space[-1:]
     assert backend_configs(ROPE, case, "triton", 1) == [space[len(space) // 2]]
     assert backend_configs(ROPE, case, "triton", 3, interpreter=True) == spread(space, 3)
+
+
+def test_a_graphed_search_ranks_by_the_time_inside_a_graph():
+    """rank_by "graph" (decode runs on a GPU) orders by graph_ms where every timed candidate
+    has one; otherwise, and by default, by the kernel's own median."""
+    from codegen.search import rank_entries
+
+    def entry(rank_by, graph=(0.019, 0.0184)):
+        return {"search": {"rank_by": rank_by}, "candidates": [
+            {"path": "cublas", "screen": "ok", "timing": {"median_ms": 0.0229}, "graph_ms": graph[0]},
+            {"path": "gemv", "screen": "ok", "timing": {"median_ms": 0.0240}, "graph_ms": graph[1]},
+            {"path": "broken", "screen": "error: compile"}]}
+
+    for rank_by, graph, order in (("graph", (0.019, 0.0184), ["gemv", "cublas"]),
+                                  ("kernel", (0.019, 0.0184), ["cublas", "gemv"]),
+                                  ("graph", (0.019, None), ["cublas", "gemv"])):
+        e = entry(rank_by, graph)
+        rank_entries(e)
+        assert e["order"] == order, (rank_by, graph)
+        assert e["candidates"][2]["decision"] == "discarded: error: compile"
