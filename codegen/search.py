@@ -344,9 +344,11 @@ class CaseSearch:
 
     def _remember(self) -> None:
         """The fastest configs timed, for a later search (not timings that mean nothing)."""
-        timed = sorted((e for e in self.entry["candidates"] if _median(e) is not None
-                        and e.get("config") in self.space
-                        and e["timing"].get("meaningful")), key=_median)
+        # in the ranking's order (rank_entries: by the graphed time where the plan asks)
+        by_path = {e.get("path"): e for e in self.entry["candidates"]}
+        timed = [e for e in (by_path[p] for p in self.entry.get("order") or [])
+                 if _median(e) is not None and e.get("config") in self.space
+                 and e["timing"].get("meaningful")]
         # the timing as a whole and the baseline beside it: a warm GPU run can take the best
         # as measured (`reusable`)
         best = [{"config": e["config"], "median_ms": _median(e), "strategy": e["strategy"],

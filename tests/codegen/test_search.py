@@ -34,8 +34,10 @@ def test_a_graphed_search_ranks_by_the_time_inside_a_graph():
 
     def entry(rank_by, graph=(0.019, 0.0184)):
         return {"search": {"rank_by": rank_by}, "candidates": [
-            {"path": "cublas", "screen": "ok", "timing": {"median_ms": 0.0229}, "graph_ms": graph[0]},
-            {"path": "gemv", "screen": "ok", "timing": {"median_ms": 0.0240}, "graph_ms": graph[1]},
+            {"path": "cublas", "screen": "ok", "timing": {"median_ms": 0.0229},
+             "graph_ms": graph[0]},
+            {"path": "gemv", "screen": "ok", "timing": {"median_ms": 0.0240},
+             "graph_ms": graph[1]},
             {"path": "broken", "screen": "error: compile"}]}
 
     for rank_by, graph, order in (("graph", (0.019, 0.0184), ["gemv", "cublas"]),
