@@ -1,11 +1,12 @@
 """Decode-attention family: reference == transformers' sdpa_attention_forward on a static and a
 dynamic cache, rendered kernels == reference at lengths near the edges (stale slots past the
-length never read), split partials merged by the combine kernel and FUSED in the split kernel
-(its counters back at zero after each call), the verifier accepts a candidate, and the patch on tiny-llama (4 query
-heads over 2 kv heads): a StaticDecoder's eager steps and a dynamic-cache step give the
-unpatched logits, the step stays free of host reads (capturable), prefill keeps HF's code, undo
-restores. CPU runs the kernels under Triton's interpreter (fp32, fp16); bf16 and Llama-3.2-1B's
-shape run on a GPU (`codegen/decode_attention/bench.py`)."""
+length never read), split partials merged by the combine kernel and FUSED in the split
+kernel (its counters back at zero after each call), the verifier accepts a candidate, and
+the patch on tiny-llama (4 query heads over 2 kv heads): a StaticDecoder's eager steps and a
+dynamic-cache step give the unpatched logits, the step stays free of host reads
+(capturable), prefill keeps HF's code, undo restores. CPU runs the kernels under Triton's
+interpreter (fp32, fp16); bf16 and Llama-3.2-1B's shape run on a GPU
+(`codegen/decode_attention/bench.py`)."""
 
 from __future__ import annotations
 
