@@ -1,6 +1,7 @@
 """Decode attention: one query token per sequence over a KV cache, GQA, as HF runs it through
-SDPA (repeat_kv or pack_gqa, the mask, SDPA, the output copy), in one kernel (or two, with the
-split combine) that reads each key and value once and only up to the valid length.
+SDPA (repeat_kv or pack_gqa, the mask, SDPA, the output copy), in one kernel (or two, where a
+split configuration merges its splits in a combine kernel rather than in its last split
+program) that reads each key and value once and only up to the valid length.
 
 A family of its own rather than a case of `attention`: its inputs (a cache of `slots`, the
 on-device length, the mask), reference, cases, cost and kernel have nothing in common with the
@@ -106,4 +107,6 @@ FAMILY = Family(
     # swaps transformers' attention function in a global for the call, which a trace
     # never reads (it would run SDPA silently)
     traceable=False,
+    # the first config: the split and tile the b1 searches picked, its combine fused
+    leads=lambda case: 1,
 )

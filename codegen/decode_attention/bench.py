@@ -6,8 +6,13 @@ bf16); HF's path is `sdpa_attention_forward` on the static buffers with the bool
 
     python -m codegen.decode_attention.bench [--slots 1040 --length 1024 --dtype bfloat16]
 
-Each timing is the median of CUDA-event timings after warm-up (triton.testing.do_bench), and
-also inside one CUDA graph of 20 calls (what a graphed decode step pays: no launch gaps).
+Every config of the family's search space is timed: the FUSED ones launch one kernel (the split
+kernel, whose last split program per (batch, kv head) merges the partials), the others the split
+kernel and then the combine kernel, SPLITS 1 one kernel and no partials. Each timing is the
+median of CUDA-event timings after warm-up (triton.testing.do_bench), and also inside one CUDA
+graph of 20 calls (what a graphed decode step pays: no launch gaps). A config's error is
+checked after its first call and again after the graph's replays (a FUSED config's counters
+must be back at zero after each call for the next to merge right).
 """
 
 from __future__ import annotations
@@ -81,10 +86,16 @@ def run(batch: int, heads: int, kv_heads: int, head_dim: int, slots: int, length
         call()
         err = (out.double() - want).abs().max().item()
         us = triton.testing.do_bench(call) * 1e3
-        row = {"config": config, "us": us, "graph_us": _graph_us(call), "max_abs_err": err,
-               "ok": err <= max(2 * hf_err, 1e-2 if dtype != "float32" else 1e-5),
-               "GBps_graph": None}
-        row["GBps_graph"] = kv_bytes / row["graph_us"] / 1e3
+        graph_us = _graph_us(call)
+        out.fill_(float("nan"))
+        call()  # after the graph's replays
+        err_after = (out.double() - want).abs().max().item()
+        bound = max(2 * hf_err, 1e-2 if dtype != "float32" else 1e-5)
+        row = {"config": config, "kernels": 1 if config.get("FUSED") or config["SPLITS"] == 1
+               else 2, "us": us, "graph_us": graph_us, "max_abs_err": err,
+               "max_abs_err_after_graph": err_after,
+               "ok": err <= bound and err_after <= bound,
+               "GBps_graph": kv_bytes / graph_us / 1e3}
         rows.append(row)
         print(json.dumps(row))
     best = min(rows, key=lambda r: r["graph_us"])

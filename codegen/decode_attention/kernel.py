@@ -4,9 +4,14 @@ Flash-decoding: grid (batch x kv head, SPLITS). Each program takes every query h
 head's group at once (the group's rows padded to BLOCK_G >= 16, tl.dot's smallest M), so each
 key and value is read from memory once for the whole group, and streams its chunk of the cache
 in BLOCK_N slots with an online softmax. SPLITS == 1 writes the output directly; otherwise each
-split writes an fp32 partial (its unnormalised sum, row max and row sum) and a small combine
-kernel (one program per query head) merges them. How many splits pay at a given cache
-size is the search's question (`search_space`).
+split writes an fp32 partial (its unnormalised sum, row max and row sum) and the partials are
+merged, either by a small combine kernel (one program per query head) or, FUSED, in the split
+kernel itself: each split program counts its arrival on a per-(batch, kv head) int32 counter
+after storing its partial, and the last to arrive merges its group's partials, stores the
+output and resets the counter (one launch instead of two; in a CUDA-graphed decode step the
+combine is mostly its launch). Both merge with one helper (`_merge_splits`), the same math.
+How many splits pay at a given cache size, and whether fusing does, is the search's question
+(`search_space`).
 
 The valid length is read on the device (`len_ptr`, the static cache's `cumulative_length` after
 the step's update) or, for a dynamic cache, is the keys' own length (`slots`): no host read,
@@ -45,20 +50,29 @@ CONFIGS = (
     (64, 32, 2, 2), (32, 64, 4, 2), (32, 32, 2, 2), (16, 32, 2, 3), (16, 64, 4, 2),
     (8, 32, 2, 2), (8, 64, 4, 2), (4, 64, 4, 2), (1, 64, 4, 2),
 )
+# The same tiles with the combine folded into the split kernel (FUSED), ahead of CONFIGS in the
+# space: at batch 1 a step is bound by its launches, and the first, the split and tile the
+# search picked for Llama-3.2-1B and Qwen2.5-0.5B's b1 steps with a combine
+# (benchmarks/results/graphs-llama-3.2-1b-decode-b1-s1024-1203e/report.md), is the family's
+# guess (Family.leads). The combine's configs stay: at larger batches the two kernels may win.
+FUSED_CONFIGS = ((32, 32, 2, 2), (16, 32, 2, 3), (64, 32, 2, 2), (16, 64, 4, 2), (8, 32, 2, 2),
+                 (4, 64, 4, 2))
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
 
 @triton.jit
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr, ml_ptr,
-                         slots, chunk, kv_heads, group, qk_scale,
+                         count_ptr, slots, chunk, kv_heads, group, qk_scale,
                          q_sb, q_sh, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd,
                          m_sb, m_ss, o_sb, o_sh, o_sd,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                          LEN_ON_DEVICE: tl.constexpr, HAS_MASK: tl.constexpr,
                          QK_PRECISION: tl.constexpr, PV_PRECISION: tl.constexpr,
-                         PDL: tl.constexpr = False):
-    if PDL:  # codegen/pdl.py: q, the cache, its length and the mask are all written in the step
+                         FUSED: tl.constexpr = False, PDL: tl.constexpr = False):
+    # codegen/pdl.py: q, the cache, its length and the mask are all written in the step, and
+    # FUSED's counter is the previous call's (every program waits before touching any of them)
+    if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     bk = tl.program_id(0)
@@ -122,6 +136,49 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, o_ptr, part_ptr
         tl.store(ml_ptr + row * 3 * BLOCK_G + offs_g, m_i)
         tl.store(ml_ptr + row * 3 * BLOCK_G + BLOCK_G + offs_g, l_i)
         tl.store(ml_ptr + row * 3 * BLOCK_G + 2 * BLOCK_G + offs_g, seen)
+        if FUSED:
+            # every thread's partial stores issued before one thread's release (bar.sync),
+            # then the arrival: acq_rel at GPU scope publishes this program's partial to the
+            # last one and, in that last one, makes every other program's partial visible
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + bk, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:
+                for g in range(group):
+                    _merge_splits(part_ptr, ml_ptr, o_ptr, bk, g, kv_heads, group,
+                                  o_sb, o_sh, o_sd, HEAD_DIM, BLOCK_D, BLOCK_G, SPLITS)
+                # every split of this (batch, kv head) has arrived: zero for the next call
+                # (or graph replay), which starts only once this launch has ended
+                tl.store(count_ptr + bk, 0)
+
+
+@triton.jit
+def _merge_splits(part_ptr, ml_ptr, o_ptr, bk, g, kv_heads, group, o_sb, o_sh, o_sd,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                  SPLITS: tl.constexpr):
+    """Query head `g` of the group of row `bk` (batch x kv head): its SPLITS partials merged
+    and stored. Every split's partial in one [SPLITS, BLOCK_D] load: a loop over the splits
+    took longer than the split kernel itself, one dependent load after another
+    (benchmarks/probes/README.md, `decode_kernels.py`). Loads bypass L1 (.cg): in the fused
+    kernel the partials are other SMs' stores, and L1 is not coherent across SMs."""
+    b = (bk // kv_heads).to(tl.int64)
+    kv_h = (bk % kv_heads).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = bk.to(tl.int64) * SPLITS + offs_s
+    m = tl.load(ml_ptr + rows * 3 * BLOCK_G + g, cache_modifier=".cg")
+    lsum = tl.load(ml_ptr + rows * 3 * BLOCK_G + BLOCK_G + g, cache_modifier=".cg")
+    seen = tl.max(tl.load(ml_ptr + rows * 3 * BLOCK_G + 2 * BLOCK_G + g, cache_modifier=".cg"),
+                  0)
+    m_all = tl.max(m, 0)
+    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.math.exp2(m - m_sub)  # empty splits: exp2(-inf) = 0
+    denom = tl.sum(lsum * w, 0)
+    part = tl.load(part_ptr + (rows[:, None] * BLOCK_G + g) * BLOCK_D + offs_d[None, :],
+                   cache_modifier=".cg")
+    out = tl.sum(part * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
+    out = tl.where((seen > 0) & (m_all == float("-inf")), float("nan"), out)
+    tl.store(o_ptr + b * o_sb + (kv_h * group + g) * o_sh + offs_d * o_sd,
+             out.to(o_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
@@ -129,44 +186,45 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
                            PDL: tl.constexpr = False):
-    # One program per query head, every split's partial in one [SPLITS, BLOCK_D] load: a loop
-    # over the splits per (batch, kv head) took longer than the split kernel itself, one
-    # dependent load after another (benchmarks/probes/README.md, `decode_kernels.py`).
+    # one program per query head (the split kernel's partials, not FUSED)
     if PDL:  # codegen/pdl.py: the partials are the split kernel's
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    bk = tl.program_id(0)
-    g = tl.program_id(1)
-    b = (bk // kv_heads).to(tl.int64)
-    kv_h = (bk % kv_heads).to(tl.int64)
-    offs_s = tl.arange(0, SPLITS)
-    offs_d = tl.arange(0, BLOCK_D)
-    rows = bk.to(tl.int64) * SPLITS + offs_s
-    m = tl.load(ml_ptr + rows * 3 * BLOCK_G + g)
-    lsum = tl.load(ml_ptr + rows * 3 * BLOCK_G + BLOCK_G + g)
-    seen = tl.max(tl.load(ml_ptr + rows * 3 * BLOCK_G + 2 * BLOCK_G + g), 0)
-    m_all = tl.max(m, 0)
-    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
-    w = tl.math.exp2(m - m_sub)  # empty splits: exp2(-inf) = 0
-    denom = tl.sum(lsum * w, 0)
-    part = tl.load(part_ptr + (rows[:, None] * BLOCK_G + g) * BLOCK_D + offs_d[None, :])
-    out = tl.sum(part * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
-    out = tl.where((seen > 0) & (m_all == float("-inf")), float("nan"), out)
-    tl.store(o_ptr + b * o_sb + (kv_h * group + g) * o_sh + offs_d * o_sd,
-             out.to(o_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    _merge_splits(part_ptr, ml_ptr, o_ptr, tl.program_id(0), tl.program_id(1), kv_heads, group,
+                  o_sb, o_sh, o_sd, HEAD_DIM, BLOCK_D, BLOCK_G, SPLITS)
 
 
 def search_space(case: Case) -> list[dict]:
-    """Split counts that leave each split at least one BLOCK_N of slots."""
+    """Split counts that leave each split at least one BLOCK_N of slots: the fused ones first
+    (the first of them the family's guess), then the two-kernel ones, one split last. A config
+    without a "FUSED" key launches the combine kernel: the two-kernel configs keep the keys they
+    had, and with them their candidates' folder names and the searches remembered for them."""
     configs = []
-    for splits, bn, warps, stages in CONFIGS:
+    tiles = [(t, True) for t in FUSED_CONFIGS] + [(t, False) for t in CONFIGS]
+    for (splits, bn, warps, stages), fused in tiles:
         if splits == 1 or splits * bn <= max(case["slots"], bn):
             configs.append({"SPLITS": splits, "BLOCK_N": bn, "num_warps": warps,
-                            "num_stages": stages})
+                            "num_stages": stages, **({"FUSED": True} if fused else {})})
     return configs
 
 
 _FORWARD = '''\
+# FUSED: the split programs' arrival counters, one int32 per (batch, kv head) kept per (device,
+# size) for the process and zero between calls (the last program of each resets its own, so no
+# memset runs per call). The first call allocates them: make it before a CUDA graph is captured
+# (the graphs stage's warm-up does), so the graph uses a buffer it does not own. A first call
+# inside a capture works too: its torch.zeros is captured and re-zeroes the buffer each replay.
+# The calls sharing a buffer run one after another on one stream, as a decode step's layers do.
+_COUNTERS = {}
+
+
+def _counters(device, size):
+    counts = _COUNTERS.get((device, size))
+    if counts is None:
+        counts = _COUNTERS[(device, size)] = torch.zeros(size, dtype=torch.int32, device=device)
+    return counts
+
+
 def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
     """q (batch, heads, 1, HEAD_DIM), k and v (batch, kv_heads, slots, HEAD_DIM), any strides,
     heads a multiple of kv_heads; length: a 0-d int64 tensor on q's device (the valid slots,
@@ -203,19 +261,20 @@ def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
                          device=q.device)
     else:
         part = ml = q
+    counts = _counters(q.device, batch * kv_heads) if FUSED else q
     o = out.squeeze(1)  # (batch, heads, HEAD_DIM)
     chunk = triton.cdiv(triton.cdiv(slots, SPLITS), BLOCK_N) * BLOCK_N
     # enable_fp_fusion=False: see codegen/attention/kernel.py (FMA next to the row max)
     pdl = pdl_options()  # PDL=True and its launch attribute while codegen.pdl is on
     _decode_split_kernel[(batch * kv_heads, SPLITS)](
-        q, k, v, length if length is not None else q, mask_arg, o, part, ml,
+        q, k, v, length if length is not None else q, mask_arg, o, part, ml, counts,
         slots, chunk, kv_heads, group, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(), m_sb, m_ss,
         *o.stride(), HEAD_DIM=HEAD_DIM, BLOCK_D=bd, BLOCK_G=bg, BLOCK_N=BLOCK_N, SPLITS=SPLITS,
         LEN_ON_DEVICE=length is not None, HAS_MASK=mask is not None,
-        QK_PRECISION=QK_PRECISION, PV_PRECISION=PV_PRECISION,
+        QK_PRECISION=QK_PRECISION, PV_PRECISION=PV_PRECISION, FUSED=FUSED,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=False, **pdl)
-    if SPLITS > 1:
+    if SPLITS > 1 and not FUSED:
         _decode_combine_kernel[(batch * kv_heads, group)](
             part, ml, o, kv_heads, group, *o.stride(), HEAD_DIM=HEAD_DIM, BLOCK_D=bd,
             BLOCK_G=bg, SPLITS=SPLITS, num_warps=2, enable_fp_fusion=False, **pdl)
@@ -227,8 +286,13 @@ def render(config: dict, case: Case) -> str:
     splits, bn = config["SPLITS"], config["BLOCK_N"]
     warps, stages = config["num_warps"], config["num_stages"]
     qk_prec, pv_prec = precisions(dtype)
-    split_line = ("one program per (batch, kv head), no combine" if splits == 1 else
-                  f"{splits} splits of the cache per (batch, kv head), then a combine")
+    fused = bool(config.get("FUSED", False)) and splits > 1
+    split_line = ("one kernel, one program per (batch, kv head), no combine" if splits == 1 else
+                  f"one kernel, {splits} splits of the cache per (batch, kv head), the last "
+                  "split program to finish merging them (an int32 counter per (batch, kv head))"
+                  if fused else
+                  f"two kernels, {splits} splits of the cache per (batch, kv head), then a "
+                  "combine kernel")
     header = textwrap.dedent(f'''\
         """Decode attention (one query token, GQA, KV cache) candidate: flash-decoding.
 
@@ -254,11 +318,12 @@ def render(config: dict, case: Case) -> str:
         SCALE = {case["scale"]!r}
         LOG2E = {LOG2E!r}
         SPLITS = {splits}
+        FUSED = {fused}
         BLOCK_N = {bn}
         NUM_WARPS = {warps}
         NUM_STAGES = {stages}
         QK_PRECISION = "{qk_prec}"
         PV_PRECISION = "{pv_prec}"
         ''')
-    return "\n\n".join([header, kernel_source(_decode_split_kernel),
+    return "\n\n".join([header, kernel_source(_decode_split_kernel), kernel_source(_merge_splits),
                         kernel_source(_decode_combine_kernel), _FORWARD])

@@ -27,6 +27,10 @@ from codegen.rope.kernel import _rope_forward_kernel, _rope_split_kernel
 NORM = dict(HIDDEN=2048, BLOCK=2048, ROWS=1, OFFSET=0.0, CAST_FIRST=True)
 ROPE = dict(HEADS=32, KV_HEADS=8, HEAD_DIM=64, HALF=32, BLOCK_S=1, BLOCK_HALF=32,
             BLOCK_PASS=0, HALF_TABLE=False)
+DECODE_SPLIT = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_G=16, BLOCK_N=64, SPLITS=4, LEN_ON_DEVICE=True,
+                    HAS_MASK=True, QK_PRECISION="tf32", PV_PRECISION="tf32x3")
+DECODE_POINTERS = {"len_ptr": "i64", "mask_ptr": "i8", "part_ptr": "fp32", "ml_ptr": "fp32",
+                   "count_ptr": "i32"}
 # kernel -> (its constexprs at Llama-3.2-1B's decode shapes, pointer dtypes other than bf16)
 KERNELS = {
     "gemv": (_gemv_kernel, dict(K=2048, N=2048, K_CHUNK=2048, EVEN_K=True, EVEN_N=True,
@@ -40,10 +44,8 @@ KERNELS = {
     "qkv": (_qkv_kernel, dict(K=2048, NQ=2048, NK=512, NV=512, Q_BLOCKS=256, K_BLOCKS=64,
                               EVEN_K=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512),
             {}),
-    "decode_split": (_decode_split_kernel, dict(
-        HEAD_DIM=64, BLOCK_D=64, BLOCK_G=16, BLOCK_N=64, SPLITS=4, LEN_ON_DEVICE=True,
-        HAS_MASK=True, QK_PRECISION="tf32", PV_PRECISION="tf32x3"),
-        {"len_ptr": "i64", "mask_ptr": "i8", "part_ptr": "fp32", "ml_ptr": "fp32"}),
+    "decode_split": (_decode_split_kernel, dict(DECODE_SPLIT, FUSED=False), DECODE_POINTERS),
+    "decode_fused": (_decode_split_kernel, dict(DECODE_SPLIT, FUSED=True), DECODE_POINTERS),
     "decode_combine": (_decode_combine_kernel, dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_G=16,
                                                     SPLITS=4),
                        {"part_ptr": "fp32", "ml_ptr": "fp32"}),

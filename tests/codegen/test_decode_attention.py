@@ -1,10 +1,12 @@
 """Decode-attention family: reference == transformers' sdpa_attention_forward on a static and a
 dynamic cache, rendered kernels == reference at lengths near the edges (stale slots past the
-length never read), the verifier accepts a candidate, and the patch on tiny-llama (4 query
-heads over 2 kv heads): a StaticDecoder's eager steps and a dynamic-cache step give the
-unpatched logits, the step stays free of host reads (capturable), prefill keeps HF's code, undo
-restores. CPU runs the kernels under Triton's interpreter (fp32, fp16); bf16 and Llama-3.2-1B's
-shape run on a GPU (`codegen/decode_attention/bench.py`)."""
+length never read), split partials merged by the combine kernel and FUSED in the split
+kernel (its counters back at zero after each call), the verifier accepts a candidate, and
+the patch on tiny-llama (4 query heads over 2 kv heads): a StaticDecoder's eager steps and a
+dynamic-cache step give the unpatched logits, the step stays free of host reads
+(capturable), prefill keeps HF's code, undo restores. CPU runs the kernels under Triton's
+interpreter (fp32, fp16); bf16 and Llama-3.2-1B's shape run on a GPU
+(`codegen/decode_attention/bench.py`)."""
 
 from __future__ import annotations
 
@@ -97,6 +99,7 @@ def test_the_stale_slots_change_the_answer_when_unmasked():
 
 
 SPLIT4 = {"SPLITS": 4, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
+FUSED4 = {**SPLIT4, "FUSED": True}  # the combine in the split kernel's last program
 EDGES = [{"length": 1}, {"length": 64}, {"length": 65}, {"exact_slots": 200, "length": 200},
          {"dynamic": True, "length": 37}, RAGGED, {"dynamic": True, "length": 37, "pads": [3, 0]}]
 
@@ -104,11 +107,13 @@ EDGES = [{"length": 1}, {"length": 64}, {"length": 65}, {"exact_slots": 200, "le
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 def test_rendered_kernels_match_the_reference_at_edge_lengths(dtype, tmp_path):
     """Every length on one program per kv head and on split chunks of 64 slots (boundaries at
-    64/65); fp16 and bf16 on the split kernel at a few."""
+    64/65; at 64 and below splits 1-3 are empty), merged by the combine kernel and FUSED; fp16
+    and bf16 on the split kernels at a few."""
     base = {**BASE, "dtype": dtype}
     one = FAMILY.search_space(base)[-1]
     assert one["SPLITS"] == 1
-    runs = [(one, EDGES), (SPLIT4, EDGES)] if dtype == "float32" else [(SPLIT4, EDGES[1:4])]
+    runs = [(one, EDGES), (SPLIT4, EDGES), (FUSED4, EDGES)] if dtype == "float32" else \
+        [(SPLIT4, EDGES[1:4]), (FUSED4, EDGES[1:4])]
     for config, lengths in runs:
         forward = load_rendered(FAMILY, config, base, tmp_path)
         for extra in lengths:
@@ -123,22 +128,25 @@ def test_rendered_kernels_match_the_reference_at_edge_lengths(dtype, tmp_path):
 def test_slots_past_the_length_are_never_read(tmp_path):
     """NaN in every stale slot (keys, values and mask True there): the output stays the
     reference's over the valid slots, for one program per kv head and for split chunks that
-    start past the length."""
+    start past the length (merged by either path)."""
     case = {**BASE, "length": 40}
     q, k, v, length, mask = _inputs(case)
     want = FAMILY.reference(q, k[:, :, :40], v[:, :, :40], None, None, scale=case["scale"])
     k[:, :, 40:], v[:, :, 40:] = float("nan"), float("nan")
     mask[..., 40:] = True
-    for config in (FAMILY.search_space(case)[-1], SPLIT4):
+    for config in (FAMILY.search_space(case)[-1], SPLIT4, FUSED4):
         out = _run(load_rendered(FAMILY, config, case, tmp_path), case, (q, k, v, length, mask))
         assert torch.isfinite(out).all()
         assert_close(out, want, TOL["float32"])
 
 
-def test_the_verifier_accepts_a_split_candidate_in_float32(tmp_path):
+def test_the_verifier_accepts_a_fused_split_candidate_in_float32(tmp_path):
     """fp32 is where the "large" stress overflows q.k to -inf at the length-1 edge (the case the
-    H200 run rejected in bf16), and the split path is what the search picks on a GPU."""
-    verify_on_cpu_or_gpu(FAMILY, make_case(1, 8, 2, 16, 100, "float32"), tmp_path, SPLIT4)
+    H200 run rejected in bf16), and the split path is what the search picks on a GPU; FUSED, the
+    family's guess, whose counters carry from call to call (the verifier's repeated and
+    memoisation calls see each call's own result). The combine kernel's path shares the merge
+    (`_merge_splits`) and is held to the reference in the tests around this one."""
+    verify_on_cpu_or_gpu(FAMILY, make_case(1, 8, 2, 16, 100, "float32"), tmp_path, FUSED4)
 
 
 def test_all_minus_inf_kept_scores_give_nan_and_no_kept_slot_gives_zero(tmp_path):
@@ -151,7 +159,7 @@ def test_all_minus_inf_kept_scores_give_nan_and_no_kept_slot_gives_zero(tmp_path
     k[0, 0, 0], k[0, 0, 69] = -1e30, 1.0  # slot 0: -inf; slot 69: +1e30 * 16
     mask[0, ..., 1:69] = False  # batch 0 keeps slots 0 and 69
     mask[1] = False  # batch 1 keeps nothing
-    for config in (FAMILY.search_space(case)[-1], SPLIT4):
+    for config in (FAMILY.search_space(case)[-1], SPLIT4, FUSED4):
         forward = load_rendered(FAMILY, config, case, tmp_path)
         out = _run(forward, case, (q, k, v, length, mask))
         assert torch.equal(out[0, 0, 0], v[0, 0, 69])  # the -inf slot 0 weighs 0
@@ -160,6 +168,54 @@ def test_all_minus_inf_kept_scores_give_nan_and_no_kept_slot_gives_zero(tmp_path
         out = _run(forward, case, (q, k, v, length, mask))
         assert torch.isnan(out[0, 0, 0]).all() and torch.isfinite(out[0, 0, 1:]).all()
         mask[0, ..., 69] = True
+
+
+def _counters(forward, case, device) -> torch.Tensor:
+    """The rendered FUSED candidate's arrival counters for `case`'s batch and kv heads (keyed
+    by the inputs' device: cuda:0, not cuda)."""
+    return forward.__globals__["_COUNTERS"][(device, case["batch"] * case["kv_heads"])]
+
+
+@pytest.mark.parametrize("group", [1, 4, 7])
+def test_fused_merge_equals_the_combine_kernel_and_leaves_its_counters_at_zero(group, tmp_path):
+    """FUSED at GQA ratios 1, 4 and 7, batch 2, called twice in a row (the second with a ragged
+    mask: a sequence that sees one slot): one kernel launched (the combine kernel is never
+    called), the reference's result, the combine kernel's (bit for bit under the interpreter:
+    one merge helper), and each call leaves its counter buffer, the same one, at zero for the
+    next. The interpreter
+    runs a launch's programs one after another, so the last split of each (batch, kv head) is
+    the one that merges."""
+    base = make_case(2, 2 * group, 2, 16, 200, "float32")
+    fused = load_rendered(FAMILY, FUSED4, base, tmp_path)
+    two = load_rendered(FAMILY, SPLIT4, base, tmp_path)
+    fused.__globals__["_decode_combine_kernel"] = None  # launching it would raise
+    counts = None
+    for seed, extra in enumerate(({"length": 70}, RAGGED)):  # splits 2 and 3 empty
+        case = {**base, **extra}
+        inputs = _inputs(case, seed)
+        got = _run(fused, case, inputs)
+        assert_close(got, FAMILY.reference(*inputs, **FAMILY.params(case)), TOL["float32"])
+        merged = _run(two, case, inputs)
+        if DEVICE == "cpu":  # compiled, each kernel's own layout may order the split sums
+            assert torch.equal(got, merged)
+        assert_close(got, merged, TOL["float32"])
+        now = _counters(fused, case, inputs[0].device)
+        assert now.dtype == torch.int32 and now.shape == (4,) and (now == 0).all()
+        assert counts is None or now is counts
+        counts = now
+
+
+def test_the_search_space_offers_each_split_fused_and_with_a_combine_fused_first():
+    """Every FUSED config has splits to merge and the same tile in the space with the combine
+    kernel; the fused ones come first, and the family's guess (Family.leads) is one of them at
+    Llama-3.2-1B's b1 step and the tiny cases."""
+    for case in (make_case(1, 32, 8, 64, 1040, "bfloat16"), BASE):
+        space = FAMILY.search_space(case)
+        fused = [c for c in space if c.get("FUSED")]
+        assert fused and all(c["SPLITS"] > 1 for c in fused)
+        assert all({k: v for k, v in c.items() if k != "FUSED"} in space for c in fused)
+        assert space[:len(fused)] == fused and space[:FAMILY.leads(case)] == fused[:1]
+        assert space[-1]["SPLITS"] == 1
 
 
 def test_rendered_source_is_specialised(tmp_path):
@@ -171,6 +227,10 @@ def test_rendered_source_is_specialised(tmp_path):
                  "enable_fp_fusion=False", "LEN_ON_DEVICE"):
         assert line in source
     assert ".item()" not in source and ".cpu()" not in source  # capturable: no host read
+    assert "FUSED = False" in source and "then a combine kernel" in source
+    fused = FAMILY.render({**config, "FUSED": True}, {**BASE, "dtype": "float16"})
+    assert "FUSED = True" in fused and "Launch: one kernel, 8 splits" in fused
+    assert 'sem="acq_rel", scope="gpu"' in fused and 'cache_modifier=".cg"' in fused
     forward = load_rendered(FAMILY, config, {**BASE, "dtype": "float16"}, tmp_path)
     q, k, v, length, mask = _inputs(BASE)  # float32 into a float16 kernel
     with pytest.raises(ValueError, match="float16"):
@@ -252,6 +312,36 @@ def test_gpu_llama_decode_shape_correct_and_faster_than_hf():
     summary = run(1, 32, 8, 64, 1040, 1024, "bfloat16")
     assert summary["all_ok"], summary
     assert summary["speedup_graph"] > 1.0, summary
+
+
+@pytest.mark.gpu
+def test_gpu_fused_merge_replays_in_a_cuda_graph_at_successive_lengths(tmp_path):
+    """A FUSED candidate (Llama-3.2-1B's heads, batch 2, bf16) called once, then captured twice
+    back to back in a CUDA graph (with PDL where it runs: the second call's programs start
+    early and must wait for the first's counter resets), replayed at lengths that leave splits
+    empty, fill them all and take one slot: both calls of each replay are the reference over
+    the valid slots, and the counters are back at zero."""
+    from codegen import pdl
+
+    case = {**make_case(2, 32, 8, 64, 1040, "bfloat16"), "exact_slots": 1040, "length": 1024}
+    forward = load_rendered(FAMILY, {"SPLITS": 32, "BLOCK_N": 32, "num_warps": 2,
+                                     "num_stages": 2, "FUSED": True}, case, tmp_path)
+    q, k, v, length, _ = _inputs(case)
+    outs = [FAMILY.make_out(case, (q, k, v, length, None)) for _ in range(2)]
+    forward(q, k, v, length, None, out=outs[0], **FAMILY.params(case))  # allocates the counters
+    graph = torch.cuda.CUDAGraph()
+    with pdl.enabled(), torch.cuda.graph(graph):
+        for out in outs:
+            forward(q, k, v, length, None, out=out, **FAMILY.params(case))
+    for n in (1024, 100, 1040, 1, 700):
+        length.fill_(n)
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        want = FAMILY.reference(q, k[:, :, :n], v[:, :, :n], None, None, **FAMILY.params(case))
+        for out in outs:
+            assert_close(out, want, TOL["bfloat16"])
+        assert (_counters(forward, case, q.device) == 0).all()
 
 
 @pytest.mark.gpu
