@@ -22,10 +22,13 @@ from collections.abc import Callable
 
 from core.records import DecodeStep
 
-# Kernels that stream weights or the KV cache: GEMVs and GEMMs (ours and cuBLAS's), their
-# split-K sums, attention. Everything else a decode step runs is glue a fusion would absorb.
-STREAMING = re.compile(r"gemv|gemm|xmma|cutlass|cublas|matmul|splitk|split_sum|attention|attn|"
-                       r"flash|fmha|sdpa|_qkv_", re.IGNORECASE)
+# Kernels that stream weights or the KV cache: GEMVs and GEMMs (ours, cuBLAS's including its
+# nvjet kernels, the norm-fused projections), their split-K sums, attention (flash-decoding's
+# split and combine), the experts. Everything else a decode step runs is glue a fusion would
+# absorb: the fusion lever must not count a projection because its name starts with a norm.
+STREAMING = re.compile(r"gemv|gemm|xmma|cutlass|cublas|nvjet|matmul|splitk|split_sum|"
+                       r"attention|attn|flash|fmha|sdpa|_qkv_|gate_up|_decode_split|"
+                       r"_decode_combine|expert|moe", re.IGNORECASE)
 TOP = 12  # kernels listed in the record, by time; the rest summed as "other"
 LEVERS = ("fusion", "bandwidth", "launch gaps")
 

@@ -93,3 +93,16 @@ def test_the_record_is_typed_and_the_report_prints_it():
     failed = {"captured": True, "decision": "x", "medians": {}, "decode_step_error": "boom"}
     assert "Decode step anatomy failed: boom" in rp.to_markdown(
         rp.graphs_blocks({"graph_row": None, "graphs": failed}))
+
+
+def test_fused_projections_and_cublas_nvjet_stream_weights():
+    """The H100 step's own kernel names: the norm-fused projections, cuBLAS's nvjet GEMV and
+    flash-decoding's two kernels stream weights or the cache; the norm, rotary and the cache
+    append are the glue the fusion lever counts."""
+    names = ["_norm_gate_up_kernel", "_norm_qkv_kernel", "_gemv_kernel",
+             "nvjet_sm90_tst_64x8_64x16_2x1_v_bx_splitK_TNT",
+             "void cublasLt::splitKreduce_kernel<32, 16, int, float>", "_decode_split_kernel",
+             "_decode_combine_kernel", "_rms_norm_forward_kernel", "_rope_forward_kernel",
+             "_kv_static_kernel"]
+    rec = anatomy([(n, 10.0) for n in names], None, int(0.001 * GB), 1000.0, 1)
+    assert rec["levers_ms"]["fusion"] == pytest.approx(0.030)  # the last three only
