@@ -5,7 +5,7 @@
 # eager over the static cache), then one tarball of what it made.
 # Env: M (model), B, S (workload), MODE (prefill or decode), TOP, FAMILIES (instead of TOP:
 # exactly these, comma-separated), RESUME (a carried run folder to continue with
-# `optimize --resume` instead of profiling anew), MAXC (configs per case; "all":
+# `optimize --resume` instead of profiling anew; REDO: families that resume searches again), MAXC (configs per case; "all":
 # the default exhaustive search), PAIRS, BACKEND, ROUNDS, VARIANTS, and the limits in seconds
 # T_PROFILE, T_OPTIMIZE, T_H2H (0: no head_to_head; the optimize's graphs stage still times
 # the graphed step). Each step runs under `timeout`, which (without --foreground)
@@ -37,7 +37,8 @@ if [ -n "${RESUME:-}" ]; then
   # RESUME: a run folder carried from an earlier call (its traces included), put back where
   # its artifacts say it lives; optimize continues it with its own options
   mkdir -p $run && cp -r "$RESUME"/. $run/
-  step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline optimize $run --resume
+  step optimize $T_OPTIMIZE python3 -X faulthandler -m pipeline optimize $run --resume \
+    ${REDO:+--redo $REDO}
 else
   step profile $T_PROFILE python3 -m pipeline profile $M --batch $B --seq $S --dtype bf16 \
     --mode $MODE --run-dir $run --top 8

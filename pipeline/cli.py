@@ -167,6 +167,9 @@ def rank(run_dir):
 @click.option("--llm-wall", type=float, default=3600.0, show_default=True,
               help="Seconds --proposer llm may spend in all; no round starts after that.")
 @click.option("--resume", is_flag=True, help="Skip stages and candidates already written.")
+@click.option("--redo", default=None, metavar="FAMILIES",
+              help="With --resume: search and verify these families (comma-separated) again, "
+                   "keeping the others' work; their candidate files stay.")
 @click.option("--max-configs", type=int, default=None,
               help="Trials per case (configs timed): the budget of every strategy [default on "
                    "a GPU: the whole space for grid, 10 for random and tpe; 1 on the CPU].")
@@ -210,7 +213,7 @@ def rank(run_dir):
               help="Never try programmatic dependent launch in the graphs stage (as "
                    "PIPELINE_NO_PDL=1 does); by default it is kept where it measures faster.")
 def optimize(target, top, batch, seq, dtype, device, mode, backend, families, proposer,
-             llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume,
+             llm_model, llm_rounds, llm_max_tokens, llm_timeout, llm_wall, resume, redo,
              max_configs, search, search_seconds, search_seed, fresh_search, proposer_share,
              pairs, workers, ray_address, run_dir, then_e2e, no_pdl):
     """Rank, generate, verify, integrate and report on a run; profiles first when TARGET is
@@ -220,6 +223,7 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
     Examples:
       pipeline optimize --top 5                     # on the latest profiled run
       pipeline optimize runs/llama-3.2-1b-... --resume
+      pipeline optimize runs/llama-3.2-1b-... --resume --redo decode_attention
       pipeline optimize tiny-llama --top 3 --batch 2 --seq 32   # profile, then optimize
       OPENAI_BASE_URL=http://127.0.0.1:8000/v1 pipeline optimize --proposer llm \\
           --llm-model Qwen/Qwen2.5-Coder-32B-Instruct --llm-rounds 2
@@ -240,6 +244,9 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
             search_seconds is not None and search_seconds <= 0:
         raise UserError("--max-configs and --search-seconds must be positive")
     only = _family_list(families)
+    again = _family_list(redo)
+    if again and not resume:
+        raise UserError("--redo needs --resume: it searches families of an existing run again")
     if workers == "ray":
         from verify.workers import import_ray
 
@@ -263,6 +270,11 @@ def optimize(target, top, batch, seq, dtype, device, mode, backend, families, pr
 
         target = str(run_dir or latest_run())
     run = load_run(target)
+    if again:
+        from pipeline.redo import forget
+
+        for fam, cases in forget(run, again).items():
+            console.print(f"redo {fam}: {cases} case(s) to search again")
     if resume:
         (top, only, backend, max_configs, pairs, proposer, workers, ray_address, search,
          search_seconds, search_seed, fresh_search, proposer_share) = _resumed(

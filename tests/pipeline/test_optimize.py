@@ -1303,3 +1303,31 @@ def test_the_kept_set_is_replayed_again_at_the_host_speed_the_timing_found(tmp_p
     projection.project_kept(tmp_path, on_gpu=True)
     assert "projection_at_timing_host" not in read_json(
         tmp_path / "integration.json")["workloads"]["w"]
+
+
+def test_redo_forgets_one_familys_search_and_verdicts_only(optimized, tmp_path):
+    """`--resume --redo FAMILY` drops that family's searches and verdicts (the resumed run then
+    searches it again) and leaves the others' and every candidate file; without --resume it is
+    a one-line error."""
+    import shutil
+
+    from pipeline.redo import forget
+
+    _, run_dir, _ = optimized
+    clone = tmp_path / "run"
+    shutil.copytree(run_dir, clone)
+    fam, others = FAMILIES[0], set(FAMILIES[1:])
+    files = sorted(p.relative_to(clone) for p in (clone / "candidates").rglob("*.py"))
+    before = read_json(clone / "verification" / "summary.json")
+    assert any(k.startswith(f"{fam}/") for k in before["accepted"])
+    dropped = forget(clone, [fam])
+    assert dropped[fam] >= 1
+    log = read_json(clone / "candidates" / "search_log.json")
+    assert {s["family"] for s in log["searches"]} == others
+    after = read_json(clone / "verification" / "summary.json")
+    assert after["accepted"] == {k: v for k, v in before["accepted"].items()
+                                 if not k.startswith(f"{fam}/")}
+    assert sorted(p.relative_to(clone) for p in (clone / "candidates").rglob("*.py")) == files
+    proc = run_cli("optimize", str(clone), "--redo", fam, home=tmp_path)
+    assert proc.returncode != 0 and "--redo needs --resume" in proc.stderr
+    assert "Traceback" not in proc.stderr
