@@ -23,6 +23,7 @@ interpreter, or with a Triton this does not know, every call goes through the JI
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from functools import cache
 from operator import itemgetter
@@ -32,6 +33,29 @@ def cdiv(a: int, b: int) -> int:
     """Ceiling division for grids; Triton 3.6's `triton.cdiv` is a constexpr function whose
     host-side call costs several microseconds per launch."""
     return -(-a // b)
+
+
+def guessed_tiles(width: int, programs: Callable[[int], int], block_ns: tuple, block_ks: tuple,
+                  min_tile: int, sms: int, target: int, keep: int,
+                  cheapest: bool = True) -> list[tuple[int, int]]:
+    """(BLOCK_N, BLOCK_K) tiles of a few-row projection kernel whose loads run along `width`,
+    guessed best first: BLOCK_K <= width where one fits, tiles of `min_tile` elements and more
+    where any are; the widest loads first, then grids of `programs(BLOCK_N)` programs nearest
+    `target` (fewer than `sms` after), then the narrower BLOCK_N. At most `keep`, the last of
+    them, with `cheapest`, the widest tile (the fewest programs and steps: what the CPU
+    interpreter runs)."""
+    bks = [b for b in block_ks if b <= width] or [block_ks[0]]
+    tiles = [(bn, bk) for bn in block_ns for bk in bks]
+    tiles = [t for t in tiles if t[0] * t[1] >= min_tile] or tiles
+
+    def guess(t):
+        p = programs(t[0])
+        return (-t[1], p < sms, abs(math.log2(p / target)), t[0])
+
+    if not cheapest:
+        return sorted(tiles, key=guess)[:keep]
+    last = (block_ns[-1], bks[-1])
+    return [t for t in sorted(tiles, key=guess) if t != last][:keep - 1] + [last]
 
 
 def _hooks_getter():

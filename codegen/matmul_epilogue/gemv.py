@@ -25,7 +25,6 @@ the family's order bound allows for.
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 
 import triton
@@ -33,7 +32,7 @@ import triton.language as tl
 
 from codegen.gemv.kernel import _rows_times_tile, _weight_tile
 from codegen.gemv.reference import MAX_ROWS
-from codegen.launch import cdiv
+from codegen.launch import cdiv, guessed_tiles
 from codegen.matmul_epilogue.epilogue import _gated
 from core.family import Case
 from core.source import kernel_source
@@ -102,17 +101,10 @@ def search_space(case: Case) -> list[dict]:
     """BLOCK_N x BLOCK_K tiles (BLOCK_K <= hidden where one fits, MIN_TILE elements and more),
     MAX_CONFIGS of them, guessed best first: the widest loads, then grids nearest
     TARGET_PROGRAMS programs. Every config carries "GEMV": kernel.render sends it here."""
-    hidden, cols = case["hidden"], case["cols"]
-    bks = [b for b in BLOCK_KS if b <= hidden] or [BLOCK_KS[0]]
-    tiles = [(bn, bk) for bn in BLOCK_NS for bk in bks]
-    tiles = [t for t in tiles if t[0] * t[1] >= MIN_TILE] or tiles
-
-    def guess(t):
-        programs = cdiv(cols, t[0])
-        return (-t[1], programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)), t[0])
-
+    tiles = guessed_tiles(case["hidden"], lambda bn: cdiv(case["cols"], bn), BLOCK_NS,
+                          BLOCK_KS, MIN_TILE, SMS, TARGET_PROGRAMS, MAX_CONFIGS, cheapest=False)
     return [{"GEMV": True, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS,
-             "num_stages": NUM_STAGES} for bn, bk in sorted(tiles, key=guess)[:MAX_CONFIGS]]
+             "num_stages": NUM_STAGES} for bn, bk in tiles]
 
 
 _HOST = '''\

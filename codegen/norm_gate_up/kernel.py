@@ -19,13 +19,12 @@ the search and the in-model measurement decide whether the extra L2 reads cost m
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 
 import triton
 import triton.language as tl
 
-from codegen.launch import cdiv
+from codegen.launch import cdiv, guessed_tiles
 from codegen.matmul_epilogue.epilogue import _gated
 from codegen.norm_gate_up.reference import MAX_ROWS
 from codegen.norm_prologue import _normed, _row_rstd, _row_total, sources
@@ -107,19 +106,10 @@ def search_space(case: Case) -> list[dict]:
     """BLOCK_N x BLOCK_K tiles (BLOCK_K <= hidden where one fits, MIN_TILE elements and more),
     at most MAX_CONFIGS, guessed best first (the widest loads, then grids nearest
     TARGET_PROGRAMS programs); last the interpreter's cheapest (the widest tile)."""
-    hidden, cols = case["hidden"], case["cols"]
-    bks = [b for b in BLOCK_KS if b <= hidden] or [BLOCK_KS[0]]
-    tiles = [(bn, bk) for bn in BLOCK_NS for bk in bks]
-    tiles = [t for t in tiles if t[0] * t[1] >= MIN_TILE] or tiles
-
-    def guess(t):
-        programs = cdiv(cols, t[0])
-        return (-t[1], programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)), t[0])
-
-    cheapest = (BLOCK_NS[-1], bks[-1])
-    ranked = [t for t in sorted(tiles, key=guess) if t != cheapest][:MAX_CONFIGS - 1]
+    tiles = guessed_tiles(case["hidden"], lambda bn: cdiv(case["cols"], bn), BLOCK_NS,
+                          BLOCK_KS, MIN_TILE, SMS, TARGET_PROGRAMS, MAX_CONFIGS)
     return [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
-            for bn, bk in ranked + [cheapest]]
+            for bn, bk in tiles]
 
 
 _HOST = '''\

@@ -19,14 +19,13 @@ adapter hands the modules' own parameters and runs HF's code for any other layou
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 
 import triton
 import triton.language as tl
 
 from codegen.gemv.kernel import _rows_times_tile, _weight_tile
-from codegen.launch import cdiv
+from codegen.launch import cdiv, guessed_tiles
 from codegen.qkv_proj.reference import MAX_ROWS, WIDTHS
 from core.family import Case
 from core.source import kernel_source
@@ -101,19 +100,10 @@ def search_space(case: Case) -> list[dict]:
     """BLOCK_N x BLOCK_K (BLOCK_K <= k where one fits, tiles of MIN_TILE elements and more), at
     most MAX_CONFIGS: the widest BLOCK_K first, then grids nearest TARGET_PROGRAMS programs;
     last the cheapest for the interpreter (the widest tile: fewest programs and steps)."""
-    k = case["k"]
-    bks = [b for b in BLOCK_KS if b <= k] or [BLOCK_KS[0]]
-    tiles = [(bn, bk) for bn in BLOCK_NS for bk in bks]
-    tiles = [t for t in tiles if t[0] * t[1] >= MIN_TILE] or tiles
-
-    def guess(t):
-        p = programs(case, t[0])
-        return (-t[1], p < SMS, abs(math.log2(p / TARGET_PROGRAMS)), t[0])
-
-    cheapest = (BLOCK_NS[-1], bks[-1])
-    ranked = [t for t in sorted(tiles, key=guess) if t != cheapest][:MAX_CONFIGS - 1]
+    tiles = guessed_tiles(case["k"], lambda bn: programs(case, bn), BLOCK_NS, BLOCK_KS,
+                          MIN_TILE, SMS, TARGET_PROGRAMS, MAX_CONFIGS)
     return [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
-            for bn, bk in ranked + [cheapest]]
+            for bn, bk in tiles]
 
 
 _HOST = '''\
