@@ -11,7 +11,8 @@ milliseconds of the step and names the largest; the graphs stage records it for 
 decode workload (`decode_step` in its record, `core.records.DecodeStep`) and the report
 prints it.
 
-The floor counts the weights alone (each parameter storage once: a tied LM head is read once);
+The floor counts the weights alone (`weight_bytes`: each parameter storage once, a tied LM head
+read once, a mixture of experts' routed experts only as far as the step's tokens reach them);
 the KV cache a step reads is left out (Llama-3.2-1B at 1024 positions: 34 MB beside 2.5 GB).
 """
 
@@ -39,16 +40,50 @@ def short(name: str, width: int = 72) -> str:
     return base if len(base) <= width else base[:width - 3] + "..."
 
 
-def weight_bytes(model) -> int:
-    """Bytes of the model's parameters, each storage once (a tied LM head is read once)."""
-    seen, total = set(), 0
+def weight_bytes(model, batch: int = 1) -> int:
+    """Bytes of the weights a decode step of `batch` sequences reads: each parameter storage
+    once (a tied LM head is read once), the input embedding left out unless the LM head reads
+    it (a step gathers one row of it per sequence), and a mixture of experts' expert weights
+    scaled to the experts the step's tokens reach (`active_fraction`): the active-weight floor,
+    not the whole model's."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skip = set()
+    if emb is not None and (head is None or head.weight is not emb.weight):
+        skip.add(emb.weight.untyped_storage().data_ptr())
+    config = getattr(model, "config", None)
+    experts = _expert_params(model, config)
+    fraction = active_fraction(config, batch) if experts else 1.0
+    seen, total = set(), 0.0
     for p in model.parameters():
         storage = p.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key not in seen:
-            seen.add(key)
-            total += storage.nbytes()
-    return total
+        if key in seen or key[0] in skip:
+            continue
+        seen.add(key)
+        total += storage.nbytes() * (fraction if id(p) in experts else 1.0)
+    return int(total)
+
+
+def active_fraction(config, batch: int) -> float:
+    """The expected share of a layer's experts that `batch` tokens reach, each routed to top_k
+    of E experts as a uniform router would (a model built from its config has one; a trained
+    router concentrates, which reads fewer): 1 - (1 - top_k / E) ** batch."""
+    e = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    k = getattr(config, "num_experts_per_tok", None)
+    if not e or not k:
+        return 1.0
+    return 1.0 - (1.0 - min(k, e) / e) ** max(batch, 1)
+
+
+def _expert_params(model, config) -> set[int]:
+    """ids of the routed experts' parameters (a module named `experts` holding one stacked
+    tensor per projection, [E, ...]); a shared expert is read in full and is not among them."""
+    e = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not e:
+        return set()
+    return {id(p) for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "experts"
+            for p in m.parameters(recurse=True) if p.dim() >= 1 and p.shape[0] == e}
 
 
 def anatomy(kernels: list[tuple[str, float]], step_ms: float | None, weights: int,

@@ -29,6 +29,7 @@ from core.artifacts import load, write_json
 from core.errors import UserError
 from core.records import E2E, GenerationPoint, GenerationVariant, Integration, Profile, TokenTimes
 from core.workload import SHORT, parse_int_list
+from pipeline.decode_step import weight_bytes
 from pipeline.e2e_variants import (
     GRAPHED,
     NEEDS_RUN,
@@ -93,17 +94,6 @@ def run_workloads(run_dir: Path, batch: int, prompt: int, new: int) -> tuple[str
         f"decode kernels from {key}, not KV {prompt + new}: cases of another length run the "
         "original code (see which families served the generation)")
     return pre, key, note
-
-
-def weight_bytes(model) -> int:
-    """Bytes a decode step reads of the weights: every parameter once (tied ones once), the
-    input embedding left out unless the LM head reads it."""
-    # parameters() yields a tied weight once: tying shares the Parameter
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if emb is not None and (head is None or head.weight is not emb.weight):
-        total -= emb.weight.numel() * emb.weight.element_size()
-    return total
 
 
 def times_of(calls: list[tuple[float, list[float], float]], batch: int, new: int) -> TokenTimes:
@@ -191,7 +181,7 @@ def _point(run_dir: Path, model, batch: int, prompt: int, new: int, dtype: str, 
     are freed (an 8B model's take seconds), so a step limit there loses nothing."""
     key = point_key(batch, prompt, new, dtype)
     limit = getattr(model.config, "max_position_embeddings", None)
-    wbytes = weight_bytes(model)
+    wbytes = weight_bytes(model, batch)
     base = GenerationPoint(key=key, batch=batch, prompt=prompt, new=new, weight_bytes=wbytes,
                            floor_ms=wbytes / (bandwidth * 1e9) * 1e3 if bandwidth else None)
     if limit is not None and prompt + new > limit:

@@ -493,7 +493,7 @@ class _Sides:
         copy = ceilings(self.device).get("bandwidth_GBps")
         layers = getattr(self.model.config, "num_hidden_layers", 0) or 0
         return anatomy(step_kernels(self.graphed(self.graph_kept)), step_ms,
-                       weight_bytes(self.model), copy, layers)
+                       weight_bytes(self.model, self.w.batch), copy, layers)
 
     def close(self) -> None:
         while self.open:

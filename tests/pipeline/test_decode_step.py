@@ -106,3 +106,29 @@ def test_fused_projections_and_cublas_nvjet_stream_weights():
              "_kv_static_kernel"]
     rec = anatomy([(n, 10.0) for n in names], None, int(0.001 * GB), 1000.0, 1)
     assert rec["levers_ms"]["fusion"] == pytest.approx(0.030)  # the last three only
+
+
+def test_the_floor_reads_an_untied_embedding_once_per_token_not_whole():
+    from profiling.loader import build, resolve
+
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    emb = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    tied = model.get_output_embeddings().weight is emb
+    assert weight_bytes(model) == total - (0 if tied else emb.numel() * emb.element_size())
+
+
+def test_an_moe_step_reads_the_experts_its_tokens_reach():
+    from pipeline.decode_step import active_fraction
+    from profiling.loader import build, resolve
+
+    model = build(resolve("tiny-qwen3-moe"), torch.float32, "cpu")
+    cfg = model.config
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    assert active_fraction(cfg, 1) == k / e
+    assert active_fraction(cfg, 10_000) == 1.0
+    experts = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                  if ".experts." in n)
+    assert experts > 0
+    one, many = weight_bytes(model, 1), weight_bytes(model, 10_000)
+    assert many - one == round(experts * (1 - k / e))
