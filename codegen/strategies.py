@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 STRATEGIES = ("auto", "grid", "random", "tpe")
 # Trials per case where the user names no budget (on a GPU). At Llama-3.2-1B's shapes the
-# spaces hold 7 (gemv, decode_attention), 8 (matmul), 9 (rmsnorm), 16 (matmul_epilogue) and
+# spaces hold 10 (gemv), 7 (decode_attention), 8 (matmul), 9 (rmsnorm), 16 (matmul_epilogue) and
 # 17 (gated_act) configs: "auto" is exhaustive on the small ones and TPE on the two large.
 DEFAULT_TRIALS = 10
 # Configs a later run starts from, and how many of the strategy's own trials follow them

@@ -5,9 +5,11 @@ Why it exists: a graphed decode step spends most of its time in cuBLAS GEMMs at 
 well above the time reading their weights takes: the narrow k/v projections read theirs at a
 fraction of the memory's bandwidth (benchmarks/probes/README.md, `decode_kernels.py`). The
 kernel (kernel.py) splits the weight into enough programs, split-K where n alone gives too
-few, to keep the memory busy. Its search space starts with cuBLAS itself, so a shape where no
-GEMV config wins (with cold weights, the wide projections and the LM heads:
-benchmarks/probes/README.md, `gemv.py`) keeps cuBLAS's time.
+few, to keep the memory busy; the split sum runs as a second kernel or, FUSED, in the split
+kernel's last program per column block (one launch, what a graphed batch-1 step counts). Its
+search space starts with cuBLAS itself, so a shape where no GEMV config wins (with cold
+weights, the wide projections and the LM heads: benchmarks/probes/README.md, `gemv.py`) keeps
+cuBLAS's time.
 
 A family of its own rather than configs of `matmul`: that family acts on the widths it pads
 and declines the aligned ones, where cuBLAS is near its roofline at prefill; at a few rows it
@@ -62,7 +64,7 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.gemv.kernel", "search_space"),
-    leads=lambda case: 2,  # cuBLAS, then the guessed tile
+    leads=lambda case: 2,  # cuBLAS, then the guessed tile (FUSED where k >> n)
     render=lazy("codegen.gemv.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

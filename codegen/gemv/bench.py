@@ -11,8 +11,9 @@ GB/s: the bytes a GEMV must move (weights, x, the output; gpt-fast's "achieved b
 over its time. Weights are cold: each graph cycles over copies of them worth more than three
 L2s (an H100's 50 MB would otherwise hold Llama's k/v projection and overstate it), as a
 decode step finds them, each layer's weights read once per token. Every config of
-`search_space` (or its first `--max-configs`: cuBLAS and the best guesses), rendered as the
-search writes it, is checked against the float64 product first.
+`search_space` (or its first `--max-configs`: cuBLAS and the best guesses, for the tall
+projections the FUSED split guess first), rendered as the search writes it, is checked against
+the float64 product first; the fastest verified one is "ours", whichever kind it is.
 """
 
 from __future__ import annotations
@@ -175,23 +176,38 @@ def run_gate_up(model: str, k: int, n: int, rows: int, dtype: str, tmp: Path,
     return line
 
 
+def config_words(config: dict | None) -> str:
+    """A config in a table cell: cuBLAS, or BLOCK_N x BLOCK_K, its splits and how they are
+    summed (a second kernel, or FUSED: in the split kernel's last program)."""
+    if not config:
+        return "-"
+    if config.get("impl") == "cublas":
+        return "cuBLAS"
+    words = f"{config['BLOCK_N']}x{config['BLOCK_K']}"
+    splits = config.get("SPLIT_K", 1)
+    if splits > 1:
+        words += f" split {splits}" + (" fused" if config.get("FUSED") else " + sum kernel")
+    return words
+
+
 def markdown(lines: list[dict], copy_gbps: float | None, device: str) -> str:
     ref = f"{copy_gbps:.0f} GB/s" if copy_gbps else "not measured"
     out = [f"# Decode GEMVs on {device}", "",
            f"Copy bandwidth (`pipeline calibrate`): {ref}. Weights cold (copies cycled over "
            f"{COLD_BYTES >> 20} MiB or more), at least {GRAPH_CALLS} calls per CUDA graph. "
            "cuBLAS: F.linear (gate+up+silu*mul: HF's chain of four kernels); ours: the best "
-           "verified config.", "",
+           "verified config (its tile, splits and how they are summed: a second kernel, or "
+           "fused into the split kernel).", "",
            "| model | shape | rows | k | n | MB | cuBLAS us | cuBLAS GB/s | ours us | ours GB/s "
-           "| of copy | speedup |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| of copy | speedup | ours config |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in lines:
         best = r.get("best_GBps")
         frac = f"{best / copy_gbps:.0%}" if best and copy_gbps else "-"
         out.append(f"| {r['model']} | {r['shape']} | {r['rows']} | {r['k']} | {r['n']} | "
                    f"{r['bytes'] / 1e6:.1f} | {r['cublas_us']} | {r['cublas_GBps']} | "
                    f"{r.get('best_us', '-')} | {best or '-'} | {frac} | "
-                   f"{r.get('speedup', '-')} |")
+                   f"{r.get('speedup', '-')} | {config_words(r.get('best_config'))} |")
     return "\n".join(out) + "\n"
 
 

@@ -12,9 +12,15 @@ SPLIT_K == 1 stores the output directly, with the bias added and one rounding. W
 `accumulate=True` the output's own values are added before that rounding (out += x @ W^T: a
 decoder layer's residual add folded into down_proj, codegen/add_rmsnorm/residual_gemm.py).
 SPLIT_K > 1 writes fp32 partials into a (SPLIT_K, rows, n) workspace and a second kernel sums
-them in split order, adds the bias and rounds once. The workspace is a torch.empty inside
-forward: under CUDA graph capture it comes from the graph's pool, and nothing is read back to
-the host, so a graph captures the call as it is.
+them in split order, adds the bias and rounds once; or, FUSED, the split kernel does that
+itself: each program counts its arrival on its column block's int32 counter after storing
+its partial, and the last to arrive sums the block's partials (the same helpers, the same
+order: the two-kernel result bit for bit), stores the output and resets the counter (one
+launch instead of two; at batch 1 a graphed decode step is bound by its launches, and
+cuBLAS runs Llama-3.2-1B's down projection as two, a split-K GEMV and cublasLt's
+splitKreduce: benchmarks/results/e2e-1207-h100/llama-3.2-1b/integration.json). The
+workspace is a torch.empty inside forward: under CUDA graph capture it comes from the graph's
+pool, and nothing is read back to the host, so a graph captures the call as it is.
 
 Numerics: every product and sum in fp32 (16-bit inputs multiply exactly), one rounding to the
 output dtype; the summation order (BLOCK_K-wide partial dot products, then chunk by chunk) is
@@ -23,11 +29,13 @@ not cuBLAS's, which the matmul family's order bound allows for.
 `search_space` starts with cuBLAS itself (torch.mm/addmm on the weight's transposed view, as
 F.linear runs it), so a case no GEMV config beats keeps cuBLAS's time, then orders the GEMV
 configs by a guess at what wins at one row (the widest loads, about four programs per SM of an
-H200, fewer splits); the search's measurement decides.
+H200, fewer splits; FUSED splits first where k is several times n); the search's measurement
+decides.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import textwrap
@@ -44,7 +52,19 @@ BLOCK_NS = (4, 8, 16, 32)
 BLOCK_KS = (128, 256, 512)
 SPLIT_KS = (1, 2, 4, 8)
 NUM_WARPS, NUM_STAGES = 4, 3
-MAX_CONFIGS = 7  # cuBLAS, five guesses, the cheapest: `--max-configs 7` searches them all
+# cuBLAS, five unfused guesses, three FUSED split ones, the cheapest: `--max-configs 10`
+# searches them all, as "auto" does with no budget named (codegen.strategies.DEFAULT_TRIALS)
+MAX_CONFIGS = 10
+FUSED_GUESSES = 3
+# k over n from which a case's guess is a FUSED split config: the down projections
+# (8192x2048, 14336x4096, 4864x896) and the k/v ones, where the graphed H100 table's winners
+# were split configs even with a sum kernel (benchmarks/results/decode-1207-h100/
+# gemv_table.json); q/o, gate/up and the LM heads won unsplit there
+TALL = 3
+# Tile (weight elements per step) the fused ranking prefers where grids tie: the gate/up
+# projection's winner there (16 x 512 over k=2048 in 4 steps, 512 programs: 85 % of the copy
+# bandwidth), which Llama-3.2-1B's down projection matches at SPLIT_K 4 step for step
+FUSED_TILE = 16 * 512
 # Programs the ordering aims for: four per SM of an H200 (132 SMs), enough weight loads in
 # flight to cover the memory latency with one row of x. A guess to order by, not a filter.
 SMS = 132
@@ -94,11 +114,12 @@ def _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K: tl.constexpr, EVEN_N:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk, w_sn, w_sk,
-                 o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, rows, seq, x_sb, x_ss, x_sk,
+                 w_sn, w_sk, o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, PDL: tl.constexpr = False):
+                 SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, FUSED: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,7 +131,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
     lo = split * K_CHUNK
     if PDL:  # codegen/pdl.py: the first weight tile, then the wait, then x (the first step)
         # no kernel of a decode step writes a weight, so its first tile loads while the
-        # previous kernel finishes; x, the bias' sum, out and the workspace wait for it
+        # previous kernel finishes; x, the bias' sum, out, the workspace and FUSED's
+        # counters (the previous call's) wait for it
         offs_k = lo + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K, EVEN_N)
@@ -124,17 +146,51 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, rows, seq, x_sb, x_ss, x_sk
         w = _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K, EVEN_N)
         acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
                                x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+    m2, n2 = offs_m[:, None], offs_n[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = o_ptr + offs_m[:, None] * o_sm + offs_n[None, :]
-        o_ok = m_ok[:, None] & n_ok[None, :]
-        if ACCUMULATE:  # out += x @ W^T: the residual add in the epilogue, one rounding
-            acc += tl.load(o_ptrs, mask=o_ok, other=0.0).to(tl.float32)
-        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_ok)
+        _finish(acc, b_ptr, o_ptr + m2 * o_sm + n2, n2, ok, n_ok[None, :], HAS_BIAS, ACCUMULATE)
     else:
-        tl.store(ws_ptr + (split * rows + offs_m[:, None]) * N + offs_n[None, :], acc,
-                 mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(ws_ptr + (split * rows + m2) * N + n2, acc, mask=ok)
+        if FUSED:
+            # as codegen/decode_attention/kernel.py's FUSED: every thread's partial stores
+            # issued before one thread's release (bar.sync), then the arrival on this column
+            # block's counter: acq_rel at GPU scope publishes this program's partial to the
+            # last one and, in that last one, makes every other split's partial visible
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                # the sum kernel's helpers, in split order: the same bits as the two kernels
+                acc = _split_total(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), ws_ptr,
+                                   rows, m2, n2, ok, N, SPLIT_K)
+                _finish(acc, b_ptr, o_ptr + m2 * o_sm + n2, n2, ok, n_ok[None, :], HAS_BIAS,
+                        ACCUMULATE)
+                # every split of this column block has arrived: zero for the next call (or
+                # graph replay), which starts only once this launch has ended
+                tl.store(count_ptr + pid_n, 0)
+
+
+@triton.jit
+def _split_total(acc, ws_ptr, rows, m, offs_n, ok, N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """acc (zeros of the output tile's shape) plus the SPLIT_K fp32 partials of rows m,
+    columns offs_n, in split order: a fixed summation order. Loads bypass L1 (.cg): in the
+    FUSED kernel the partials are other SMs' stores, and L1 is not coherent across SMs."""
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + (s * rows + m) * N + offs_n, mask=ok, other=0.0,
+                       cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def _finish(acc, b_ptr, o_ptrs, offs_n, ok, n_ok, HAS_BIAS: tl.constexpr,
+            ACCUMULATE: tl.constexpr):
+    """The fp32 sum acc plus the bias and, ACCUMULATE, out's own values (out += x @ W^T: the
+    residual add in the epilogue), rounded once into out."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    if ACCUMULATE:
+        acc += tl.load(o_ptrs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(o_ptrs, acc.to(o_ptrs.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -147,14 +203,10 @@ def _split_sum_kernel(ws_ptr, b_ptr, o_ptr, rows, o_sm, N: tl.constexpr,
     offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_ok = offs_n < N
     for m in range(0, rows):
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):  # in split order: a fixed summation order
-            acc += tl.load(ws_ptr + (s * rows + m) * N + offs_n, mask=n_ok, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        if ACCUMULATE:
-            acc += tl.load(o_ptr + m * o_sm + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(o_ptr + m * o_sm + offs_n, acc.to(o_ptr.dtype.element_ty), mask=n_ok)
+        acc = _split_total(tl.zeros([BLOCK], dtype=tl.float32), ws_ptr, rows, m, offs_n, n_ok,
+                           N, SPLIT_K)
+        _finish(acc, b_ptr, o_ptr + m * o_sm + offs_n, offs_n, n_ok, n_ok, HAS_BIAS,
+                ACCUMULATE)
 
 
 def block_ks(k: int) -> list[int]:
@@ -175,18 +227,32 @@ def k_chunk(k: int, block_k: int, split_k: int) -> int:
 CUBLAS = {"impl": "cublas"}
 
 
-def _config(bn: int, bk: int, sk: int) -> dict:
+def _config(bn: int, bk: int, sk: int, fused: bool = False) -> dict:
     return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_warps": NUM_WARPS,
-            "num_stages": NUM_STAGES}
+            "num_stages": NUM_STAGES, **({"FUSED": True} if fused else {})}
+
+
+def busy_programs(n: int, k: int, bn: int, bk: int, sk: int) -> int:
+    """Programs with k to stream: a split whose chunk starts past k (k_chunk rounds up to
+    whole BLOCK_K steps) launches but reads nothing."""
+    return cdiv(n, bn) * cdiv(k, k_chunk(k, bk, sk))
 
 
 def search_space(case: Case) -> list[dict]:
     """cuBLAS (CUBLAS), then BLOCK_N x BLOCK_K x SPLIT_K (SPLIT_K * BLOCK_K <= k; tiles of
-    MIN_TILE elements and more where any are), at most MAX_CONFIGS in all: the widest
-    BLOCK_K first (every winner of the lead's probe, cold and warm, used 512), then grids that
-    fill the GPU, nearest TARGET_PROGRAMS programs, fewer splits (no sum kernel); last the
-    cheapest for the interpreter (the widest slabs and steps, no split: the fewest programs
-    and iterations), which CPU runs use."""
+    MIN_TILE elements and more where any are), at most MAX_CONFIGS in all; last the cheapest
+    for the interpreter (the widest slabs and steps, no split: the fewest programs and
+    iterations), which CPU runs use.
+
+    Two rankings, interleaved. The unfused (no "FUSED" key: the dicts, and with them their
+    candidates' folder names and remembered searches, are what they were): the widest BLOCK_K
+    first (every winner of the lead's probe, cold and warm, used 512), then grids that fill
+    the GPU, nearest TARGET_PROGRAMS programs, fewer splits (no sum kernel). The FUSED split
+    ones (the sum in the last split program: no second launch, so a split costs little): the
+    widest BLOCK_K, programs that stream k nearest TARGET_PROGRAMS, then tiles nearest
+    FUSED_TILE. A tall case (k at least TALL x n) starts with the fused guess where it loads as
+    wide as the unfused one, every other with the unfused guess: the second entry is the
+    family's guess (Family.leads)."""
     k, n = case["k"], case["n"]
     configs = [(bn, bk, sk) for bn in BLOCK_NS for bk in block_ks(k) for sk in SPLIT_KS
                if sk == 1 or sk * bk <= k]
@@ -197,9 +263,23 @@ def search_space(case: Case) -> list[dict]:
         programs = cdiv(n, bn) * sk
         return (-bk, programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)), sk, bn)
 
+    def fused_guess(c):
+        bn, bk, sk = c
+        programs = busy_programs(n, k, bn, bk, sk)
+        return (-bk, programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)),
+                abs(math.log2(bn * bk / FUSED_TILE)), sk, bn)
+
     cheapest = (BLOCK_NS[-1], block_ks(k)[-1], 1)
-    ranked = [c for c in sorted(configs, key=guess) if c != cheapest][:MAX_CONFIGS - 2]
-    return [CUBLAS] + [_config(*c) for c in ranked + [cheapest]]
+    ranked = [_config(*c) for c in sorted(configs, key=guess) if c != cheapest]
+    ranked = ranked[:MAX_CONFIGS - 2 - FUSED_GUESSES]
+    fused = [_config(*c, fused=True) for c in sorted(configs, key=fused_guess) if c[2] > 1]
+    fused = fused[:FUSED_GUESSES]
+    # the widest loads first holds across both: a fused guess of narrower BLOCK_K (k too short
+    # to split at 512) does not lead
+    tall = k >= TALL * n and fused and (not ranked or fused[0]["BLOCK_K"] >= ranked[0]["BLOCK_K"])
+    first, second = (fused, ranked) if tall else (ranked, fused)
+    mixed = [c for pair in itertools.zip_longest(first, second) for c in pair if c is not None]
+    return [CUBLAS] + mixed + [_config(*cheapest)]
 
 
 _CHECK = '''\
@@ -254,6 +334,21 @@ def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
 _TRITON = '''\
 _kernels = {}
 _sums = {}
+# FUSED: the split programs' arrival counters, one int32 per BLOCK_N column block, kept per
+# device for the process and zero between calls (the last program of each column block resets
+# its own, so no memset runs per call). The first call allocates them: make it before a CUDA
+# graph is captured (the graphs stage's warm-up does), so the graph uses a buffer it does not
+# own. A first call inside a capture works too: its torch.zeros is captured and re-zeroes the
+# buffer each replay. The calls sharing a buffer (every layer's projection of this case) run
+# one after another on one stream, as a decode step's layers do.
+_COUNTERS = {}
+
+
+def _counters(device):
+    counts = _COUNTERS.get(device)
+    if counts is None:
+        counts = _COUNTERS[device] = torch.zeros(N_BLOCKS, dtype=torch.int32, device=device)
+    return counts
 
 
 def _kernel(block_m, accumulate):
@@ -263,8 +358,8 @@ def _kernel(block_m, accumulate):
         _kernels[key] = launcher(
             _gemv_kernel, K=K, N=N, K_CHUNK=K_CHUNK, EVEN_K=EVEN_K, EVEN_N=EVEN_N,
             HAS_BIAS=HAS_BIAS, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-            SPLIT_K=SPLIT_K, ACCUMULATE=accumulate and SPLIT_K == 1, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES)
+            SPLIT_K=SPLIT_K, ACCUMULATE=accumulate and (SPLIT_K == 1 or FUSED), FUSED=FUSED,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return _kernels[key]
 
 
@@ -292,10 +387,12 @@ def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
     bias = w if b is None else b
     ws = o if SPLIT_K == 1 else torch.empty((SPLIT_K, rows, N), dtype=torch.float32,
                                             device=x.device)
+    counts = _counters(x.device) if FUSED else ws
     block_m = 1 << (rows - 1).bit_length()
-    _kernel(block_m, accumulate)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, rows, seq, x_sb,
-                                 x_ss, x.stride(-1), w.stride(0), w.stride(1), o.stride(0))
-    if SPLIT_K > 1:
+    _kernel(block_m, accumulate)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, counts, rows, seq,
+                                 x_sb, x_ss, x.stride(-1), w.stride(0), w.stride(1),
+                                 o.stride(0))
+    if SPLIT_K > 1 and not FUSED:
         _sum(accumulate)((SUM_PROGRAMS,), ws, bias, o, rows, o.stride(0))
 '''
 
@@ -327,8 +424,12 @@ def render(config: dict, case: Case) -> str:
             ''')
         return header + common + "\n\n" + _CHECK + _CUBLAS
     bn, bk, sk = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    fused = bool(config.get("FUSED", False)) and sk > 1
     chunk = k_chunk(k, bk, sk)
     launch = ("one program per BLOCK_N rows of W, output stored directly" if sk == 1 else
+              f"one kernel, {sk} K splits per BLOCK_N rows of W into an fp32 workspace, "
+              "summed by the last split to arrive (an int32 counter per BLOCK_N rows)"
+              if fused else
               f"{sk} K splits per BLOCK_N rows of W into an fp32 workspace, then a sum kernel")
     header = textwrap.dedent(f'''\
         """Few-row projection candidate (GEMV): out = x @ W^T (+ b), W an nn.Linear's (n, k).
@@ -347,6 +448,7 @@ def render(config: dict, case: Case) -> str:
         BLOCK_N = {bn}
         BLOCK_K = {bk}
         SPLIT_K = {sk}
+        FUSED = {fused}
         K_CHUNK = {chunk}
         EVEN_K = {k % (sk * bk) == 0}
         EVEN_N = {n % bn == 0}
@@ -358,4 +460,5 @@ def render(config: dict, case: Case) -> str:
         ''')
     return "\n\n".join([header + common + consts, kernel_source(_rows_times_tile),
                         kernel_source(_weight_tile), kernel_source(_gemv_kernel),
+                        kernel_source(_split_total), kernel_source(_finish),
                         kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

@@ -31,11 +31,16 @@ DECODE_SPLIT = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_G=16, BLOCK_N=64, SPLITS=4, L
                     HAS_MASK=True, QK_PRECISION="tf32", PV_PRECISION="tf32x3")
 DECODE_POINTERS = {"len_ptr": "i64", "mask_ptr": "i8", "part_ptr": "fp32", "ml_ptr": "fp32",
                    "count_ptr": "i32"}
+GEMV_POINTERS = {"ws_ptr": "fp32", "count_ptr": "i32"}
 # kernel -> (its constexprs at Llama-3.2-1B's decode shapes, pointer dtypes other than bf16)
 KERNELS = {
     "gemv": (_gemv_kernel, dict(K=2048, N=2048, K_CHUNK=2048, EVEN_K=True, EVEN_N=True,
                                 HAS_BIAS=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1,
-                                ACCUMULATE=True), {"ws_ptr": "fp32"}),
+                                ACCUMULATE=True), GEMV_POINTERS),
+    # the down projection's FUSED guess: the split sum in the last program of each column block
+    "gemv_fused": (_gemv_kernel, dict(K=8192, N=2048, K_CHUNK=2048, EVEN_K=True, EVEN_N=True,
+                                      HAS_BIAS=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=512,
+                                      SPLIT_K=4, ACCUMULATE=True, FUSED=True), GEMV_POINTERS),
     "split_sum": (_split_sum_kernel, dict(N=2048, HAS_BIAS=False, BLOCK=512, SPLIT_K=4,
                                           ACCUMULATE=True), {"ws_ptr": "fp32"}),
     "gated_gemv": (_gated_gemv_kernel, dict(HIDDEN=2048, COLS=8192, EVEN_K=True,

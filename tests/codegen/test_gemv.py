@@ -42,11 +42,13 @@ CASES = [make_case(1, 300, 40, "float32", True, (1, 1)),
 
 
 def _ends_and_a_split(case):
-    """cuBLAS (first), the first and last GEMV configs, and the first split one."""
+    """cuBLAS (first), the first and last GEMV configs, the first split one with the sum
+    kernel and the first FUSED one."""
     space = FAMILY.search_space(case)
     assert space[0] == CUBLAS and CUBLAS not in space[1:]
-    split = next(c for c in space[1:] if c["SPLIT_K"] > 1)
-    configs = {repr(c): c for c in (space[0], space[1], space[-1], split)}
+    split = next(c for c in space[1:] if c["SPLIT_K"] > 1 and not c.get("FUSED"))
+    fused = next(c for c in space[1:] if c.get("FUSED"))
+    configs = {repr(c): c for c in (space[0], space[1], space[-1], split, fused)}
     assert {c["SPLIT_K"] > 1 for c in list(configs.values())[1:]} == {True, False}
     return list(configs.values())
 
@@ -71,8 +73,10 @@ def test_the_search_space_is_small_and_ends_with_the_interpreters_cheapest():
     assert all(c["SPLIT_K"] * c["BLOCK_K"] <= 2048 for c in space[1:])
     assert space[-1] == {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4,
                          "num_stages": 3}
-    # k/v at one row: 512 outputs fill an H200 only when split (the probe's cold winner)
-    assert space[1] == {**space[-1], "BLOCK_N": 4, "SPLIT_K": 4}
+    # k/v at one row: 512 outputs fill an H200 only when split (the probe's cold winner), the
+    # sum folded into the split kernel first (k is four times n), then with the sum kernel
+    assert space[1] == {**space[-1], "BLOCK_N": 4, "SPLIT_K": 4, "FUSED": True}
+    assert space[2] == {**space[-1], "BLOCK_N": 4, "SPLIT_K": 4}
     # a k under every BLOCK_K still gets a config (one masked step)
     assert FAMILY.search_space(make_case(1, 64, 64, "float32", False))[-1]["BLOCK_K"] == 128
 
@@ -232,7 +236,14 @@ def test_gpu_every_config_is_right_in_bf16_at_llamas_kv_shape_and_captures():
 
 
 def test_the_decode_gemv_table_counts_bytes_and_reads_against_the_copy_bandwidth():
-    from codegen.gemv.bench import COLD_BYTES, MAX_COPIES, copies_for, gemv_bytes, markdown
+    from codegen.gemv.bench import (
+        COLD_BYTES,
+        MAX_COPIES,
+        config_words,
+        copies_for,
+        gemv_bytes,
+        markdown,
+    )
 
     # Llama-3.2-1B's k/v projection at one row, bf16: the weight, x and the output
     assert gemv_bytes(1, 2048, 512, False, 2) == (2048 * 512 + 2048 + 512) * 2
@@ -249,7 +260,13 @@ def test_the_decode_gemv_table_counts_bytes_and_reads_against_the_copy_bandwidth
     md = markdown([line, {**line, "shape": "down", "best_GBps": None}], 3000.0, "H100")
     assert "Copy bandwidth (`pipeline calibrate`): 3000 GB/s" in md
     assert "| llama-3.2-1b | k/v | 1 | 2048 | 512 | 2.1 | 1.5 | 1400.0 | 1.0 | 2100.0 | 70% |" in md
-    assert "| down |" in md and md.count("\n|") == 4
+    assert "| down |" in md and md.count("\n|") == 4 and md.count("| - |\n") == 2
+    best = {**line, "best_config": {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "FUSED": True}}
+    assert "| 1.5 | 16x512 split 4 fused |" in markdown([best], 3000.0, "H100")
+    two = {"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT_K": 2}
+    assert config_words(two) == "8x512 split 2 + sum kernel"
+    assert config_words(CUBLAS) == "cuBLAS"
+    assert config_words({"GEMV": True, "BLOCK_N": 8, "BLOCK_K": 512}) == "8x512"
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -271,3 +288,130 @@ def test_every_config_accumulates_into_out_in_its_epilogue(bias, tmp_path):
             continue
         forward(*inputs, out=out, accumulate=True, **FAMILY.params(case))
         assert_close(out, total + F.linear(*inputs), (1e-5, 1e-5))
+
+
+# ------------------------------------------------------------------ FUSED split-K
+
+SPLIT4 = {"BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3}
+FUSED4 = {**SPLIT4, "FUSED": True}  # the split sum in the last split program of each block
+
+
+def _counters(forward, device) -> torch.Tensor:
+    """The rendered FUSED candidate's arrival counters (keyed by the inputs' device)."""
+    return forward.__globals__["_COUNTERS"][device]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("base", CASES, ids=["1row-bias", "3rows-strided"])
+def test_fused_split_equals_the_sum_kernels_bit_for_bit_and_leaves_its_counters_at_zero(
+        base, dtype, tmp_path):
+    """FUSED (4 splits of 128: at k=300 the last split is empty and the third masked; n=40 is
+    no multiple of BLOCK_N 16) at one row with a bias and at three strided rows with and
+    without `accumulate`, called twice in a row on new inputs: one kernel launched (the sum
+    kernel is never called), the two-kernel split's output bit for bit (one summation helper,
+    split order), the reference's within tolerance, and each call leaves the same counter
+    buffer at zero for the next. The interpreter runs a launch's programs one after another,
+    so the last split of each column block is the one that sums."""
+    case = {**base, "dtype": dtype}
+    fused = load_rendered(FAMILY, FUSED4, case, tmp_path)
+    two = load_rendered(FAMILY, SPLIT4, case, tmp_path)
+    fused.__globals__["_split_sum_kernel"] = None  # launching it would raise
+    params, counts = FAMILY.params(case), None
+    for accumulate in (False,) if case["bias"] else (False, True):
+        for seed in (1, 2):
+            inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(seed))
+            start = FAMILY.make_out(case, inputs).normal_()
+            got, want = start.clone(), start.clone()
+            fused(*inputs, out=got, accumulate=accumulate, **params)
+            two(*inputs, out=want, accumulate=accumulate, **params)
+            assert torch.equal(got, want), (accumulate, seed)
+            ref = FAMILY.reference(*inputs, **params)
+            assert_close(got, ref + start if accumulate else ref, TOL[dtype])
+            now = _counters(fused, inputs[0].device)
+            assert now.dtype == torch.int32 and now.shape == (3 if case["n"] == 40 else 4,)
+            assert (now == 0).all() and (counts is None or now is counts)
+            counts = now
+
+
+def test_the_verifier_accepts_a_fused_split_candidate(tmp_path):
+    """FUSED, whose counters carry from call to call through the verifier's repeated,
+    edge-case and memoisation calls (the family's example case; two splits of 128, the
+    second mostly masked)."""
+    verify_on_cpu_or_gpu(FAMILY, FAMILY.examples[0], tmp_path, {**FUSED4, "SPLIT_K": 2})
+
+
+def test_the_search_space_leads_with_a_fused_split_where_k_is_several_times_n():
+    """Down projections (Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-0.5B) and Llama's k/v: the guess
+    after cuBLAS (Family.leads) is FUSED at the widest BLOCK_K, 16 x 512 tiles where the grid
+    allows (Llama-3.2-1B's down: 128 column blocks x 4 splits, 512 programs); q/o, gate/up and
+    the LM head keep the unfused guess first. Every FUSED config splits k; the others carry
+    no FUSED key (their folder names and remembered searches stay what they were); the space
+    holds at most MAX_CONFIGS and ends with the interpreter's cheapest."""
+    from codegen.gemv.kernel import MAX_CONFIGS
+
+    def space(k, n):
+        return FAMILY.search_space(make_case(1, k, n, "bfloat16", False, (1, 1)))
+
+    tile = {"BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "FUSED": True}
+    assert space(8192, 2048)[1] == {**tile, "BLOCK_N": 16, "SPLIT_K": 4}
+    assert space(14336, 4096)[1] == {**tile, "BLOCK_N": 16, "SPLIT_K": 2}
+    for k, n in ((4864, 896), (2048, 512), (4096, 1024)):
+        guess = space(k, n)[1]
+        assert guess["FUSED"] and guess["BLOCK_K"] == 512 and guess["SPLIT_K"] > 1, (k, n)
+    for k, n in ((2048, 2048), (2048, 8192), (4096, 4096), (2048, 128256)):
+        assert "FUSED" not in space(k, n)[1] and space(k, n)[2]["FUSED"], (k, n)
+    for k, n in ((8192, 2048), (896, 128), (2048, 2048), (300, 40)):
+        configs = space(k, n)
+        assert 2 < len(configs) <= MAX_CONFIGS and configs[0] == CUBLAS
+        assert all(c["SPLIT_K"] > 1 for c in configs if c.get("FUSED") is True)
+        assert all(c.get("FUSED", True) is True for c in configs[1:])  # True or absent
+        assert configs[-1]["SPLIT_K"] == 1 and "FUSED" not in configs[-1]
+    assert space(8192, 2048)[-1] == {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1,
+                                     "num_warps": 4, "num_stages": 3}
+
+
+def test_the_fused_source_says_so_and_orders_its_arrival(tmp_path):
+    case = make_case(1, 8192, 2048, "float16", False, (1, 1))
+    two, fused = FAMILY.render(SPLIT4, case), FAMILY.render(FUSED4, case)
+    assert "FUSED = False" in two and "then a sum kernel" in two
+    assert "FUSED = True" in fused and "Launch: one kernel, 4 K splits" in fused
+    assert 'sem="acq_rel", scope="gpu"' in fused and 'cache_modifier=".cg"' in fused
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gpu_fused_split_replays_in_a_cuda_graph(rows):
+    """Llama-3.2-1B's down projection (8192 -> 2048, bf16) with the residual add folded in
+    (`accumulate`), the family's FUSED guess captured once and replayed five times on new x:
+    each replay equals the two-kernel split of the same tile run eagerly, bit for bit, and
+    leaves the counters at zero (the graph holds no memset: the last program resets them)."""
+    import tempfile
+    from pathlib import Path
+
+    tmp = Path(tempfile.mkdtemp())
+    case = make_case(rows, 8192, 2048, "bfloat16", False, (rows, 1))
+    fused_config = FAMILY.search_space(case)[1]
+    assert fused_config.get("FUSED")
+    fused = load_rendered(FAMILY, fused_config, case, tmp)
+    two = load_rendered(FAMILY, {k: v for k, v in fused_config.items() if k != "FUSED"}, case,
+                        tmp)
+    gen = torch.Generator("cuda").manual_seed(rows)
+    x, w = FAMILY.make_inputs(case, "cuda", gen)
+    start = FAMILY.make_out(case, (x,)).normal_(generator=gen)
+    out = start.clone()
+    fused(x, w, out=out, accumulate=True, **FAMILY.params(case))  # compile, counters, before
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(start)
+        fused(x, w, out=out, accumulate=True, **FAMILY.params(case))
+    for _ in range(5):
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda", dtype=x.dtype))
+        graph.replay()
+        want = start.clone()
+        two(x, w, out=want, accumulate=True, **FAMILY.params(case))
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+        assert (_counters(fused, x.device) == 0).all()
+    exact = start.double() + F.linear(x.double(), w.double())
+    assert (out.double() - exact).abs().max().item() <= 1e-2 + 1.6e-2 * exact.abs().max().item()
