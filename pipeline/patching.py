@@ -70,7 +70,7 @@ def for_compile(names: list[str]) -> dict:
     """What a compiled user of these families is offered: {"families": those torch.compile
     traces, "left_out": {family: why}} (`Family.traceable`)."""
     left_out = {n: UNTRACEABLE for n in names if not get_family(n).traceable}
-    return {"families": [n for n in names if n not in left_out], "left_out": left_out}
+    return {"families": sorted(n for n in names if n not in left_out), "left_out": left_out}
 
 
 def patch_memory(model, families: list[str]) -> dict[str, int]:
