@@ -4,7 +4,7 @@
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
         [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static,
                     ours-compile,ours-kernels,hf-best-experts,ours-graphs-pdl,
-                    ours-graphs-nopdl] [--export PKG]
+                    ours-graphs-nopdl,ours-graphs-pdl-noprefetch] [--export PKG]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
@@ -29,6 +29,9 @@ Variants (`--variants`, eager always included; the default is the first three):
 - ours-graphs-pdl / ours-graphs-nopdl: ours-graphs captured with PDL on / off whatever the
   graphs stage decided (skipped where PDL cannot run: no sm_90, the interpreter,
   PIPELINE_NO_PDL), the paired A/B of PDL alone.
+- ours-graphs-pdl-noprefetch: ours-graphs-pdl without the weight streamers' L2 prefetch
+  before the wait (`pdl.enabled(prefetch=False)`), the paired A/B of the prefetch alone
+  against ours-graphs-pdl (which has it unless PIPELINE_NO_PDL_PREFETCH is set).
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
 - ours-compile: the twin patched with the kept kernels torch.compile traces
   (`apply_kernels(compiled=True)`: each kernel call one custom op), then torch.compile in
@@ -62,6 +65,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -85,8 +89,10 @@ from verify.stats import bootstrap_ci
 VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has always run
 ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
                            "ours-compile", "ours-kernels", "hf-best-experts",
-                           "ours-graphs-pdl", "ours-graphs-nopdl")
-OURS_GRAPHS = ("ours-graphs", "ours-graphs-pdl", "ours-graphs-nopdl")
+                           "ours-graphs-pdl", "ours-graphs-nopdl",
+                           "ours-graphs-pdl-noprefetch")
+OURS_GRAPHS = ("ours-graphs", "ours-graphs-pdl", "ours-graphs-nopdl",
+               "ours-graphs-pdl-noprefetch")
 DECODE_ONLY = ("eager-static",)
 COMPILED = ("compile", "compile-reduce-overhead", "ours-compile")  # torch.compile's twins
 RECOMPILE_LIMIT = 8  # dynamo's default, per code object
@@ -97,7 +103,8 @@ PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
          ("ours-graphs", "graph"), ("ours-graphs", "ours"), ("graph", "eager-static"),
          ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"),
          ("ours", "hf-best-experts"), ("ours-graphs", "hf-best-experts"),
-         ("ours-graphs-pdl", "ours-graphs-nopdl"))
+         ("ours-graphs-pdl", "ours-graphs-nopdl"),
+         ("ours-graphs-pdl", "ours-graphs-pdl-noprefetch"))
 
 
 def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -336,14 +343,16 @@ def best_experts(model, workload: Workload, calls: int = BEST_EXPERTS_CALLS):
 
 def pdl_context(name: str, run_dir: Path, key: str):
     """The capture context of graph variant `name`: PDL as the graphs stage decided for
-    ours-graphs, on for ours-graphs-pdl (ValueError where it cannot be), off otherwise."""
+    ours-graphs, on for ours-graphs-pdl and, without the L2 prefetch, for
+    ours-graphs-pdl-noprefetch (ValueError where PDL cannot be), off otherwise."""
     from codegen import pdl
 
-    if name == "ours-graphs-pdl":
+    if name in ("ours-graphs-pdl", "ours-graphs-pdl-noprefetch"):
         why = pdl.unavailable()
         if why is not None:
             raise ValueError(f"PDL cannot run here: {why}")
-        return pdl.enabled
+        return pdl.enabled if name == "ours-graphs-pdl" else partial(pdl.enabled,
+                                                                     prefetch=False)
     if name != "ours-graphs":
         return None
     from core.artifacts import load

@@ -26,7 +26,8 @@ MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
            "transformers 5.17.0")
 VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
             "eager-static", "liger", "hf-eager", "hf-static", "ours-compile", "ours-kernels",
-            "ours-static-compile", "hf-best-experts", "ours-graphs-pdl", "ours-graphs-nopdl")
+            "ours-static-compile", "hf-best-experts", "ours-graphs-pdl", "ours-graphs-nopdl",
+            "ours-graphs-pdl-noprefetch")
 
 
 def key(row: dict) -> tuple:

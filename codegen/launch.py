@@ -215,11 +215,15 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
     """`launch(grid, *runtime_args)` for `kernel` with its trailing constexpr parameters and
     launch options (num_warps, num_stages) bound once. A kernel whose last parameter is
     `PDL` (codegen/pdl.py) and that the caller leaves unbound launches with PDL=False, or
-    with PDL=True and the PDL launch attribute while `codegen.pdl.enabled()` is on."""
+    with PDL=True and the PDL launch attribute while `codegen.pdl.enabled()` is on; one that
+    takes `PREFETCH` just before it gets PREFETCH=True where PDL is on and the prefetch is
+    too (`PDL_STATE.prefetch`), False otherwise."""
     fn = getattr(kernel, "fn", None)
     names = list(inspect.signature(fn).parameters) if fn is not None else []
     if names[-1:] == [PDL_PARAM] and PDL_PARAM not in constexprs_and_options:
-        return _pdl_switch(kernel, constexprs_and_options)
+        prefetch = names[-2:-1] == [PREFETCH_PARAM] and \
+            PREFETCH_PARAM not in constexprs_and_options
+        return _pdl_switch(kernel, constexprs_and_options, prefetch)
     bound = {k: v for k, v in constexprs_and_options.items() if k in names}
     options = {k: v for k, v in constexprs_and_options.items() if k not in names}
     trailing = tuple(bound[n] for n in names[len(names) - len(bound):]) \
@@ -294,13 +298,17 @@ def launcher(kernel, **constexprs_and_options) -> Callable[..., None]:
 # The switch lives here, not there, because this file is also an exported package's launcher
 # (pipeline/export.py copies it), which must import nothing of the project.
 PDL_PARAM = "PDL"  # the constexpr each PDL-aware kernel takes, last
+# the constexpr a weight-streaming PDL-aware kernel takes just before PDL: with PDL on, ask L2
+# for the program's weight slab before the wait (codegen/pdl.py says why)
+PREFETCH_PARAM = "PREFETCH"
 
 
 class _PDLState:
-    __slots__ = ("on",)
+    __slots__ = ("on", "prefetch")
 
     def __init__(self) -> None:
         self.on = False
+        self.prefetch = False  # only read while `on`
 
 
 PDL_STATE = _PDLState()  # read by every PDL-aware launcher at each launch
@@ -333,22 +341,26 @@ def pdl_options() -> dict:
     return {PDL_PARAM: True, "launch_pdl": True} if PDL_STATE.on else {}
 
 
-def _pdl_switch(kernel, bound: dict) -> Callable[..., None]:
+def _pdl_switch(kernel, bound: dict, prefetch: bool) -> Callable[..., None]:
     """The launcher of `kernel` with PDL off, or, where PDL can run in this process, one that
-    picks per launch (by `PDL_STATE`) between it and a PDL launcher built on first use. The
-    PDL launcher compiles its own specialisations (PDL is a constexpr), so a graph captured
+    picks per launch (by `PDL_STATE`) between it and a PDL launcher built on first use (two,
+    with the L2 prefetch and without, where the kernel takes `PREFETCH`). The PDL launchers
+    compile their own specialisations (PDL and PREFETCH are constexprs), so a graph captured
     with PDL on and one captured with it off hold different kernels."""
-    off = launcher(kernel, **bound, **{PDL_PARAM: False})
+    fetch = {PREFETCH_PARAM: False} if prefetch else {}
+    off = launcher(kernel, **bound, **fetch, **{PDL_PARAM: False})
     if pdl_hardware_reason() is not None:
         return off
-    state, on = PDL_STATE, []
+    state, on = PDL_STATE, {}
 
     def launch(grid, *args):
         if not state.on:
             return off(grid, *args)
-        if not on:
-            on.append(launcher(kernel, **bound, **{PDL_PARAM: True}, launch_pdl=True))
-        return on[0](grid, *args)
+        key = prefetch and state.prefetch
+        if key not in on:
+            on[key] = launcher(kernel, **bound, **({PREFETCH_PARAM: key} if prefetch else {}),
+                               **{PDL_PARAM: True}, launch_pdl=True)
+        return on[key](grid, *args)
 
     for name in ("compiled", "exact"):
         if hasattr(off, name):

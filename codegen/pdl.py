@@ -18,14 +18,26 @@ program waits unconditionally, so a kernel's completion implies its predecessor'
 chain holds across the whole step. `launch_dependents` comes after the wait, not before:
 a successor's programs then occupy SM slots only one kernel ahead, not the whole step's.
 
-`codegen.launch.launcher` binds `PDL` itself (the switch, `PDL_STATE`, lives in launch.py,
-which an exported package copies and which must import nothing of the project): off, unless
-`enabled()` is set around the call,
-and on only where `unavailable()` says nothing (never under the interpreter, which must not
-execute the griddepcontrol instructions, nor on a GPU older than sm_90 or a Triton without
-them). Whether PDL pays is a whole-graph question (a kernel's gain is its predecessor's tail),
-so the graphs stage captures the step both ways and keeps the faster by a paired timing;
-`NO_PDL_ENV` (or `optimize --no-pdl`) keeps it off.
+The weight-streaming kernels (gemv, matmul_epilogue's GEMV, qkv_proj, norm_qkv,
+norm_gate_up) also take a `PREFETCH` constexpr, just before `PDL`. A decode step's cost is
+its weight stream, and a kernel's first tile alone covers little of the predecessor's tail:
+set, each program asks L2 for every 128-byte line of the weight slab it will stream
+(`prefetch.global.L2`, codegen/prefetch.py) before it waits, so the slab lands in L2 while the
+predecessor finishes and the loop after the wait reads it from there. It is a hint (nothing
+is read into registers, nothing changes the arithmetic) and binds only where PDL is on:
+without PDL a program starts after its predecessor, with nothing to overlap.
+
+`codegen.launch.launcher` binds `PDL` and `PREFETCH` itself (the switch, `PDL_STATE`, lives
+in launch.py, which an exported package copies and which must import nothing of the
+project): off, unless `enabled()` is set around the call, and on only where `unavailable()`
+says nothing (never under the interpreter, which must not execute the griddepcontrol
+instructions, nor on a GPU older than sm_90 or a Triton without them). Whether PDL pays is
+a whole-graph question (a kernel's gain is its predecessor's tail), so the graphs stage
+captures the step both ways and keeps the faster by a paired timing; `NO_PDL_ENV` (or
+`optimize --no-pdl`) keeps it off. `NO_PREFETCH_ENV` keeps PDL and drops the prefetch
+(`enabled(prefetch=False)` does the same for one capture): whether prefetching a slab pays
+for the L2 traffic it adds is the GPU's to say, so it can be timed both ways
+(benchmarks/head_to_head.py's ours-graphs-pdl-noprefetch).
 """
 
 from __future__ import annotations
@@ -39,11 +51,22 @@ from codegen.launch import PDL_STATE as STATE
 from codegen.launch import pdl_options as launch_options  # noqa: F401 - for kernel[grid] calls
 
 NO_PDL_ENV = "PIPELINE_NO_PDL"
+NO_PREFETCH_ENV = "PIPELINE_NO_PDL_PREFETCH"
+
+
+def _set(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
 
 
 def forced_off() -> bool:
     """Whether the user turned PDL off (`NO_PDL_ENV` set to anything but "" or "0")."""
-    return os.environ.get(NO_PDL_ENV, "") not in ("", "0")
+    return _set(NO_PDL_ENV)
+
+
+def prefetch_forced_off() -> bool:
+    """Whether the user turned the L2 prefetch of PDL launches off (`NO_PREFETCH_ENV` set to
+    anything but "" or "0")."""
+    return _set(NO_PREFETCH_ENV)
 
 
 def hardware_reason() -> str | None:
@@ -60,12 +83,14 @@ def unavailable() -> str | None:
 
 
 @contextmanager
-def enabled(on: bool = True):
+def enabled(on: bool = True, prefetch: bool = True):
     """PDL launches for every PDL-aware kernel launched inside (a graph captured inside keeps
-    them); a no-op where `unavailable()` says why not."""
-    before = STATE.on
+    them), the weight-streaming ones with the L2 prefetch unless `prefetch` is False or
+    `NO_PREFETCH_ENV` is set; a no-op where `unavailable()` says why not."""
+    before = STATE.on, STATE.prefetch
     STATE.on = bool(on) and unavailable() is None
+    STATE.prefetch = STATE.on and bool(prefetch) and not prefetch_forced_off()
     try:
         yield STATE.on
     finally:
-        STATE.on = before
+        STATE.on, STATE.prefetch = before

@@ -174,6 +174,9 @@ class GraphPDL(Record):
     on: bool = False
     why: Needed[str]
     tried: bool = False  # False: PDL unavailable or turned off here (`why` says which)
+    # where tried: whether the PDL graph's weight streamers prefetched their slabs into L2
+    # before the wait (off where PIPELINE_NO_PDL_PREFETCH is set; codegen/pdl.py)
+    prefetch: bool | None = None
     captured: bool | None = None
     reason: str | None = None  # why the PDL capture failed, where it did
     off_ms: float | None = None  # medians of the paired timing: the graph without PDL

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from codegen.gemv.reference import MAX_ROWS
 from codegen.launch import cdiv
+from codegen.prefetch import _prefetch_slab
 from core.family import Case
 from core.source import kernel_source
 
@@ -90,11 +91,19 @@ def _rows_times_tile(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss,
             x = tl.load(x_ptrs)
         else:
             x = tl.load(x_ptrs, mask=k_ok, other=0.0)
-        part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
-        if BLOCK_M == 1:
-            acc += part[None, :]
-        else:
-            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        acc = _plus_row(acc, w, x, offs_m, m, BLOCK_M)
+    return acc
+
+
+@triton.jit
+def _plus_row(acc, w, x, offs_m, m, BLOCK_M: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) with row m plus the fp32 weight tile w times x, one row's
+    BLOCK_K slice (fp32 products, summed along k)."""
+    part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
+    if BLOCK_M == 1:
+        acc += part[None, :]
+    else:
+        acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     return acc
 
 
@@ -119,7 +128,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, rows, seq, x_sb,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, FUSED: tl.constexpr = False,
-                 PDL: tl.constexpr = False):
+                 PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,6 +145,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, rows, seq, x_sb,
         offs_k = lo + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K, EVEN_N)
+        if PREFETCH:  # the rest of the slab into L2 while the predecessor finishes
+            _prefetch_slab(w_ptr, pid_n * BLOCK_N, N, w_sn, w_sk, lo + BLOCK_K,
+                           tl.minimum(lo + K_CHUNK, K), BLOCK_N, K_CHUNK - BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
         acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
@@ -458,7 +470,9 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([header + common + consts, kernel_source(_rows_times_tile),
-                        kernel_source(_weight_tile), kernel_source(_gemv_kernel),
+    return "\n\n".join([header + common + consts, kernel_source(_plus_row),
+                        kernel_source(_rows_times_tile),
+                        kernel_source(_weight_tile), kernel_source(_prefetch_slab),
+                        kernel_source(_gemv_kernel),
                         kernel_source(_split_total), kernel_source(_finish),
                         kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

@@ -30,10 +30,11 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.gemv.kernel import _rows_times_tile, _weight_tile
+from codegen.gemv.kernel import _plus_row, _rows_times_tile, _weight_tile
 from codegen.gemv.reference import MAX_ROWS
 from codegen.launch import cdiv, guessed_tiles
 from codegen.matmul_epilogue.epilogue import _gated
+from codegen.prefetch import _prefetch_slab
 from core.family import Case
 from core.source import kernel_source
 
@@ -64,7 +65,7 @@ def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg
                        wu_sk, o_sm, o_sn, HIDDEN: tl.constexpr, COLS: tl.constexpr,
                        EVEN_K: tl.constexpr, GELU_TANH: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < COLS
     offs_m = tl.arange(0, BLOCK_M)
@@ -81,6 +82,12 @@ def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg
         k_ok = offs_k < HIDDEN
         wg = _weight_tile(g_rows, offs_k, k_ok, n_ok, wg_sk, EVEN_K, False)
         wu = _weight_tile(u_rows, offs_k, k_ok, n_ok, wu_sk, EVEN_K, False)
+        if PREFETCH:  # the rest of both slabs into L2 while the predecessor finishes
+            n0 = tl.program_id(0) * BLOCK_N
+            _prefetch_slab(wg_ptr, n0, COLS, wg_sn, wg_sk, BLOCK_K, HIDDEN, BLOCK_N,
+                           HIDDEN - BLOCK_K)
+            _prefetch_slab(wu_ptr, n0, COLS, wu_sn, wu_sk, BLOCK_K, HIDDEN, BLOCK_N,
+                           HIDDEN - BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
         acc_gate, acc_up = _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m,
@@ -176,6 +183,8 @@ def render(config: dict, case: Case, helpers: str, formula: str) -> str:
         NUM_STAGES = {config["num_stages"]}
         BAKED_PARAMS = {{"act": {act!r}}}
         ''')
-    return "\n\n".join([head, kernel_source(_gated), kernel_source(_rows_times_tile),
-                        kernel_source(_weight_tile), kernel_source(_gated_step),
+    return "\n\n".join([head, kernel_source(_gated), kernel_source(_plus_row),
+                        kernel_source(_rows_times_tile),
+                        kernel_source(_weight_tile), kernel_source(_prefetch_slab),
+                        kernel_source(_gated_step),
                         kernel_source(_gated_gemv_kernel), helpers, _HOST])

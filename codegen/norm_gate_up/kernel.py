@@ -28,6 +28,7 @@ from codegen.launch import cdiv, guessed_tiles
 from codegen.matmul_epilogue.epilogue import _gated
 from codegen.norm_gate_up.reference import MAX_ROWS
 from codegen.norm_prologue import _normed, _row_rstd, _row_total, sources
+from codegen.prefetch import _prefetch_slab
 from core.family import Case
 from core.source import kernel_source
 
@@ -41,15 +42,81 @@ MIN_TILE = 2048  # weight elements per step (each weight) under which a tile is 
 
 
 @triton.jit
+def _gate_up_tiles(wg_ptr, wu_ptr, nw_ptr, n64, n_ok, offs_k, k_ok, HIDDEN: tl.constexpr,
+                   EVEN_K: tl.constexpr):
+    """Both weights' (BLOCK_N, BLOCK_K) tiles at columns offs_k and the norm weight's slice."""
+    if EVEN_K:
+        mask = n_ok[:, None]
+    else:
+        mask = n_ok[:, None] & k_ok[None, :]
+    wg = tl.load(wg_ptr + n64 * HIDDEN + offs_k[None, :], mask=mask, other=0.0)
+    wu = tl.load(wu_ptr + n64 * HIDDEN + offs_k[None, :], mask=mask, other=0.0)
+    nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
+    return wg, wu, nw
+
+
+@triton.jit
+def _gate_up_step(acc_gate, acc_up, wg, wu, nw, x_ptr, r_ptr, n_ptr, t_ptr, offs_k, k_ok,
+                  offs_m, rstd, own_rows, rows, x_sm, x_sk, HIDDEN: tl.constexpr,
+                  HAS_RESIDUAL: tl.constexpr, OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """Both accumulators plus each row's normed total (program 0 storing it and the total)
+    times the tiles."""
+    wg = wg.to(tl.float32)
+    wu = wu.to(tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        row = m % rows
+        t = _row_total(x_ptr + row * x_sm + offs_k * x_sk, r_ptr + row * HIDDEN + offs_k,
+                       k_ok, HAS_RESIDUAL)
+        rm = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
+        xn = _normed(t, nw, rm, OFFSET, CAST_FIRST)
+        # a vector compare: the interpreter refuses a scalar bool in a mask
+        mine = k_ok & (offs_k * 0 + own_rows > m)
+        tl.store(n_ptr + row * HIDDEN + offs_k, xn, mask=mine)
+        if HAS_RESIDUAL:
+            tl.store(t_ptr + row * HIDDEN + offs_k, t, mask=mine)
+        xf = xn.to(tl.float32)[None, :]
+        part_gate = tl.sum(wg * xf, axis=1)
+        part_up = tl.sum(wu * xf, axis=1)
+        if BLOCK_M == 1:
+            acc_gate += part_gate[None, :]
+            acc_up += part_up[None, :]
+        else:
+            here = offs_m[:, None] == m
+            acc_gate = tl.where(here, acc_gate + part_gate[None, :], acc_gate)
+            acc_up = tl.where(here, acc_up + part_up[None, :], acc_up)
+    return acc_gate, acc_up
+
+
+@triton.jit
 def _norm_gate_up_kernel(x_ptr, r_ptr, nw_ptr, wg_ptr, wu_ptr, n_ptr, o_ptr, t_ptr, rows, x_sm,
                          x_sk, eps, HIDDEN: tl.constexpr, COLS: tl.constexpr,
                          EVEN_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                          OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr,
                          GELU_TANH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < COLS
+    n64 = offs_n.to(tl.int64)[:, None]
+    if PDL:  # codegen/pdl.py: both weights' and the norm weight's first tiles, then the wait
+        # no kernel of a decode step writes a weight, so they load while the previous kernel
+        # finishes; x and the residual (the rstd prologue's first reads) and every output
+        # wait for it
+        offs_k = tl.arange(0, BLOCK_K)
+        k_ok = offs_k < HIDDEN
+        wg, wu, nw = _gate_up_tiles(wg_ptr, wu_ptr, nw_ptr, n64, n_ok, offs_k, k_ok, HIDDEN,
+                                    EVEN_K)
+        if PREFETCH:  # the rest of both slabs into L2 while the predecessor finishes
+            _prefetch_slab(wg_ptr, pid * BLOCK_N, COLS, HIDDEN, 1, BLOCK_K, HIDDEN, BLOCK_N,
+                           HIDDEN - BLOCK_K)
+            _prefetch_slab(wu_ptr, pid * BLOCK_N, COLS, HIDDEN, 1, BLOCK_K, HIDDEN, BLOCK_N,
+                           HIDDEN - BLOCK_K)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     for m in tl.static_range(BLOCK_M):
         row = m % rows  # rows past the last wrap back: values nobody stores
@@ -59,44 +126,22 @@ def _norm_gate_up_kernel(x_ptr, r_ptr, nw_ptr, wg_ptr, wu_ptr, n_ptr, o_ptr, t_p
     # the rows whose total and normed this program stores: all for program 0, none for the
     # rest (every program computes the same values)
     own_rows = tl.where(pid == 0, rows, 0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < COLS
-    n64 = offs_n.to(tl.int64)[:, None]
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, HIDDEN, BLOCK_K):
+    if PDL:  # the first step, on the tiles loaded before the wait
+        acc_gate, acc_up = _gate_up_step(acc_gate, acc_up, wg, wu, nw, x_ptr, r_ptr, n_ptr,
+                                         t_ptr, offs_k, k_ok, offs_m, rstd, own_rows, rows,
+                                         x_sm, x_sk, HIDDEN, HAS_RESIDUAL, OFFSET, CAST_FIRST,
+                                         BLOCK_M)
+    for k0 in range(PDL * BLOCK_K, HIDDEN, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < HIDDEN
-        if EVEN_K:
-            mask = n_ok[:, None]
-        else:
-            mask = n_ok[:, None] & k_ok[None, :]
-        wg = tl.load(wg_ptr + n64 * HIDDEN + offs_k[None, :], mask=mask, other=0.0)
-        wu = tl.load(wu_ptr + n64 * HIDDEN + offs_k[None, :], mask=mask, other=0.0)
-        nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
-        wg = wg.to(tl.float32)
-        wu = wu.to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            row = m % rows
-            t = _row_total(x_ptr + row * x_sm + offs_k * x_sk, r_ptr + row * HIDDEN + offs_k,
-                           k_ok, HAS_RESIDUAL)
-            rm = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
-            xn = _normed(t, nw, rm, OFFSET, CAST_FIRST)
-            # a vector compare: the interpreter refuses a scalar bool in a mask
-            mine = k_ok & (offs_k * 0 + own_rows > m)
-            tl.store(n_ptr + row * HIDDEN + offs_k, xn, mask=mine)
-            if HAS_RESIDUAL:
-                tl.store(t_ptr + row * HIDDEN + offs_k, t, mask=mine)
-            xf = xn.to(tl.float32)[None, :]
-            part_gate = tl.sum(wg * xf, axis=1)
-            part_up = tl.sum(wu * xf, axis=1)
-            if BLOCK_M == 1:
-                acc_gate += part_gate[None, :]
-                acc_up += part_up[None, :]
-            else:
-                here = offs_m[:, None] == m
-                acc_gate = tl.where(here, acc_gate + part_gate[None, :], acc_gate)
-                acc_up = tl.where(here, acc_up + part_up[None, :], acc_up)
+        wg, wu, nw = _gate_up_tiles(wg_ptr, wu_ptr, nw_ptr, n64, n_ok, offs_k, k_ok, HIDDEN,
+                                    EVEN_K)
+        acc_gate, acc_up = _gate_up_step(acc_gate, acc_up, wg, wu, nw, x_ptr, r_ptr, n_ptr,
+                                         t_ptr, offs_k, k_ok, offs_m, rstd, own_rows, rows,
+                                         x_sm, x_sk, HIDDEN, HAS_RESIDUAL, OFFSET, CAST_FIRST,
+                                         BLOCK_M)
     y = _gated(acc_gate, acc_up, GELU_TANH)
     tl.store(o_ptr + offs_m[:, None] * COLS + offs_n[None, :], y.to(o_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
@@ -205,5 +250,6 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, *sources(), kernel_source(_gated),
-                        kernel_source(_norm_gate_up_kernel), _HOST])
+    return "\n\n".join([head, *sources(), kernel_source(_gated), kernel_source(_prefetch_slab),
+                        *(kernel_source(f) for f in (_gate_up_tiles, _gate_up_step,
+                                                     _norm_gate_up_kernel)), _HOST])

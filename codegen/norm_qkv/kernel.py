@@ -30,48 +30,93 @@ import textwrap
 import triton
 import triton.language as tl
 
+from codegen.gemv.kernel import _plus_row
 from codegen.launch import cdiv
 from codegen.norm_prologue import _normed, _row_rstd, sources
 from codegen.norm_qkv.reference import MAX_ROWS, WIDTHS
+from codegen.prefetch import _prefetch_slab
 from codegen.qkv_proj import kernel as qkv_kernel
 from core.family import Case
 from core.source import kernel_source
 
 
 @triton.jit
-def _norm_qkv_block(x_ptr, nw_ptr, w_ptr, b_ptr, o_ptr, n_ptr, n0, rstd, normed_rows, rows, seq,
-                    x_sb, x_ss, x_sk, K: tl.constexpr, N: tl.constexpr, EVEN_K: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _norm_qkv_tiles(w_rows, nw_ptr, offs_k, k_ok, n_ok, EVEN_K: tl.constexpr):
+    """The (BLOCK_N, BLOCK_K) weight tile at columns offs_k and the norm weight's slice."""
+    if EVEN_K:
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        nw = tl.load(nw_ptr + offs_k)
+    else:
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
+    return w, nw
+
+
+@triton.jit
+def _norm_qkv_rstd(x_ptr, rows, seq, x_sb, x_ss, x_sk, eps, K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """rstd of each of x's rows (at most BLOCK_M; rows past the last wrap back)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        row = m % rows
+        x_row = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss
+        r = _row_rstd(x_row, x_row, x_sk, eps, K, BLOCK_K, False)
+        rstd = tl.where(offs_m == m, r, rstd)
+    return rstd
+
+
+@triton.jit
+def _norm_qkv_step(acc, w, nw, x_ptr, n_ptr, offs_k, k_ok, offs_m, rstd, normed_rows, rows,
+                   seq, x_sb, x_ss, x_sk, K: tl.constexpr, OFFSET: tl.constexpr,
+                   CAST_FIRST: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc plus each row of x, normed (program 0 storing it), times the weight tile w."""
+    w = w.to(tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        row = m % rows  # rows past the last wrap back: values nobody stores
+        x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
+        x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+        r = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
+        xn = _normed(x, nw, r, OFFSET, CAST_FIRST)
+        # a vector compare: the interpreter refuses a scalar bool in a mask
+        tl.store(n_ptr + row * K + offs_k, xn, mask=k_ok & (offs_k * 0 + normed_rows > m))
+        acc = _plus_row(acc, w, xn, offs_m, m, BLOCK_M)
+    return acc
+
+
+@triton.jit
+def _norm_qkv_block(x_ptr, nw_ptr, w_ptr, b_ptr, o_ptr, n_ptr, n0, normed_rows, rows, seq,
+                    x_sb, x_ss, x_sk, eps, K: tl.constexpr, N: tl.constexpr,
+                    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, OFFSET: tl.constexpr,
+                    CAST_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if PDL:  # codegen/pdl.py: the first weight and norm weight tiles, then the wait, then x
+        # no kernel of a decode step writes a weight, so they load while the previous kernel
+        # finishes; x (the rstd prologue's first read), normed and the outputs wait for it
+        offs_k = tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w, nw = _norm_qkv_tiles(w_rows, nw_ptr, offs_k, k_ok, n_ok, EVEN_K)
+        if PREFETCH:  # the rest of the slab into L2 while the predecessor finishes
+            _prefetch_slab(w_ptr, n0, N, K, 1, BLOCK_K, K, BLOCK_N, K - BLOCK_K)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    # every program sums the squares of x's rows itself: no program waits on another
+    rstd = _norm_qkv_rstd(x_ptr, rows, seq, x_sb, x_ss, x_sk, eps, K, BLOCK_M, BLOCK_K)
+    if PDL:  # the first step, on the tiles loaded before the wait
+        acc = _norm_qkv_step(acc, w, nw, x_ptr, n_ptr, offs_k, k_ok, offs_m, rstd, normed_rows,
+                             rows, seq, x_sb, x_ss, x_sk, K, OFFSET, CAST_FIRST, BLOCK_M)
+    for k0 in range(PDL * BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-            nw = tl.load(nw_ptr + offs_k)
-        else:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
-        w = w.to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            row = m % rows  # rows past the last wrap back: values nobody stores
-            x_ptrs = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss + offs_k * x_sk
-            x = tl.load(x_ptrs, mask=k_ok, other=0.0)
-            r = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
-            xn = _normed(x, nw, r, OFFSET, CAST_FIRST)
-            # a vector compare: the interpreter refuses a scalar bool in a mask
-            tl.store(n_ptr + row * K + offs_k, xn, mask=k_ok & (offs_k * 0 + normed_rows > m))
-            part = tl.sum(w * xn.to(tl.float32)[None, :], axis=1)
-            if BLOCK_M == 1:
-                acc += part[None, :]
-            else:
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        w, nw = _norm_qkv_tiles(w_rows, nw_ptr, offs_k, k_ok, n_ok, EVEN_K)
+        acc = _norm_qkv_step(acc, w, nw, x_ptr, n_ptr, offs_k, k_ok, offs_m, rstd, normed_rows,
+                             rows, seq, x_sb, x_ss, x_sk, K, OFFSET, CAST_FIRST, BLOCK_M)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(o_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(o_ptr.dtype.element_ty),
@@ -84,31 +129,25 @@ def _norm_qkv_kernel(x_ptr, nw_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_p
                      K: tl.constexpr, NQ: tl.constexpr, NK: tl.constexpr, NV: tl.constexpr,
                      Q_BLOCKS: tl.constexpr, K_BLOCKS: tl.constexpr, EVEN_K: tl.constexpr,
                      HAS_BIAS: tl.constexpr, OFFSET: tl.constexpr, CAST_FIRST: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for m in tl.static_range(BLOCK_M):
-        row = m % rows
-        x_row = x_ptr + (row // seq) * x_sb + (row % seq) * x_ss
-        r = _row_rstd(x_row, x_row, x_sk, eps, K, BLOCK_K, False)
-        rstd = tl.where(offs_m == m, r, rstd)
     # the rows whose normed values this program stores: all for program 0, none for the
     # rest (every program computes the same values)
     normed_rows = tl.where(pid == 0, rows, 0)
     if pid < Q_BLOCKS:
-        _norm_qkv_block(x_ptr, nw_ptr, wq_ptr, bq_ptr, q_ptr, n_ptr, pid * BLOCK_N, rstd,
-                        normed_rows, rows, seq, x_sb, x_ss, x_sk, K, NQ, EVEN_K, HAS_BIAS, OFFSET,
-                        CAST_FIRST, BLOCK_M, BLOCK_N, BLOCK_K)
+        _norm_qkv_block(x_ptr, nw_ptr, wq_ptr, bq_ptr, q_ptr, n_ptr, pid * BLOCK_N, normed_rows,
+                        rows, seq, x_sb, x_ss, x_sk, eps, K, NQ, EVEN_K, HAS_BIAS, OFFSET,
+                        CAST_FIRST, BLOCK_M, BLOCK_N, BLOCK_K, PREFETCH, PDL)
     elif pid < Q_BLOCKS + K_BLOCKS:
         _norm_qkv_block(x_ptr, nw_ptr, wk_ptr, bk_ptr, k_ptr, n_ptr, (pid - Q_BLOCKS) * BLOCK_N,
-                        rstd, normed_rows, rows, seq, x_sb, x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS,
-                        OFFSET, CAST_FIRST, BLOCK_M, BLOCK_N, BLOCK_K)
+                        normed_rows, rows, seq, x_sb, x_ss, x_sk, eps, K, NK, EVEN_K, HAS_BIAS,
+                        OFFSET, CAST_FIRST, BLOCK_M, BLOCK_N, BLOCK_K, PREFETCH, PDL)
     else:
         _norm_qkv_block(x_ptr, nw_ptr, wv_ptr, bv_ptr, v_ptr, n_ptr,
-                        (pid - Q_BLOCKS - K_BLOCKS) * BLOCK_N, rstd, normed_rows, rows, seq, x_sb,
-                        x_ss, x_sk, K, NV, EVEN_K, HAS_BIAS, OFFSET, CAST_FIRST, BLOCK_M,
-                        BLOCK_N, BLOCK_K)
+                        (pid - Q_BLOCKS - K_BLOCKS) * BLOCK_N, normed_rows, rows, seq, x_sb,
+                        x_ss, x_sk, eps, K, NV, EVEN_K, HAS_BIAS, OFFSET, CAST_FIRST, BLOCK_M,
+                        BLOCK_N, BLOCK_K, PREFETCH, PDL)
 
 
 def search_space(case: Case) -> list[dict]:
@@ -219,5 +258,7 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, *sources(), kernel_source(_norm_qkv_block),
-                        kernel_source(_norm_qkv_kernel), _HOST])
+    return "\n\n".join([head, *sources(), kernel_source(_plus_row), kernel_source(_prefetch_slab),
+                        *(kernel_source(f) for f in (_norm_qkv_tiles, _norm_qkv_rstd,
+                                                     _norm_qkv_step, _norm_qkv_block,
+                                                     _norm_qkv_kernel)), _HOST])

@@ -24,8 +24,9 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.gemv.kernel import _rows_times_tile, _weight_tile
+from codegen.gemv.kernel import _plus_row, _rows_times_tile, _weight_tile
 from codegen.launch import cdiv, guessed_tiles
+from codegen.prefetch import _prefetch_slab
 from codegen.qkv_proj.reference import MAX_ROWS, WIDTHS
 from core.family import Case
 from core.source import kernel_source
@@ -43,7 +44,7 @@ MIN_TILE = 2048  # weight elements per step under which a tile is not searched (
 def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
                K: tl.constexpr, N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PDL: tl.constexpr):
+               PREFETCH: tl.constexpr, PDL: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
@@ -56,6 +57,8 @@ def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
         offs_k = tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = _weight_tile(w_rows, offs_k, k_ok, n_ok, 1, EVEN_K, False)
+        if PREFETCH:  # the rest of the slab into L2 while the predecessor finishes
+            _prefetch_slab(w_ptr, n0, N, K, 1, BLOCK_K, K, BLOCK_N, K - BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
         acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
@@ -78,18 +81,19 @@ def _qkv_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, q_ptr, k_
                 NK: tl.constexpr, NV: tl.constexpr, Q_BLOCKS: tl.constexpr,
                 K_BLOCKS: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PDL: tl.constexpr = False):
+                PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     if pid < Q_BLOCKS:
         _qkv_block(x_ptr, wq_ptr, bq_ptr, q_ptr, pid * BLOCK_N, rows, seq, x_sb, x_ss, x_sk,
-                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PREFETCH, PDL)
     elif pid < Q_BLOCKS + K_BLOCKS:
         _qkv_block(x_ptr, wk_ptr, bk_ptr, k_ptr, (pid - Q_BLOCKS) * BLOCK_N, rows, seq, x_sb,
-                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PREFETCH,
+                   PDL)
     else:
         _qkv_block(x_ptr, wv_ptr, bv_ptr, v_ptr, (pid - Q_BLOCKS - K_BLOCKS) * BLOCK_N, rows,
                    seq, x_sb, x_ss, x_sk, K, NV, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K,
-                   PDL)
+                   PREFETCH, PDL)
 
 
 def programs(case: Case, block_n: int) -> int:
@@ -196,6 +200,7 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, kernel_source(_rows_times_tile), kernel_source(_weight_tile),
-                        kernel_source(_qkv_block),
+    return "\n\n".join([head, kernel_source(_plus_row), kernel_source(_rows_times_tile),
+                        kernel_source(_weight_tile),
+                        kernel_source(_prefetch_slab), kernel_source(_qkv_block),
                         kernel_source(_qkv_kernel), _HOST])

@@ -399,26 +399,28 @@ class _Sides:
         why = pdl.unavailable()
         if why is not None:
             return GraphPDL(on=False, tried=False, why=f"off: {why}")
+        # the weight streamers' L2 prefetch rides with PDL unless turned off (codegen/pdl.py)
+        tried = {"tried": True, "prefetch": not pdl.prefetch_forced_off()}
         try:
             graph = self._graph(self.graph_variant, capture_context=pdl.enabled)
         except Exception as e:  # noqa: BLE001 - the graph without PDL still stands
             reason = _reason(capture_reason, e)
-            return GraphPDL(on=False, tried=True, captured=False, reason=reason,
+            return GraphPDL(on=False, **tried, captured=False, reason=reason,
                             why=f"off: the capture with PDL failed ({reason})")
         try:
             verification = self.verify(ref, graph)
             if not verification.passed:
-                return GraphPDL(on=False, tried=True, captured=True, verification=verification,
+                return GraphPDL(on=False, **tried, captured=True, verification=verification,
                                 why="off: the graph with PDL does not match the eager model")
             r = Ratio.of(timer(self.graphed(self.graph_kept), self.graphed(graph), n=pairs,
                                device=self.device).to_dict())
         except Exception as e:  # noqa: BLE001 - the graph without PDL still stands
-            return GraphPDL(on=False, tried=True, captured=True, reason=_one_line(e),
+            return GraphPDL(on=False, **tried, captured=True, reason=_one_line(e),
                             why=f"off: checking the graph with PDL failed ({_one_line(e)})")
         on, why = choose_pdl(r)
         if on:
             self.graph_kept = graph
-        return GraphPDL(on=on, why=why, tried=True, captured=True,
+        return GraphPDL(on=on, why=why, **tried, captured=True,
                         off_ms=_median(r.times_a_ms), on_ms=_median(r.times_b_ms),
                         on_vs_off=_brief(r))
 

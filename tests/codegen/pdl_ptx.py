@@ -20,6 +20,8 @@ from codegen.decode_attention.kernel import _decode_combine_kernel, _decode_spli
 from codegen.gemv.kernel import _gemv_kernel, _split_sum_kernel
 from codegen.kv_cache.kernel import _kv_static_kernel
 from codegen.matmul_epilogue.gemv import _gated_gemv_kernel
+from codegen.norm_gate_up.kernel import _norm_gate_up_kernel
+from codegen.norm_qkv.kernel import _norm_qkv_kernel
 from codegen.qkv_proj.kernel import _qkv_kernel
 from codegen.rmsnorm.kernel import _rms_norm_forward_kernel
 from codegen.rope.kernel import _rope_forward_kernel, _rope_split_kernel
@@ -49,6 +51,14 @@ KERNELS = {
     "qkv": (_qkv_kernel, dict(K=2048, NQ=2048, NK=512, NV=512, Q_BLOCKS=256, K_BLOCKS=64,
                               EVEN_K=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512),
             {}),
+    "norm_qkv": (_norm_qkv_kernel, dict(K=2048, NQ=2048, NK=512, NV=512, Q_BLOCKS=256,
+                                        K_BLOCKS=64, EVEN_K=True, HAS_BIAS=False, OFFSET=0.0,
+                                        CAST_FIRST=True, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512),
+                 {}),
+    "norm_gate_up": (_norm_gate_up_kernel, dict(HIDDEN=2048, COLS=8192, EVEN_K=True,
+                                                HAS_RESIDUAL=True, OFFSET=0.0, CAST_FIRST=True,
+                                                GELU_TANH=False, BLOCK_M=1, BLOCK_N=8,
+                                                BLOCK_K=512), {}),
     "decode_split": (_decode_split_kernel, dict(DECODE_SPLIT, FUSED=False), DECODE_POINTERS),
     "decode_fused": (_decode_split_kernel, dict(DECODE_SPLIT, FUSED=True), DECODE_POINTERS),
     "decode_combine": (_decode_combine_kernel, dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_G=16,
@@ -77,8 +87,13 @@ def signature(kernel, constexprs: dict, pointers: dict) -> dict:
     return out
 
 
-def facts(kernel, constexprs: dict, pointers: dict, pdl: bool) -> dict:
+def facts(kernel, constexprs: dict, pointers: dict, pdl: bool, prefetch: bool | None = None
+          ) -> dict:
+    """Where the griddepcontrol instructions sit; PREFETCH (where the kernel takes it) as
+    `prefetch`, by default as `pdl` (what the launcher binds)."""
     consts = {**constexprs, "PDL": pdl}
+    if "PREFETCH" in inspect.signature(kernel.fn).parameters:
+        consts["PREFETCH"] = pdl if prefetch is None else prefetch
     src = ASTSource(kernel, signature(kernel, consts, pointers), consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"].splitlines()
 
@@ -88,7 +103,10 @@ def facts(kernel, constexprs: dict, pointers: dict, pdl: bool) -> dict:
     wait, launch = first("griddepcontrol.wait"), first("griddepcontrol.launch_dependents")
     loads = [i for i, line in enumerate(ptx) if "ld.global" in line]
     stores = [i for i, line in enumerate(ptx) if "st.global" in line or "atom.global" in line]
-    return {"wait": wait, "launch": launch,
+    fetches = [i for i, line in enumerate(ptx) if "prefetch.global.L2" in line]
+    return {"wait": wait, "launch": launch, "prefetches": len(fetches),
+            "prefetches_before_wait": sum(i < wait for i in fetches) if wait is not None
+            else None,
             "waits": sum("griddepcontrol.wait" in line for line in ptx),
             "loads_before_wait": sum(i < wait for i in loads) if wait is not None else None,
             "stores_before_wait": sum(i < wait for i in stores) if wait is not None else None}
@@ -98,6 +116,7 @@ def main() -> None:
     names = sys.argv[1:] or list(KERNELS)
     out = {name: facts(*KERNELS[name], pdl=True) for name in names}
     out["gemv_without_pdl"] = facts(*KERNELS["gemv"], pdl=False)
+    out["gemv_without_prefetch"] = facts(*KERNELS["gemv"], pdl=True, prefetch=False)
     print(json.dumps(out))
 
 

@@ -1,8 +1,10 @@
 """Programmatic dependent launch (codegen/pdl.py): the launcher's per-launch switch, off on the
-CPU and wherever it cannot run, the escape hatch, every decode-path kernel's PDL constexpr
-(last, off by default, so the interpreter never meets a griddepcontrol instruction), and the
-sm_90 PTX of each with PDL on: weights may load before `griddepcontrol.wait`, nothing the
-step writes is read or written before it."""
+CPU and wherever it cannot run, the escape hatches (PDL, and its L2 prefetch alone), every
+decode-path kernel's PDL constexpr (last, off by default, so the interpreter never meets a
+griddepcontrol instruction) and the weight streamers' PREFETCH just before it, the generated
+norm-fused candidates carrying both, and the sm_90 PTX of each with PDL on: weights may load
+(and the slab be prefetched) before `griddepcontrol.wait`, nothing the step writes is read or
+written before it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -22,14 +25,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeKernel:
-    """What `launcher` reads of a JIT function, recording each launch's keyword arguments."""
+    """What `launcher` reads of a JIT function, recording each launch's keyword arguments;
+    `prefetch`: a weight streamer's, with PREFETCH before PDL."""
 
-    def __init__(self):
+    def __init__(self, prefetch: bool = False):
         self.launches: list[dict] = []
 
         def fn(x_ptr, n, BLOCK, PDL=False):  # noqa: N803 - Triton's constexpr style
             pass
-        self.fn = fn
+
+        def streamer(x_ptr, n, BLOCK, PREFETCH=False, PDL=False):  # noqa: N803
+            pass
+        self.fn = streamer if prefetch else fn
 
     def __getitem__(self, grid):
         return lambda *args, **kw: self.launches.append(kw)
@@ -41,6 +48,7 @@ def pdl_here(monkeypatch):
 
     monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
     monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
+    monkeypatch.delenv(pdl.NO_PREFETCH_ENV, raising=False)
 
 
 def test_launcher_keeps_pdl_off_where_it_cannot_run():
@@ -85,6 +93,88 @@ def test_the_environment_forces_pdl_off(pdl_here, monkeypatch, value, off):
         launch((1,), "x", 3)
     assert on is not off and kernel.launches[0]["PDL"] is not off
     assert (pdl.unavailable() is not None) is off
+
+
+def test_a_weight_streamer_prefetches_only_with_pdl(pdl_here):
+    """PREFETCH follows PDL: False with PDL off, True inside `enabled()`, False inside
+    `enabled(prefetch=False)`; a kernel without PREFETCH never gets one."""
+    streamer, plain = FakeKernel(prefetch=True), FakeKernel()
+    launches = [launcher(streamer, BLOCK=64), launcher(plain, BLOCK=64)]
+    contexts = [(nullcontext(), False), (pdl.enabled(), True),
+                (pdl.enabled(prefetch=False), False), (pdl.enabled(on=False), False)]
+    for context, prefetch in contexts:
+        with context:
+            assert pdl.STATE.prefetch is prefetch
+            for launch in launches:
+                launch((1,), "x", 3)
+    assert [(k["PREFETCH"], k["PDL"]) for k in streamer.launches] == [
+        (False, False), (True, True), (False, True), (False, False)]
+    assert [k["PDL"] for k in plain.launches] == [False, True, True, False]
+    assert all("PREFETCH" not in k for k in plain.launches)
+    assert pdl.STATE.on is False and pdl.STATE.prefetch is False
+
+
+@pytest.mark.parametrize("value,off", [("1", True), ("yes", True), ("0", False), ("", False)])
+def test_the_environment_forces_the_prefetch_off(pdl_here, monkeypatch, value, off):
+    monkeypatch.setenv(pdl.NO_PREFETCH_ENV, value)
+    kernel = FakeKernel(prefetch=True)
+    launch = launcher(kernel, BLOCK=64)
+    with pdl.enabled() as on:
+        launch((1,), "x", 3)
+    assert on is True and pdl.unavailable() is None  # PDL itself stays on
+    assert kernel.launches == [{"BLOCK": 64, "PREFETCH": not off, "PDL": True,
+                                "launch_pdl": True}]
+    assert pdl.prefetch_forced_off() is off
+
+
+def test_a_streamer_stays_off_where_pdl_cannot_run():
+    kernel = FakeKernel(prefetch=True)
+    launch = launcher(kernel, BLOCK=64)
+    with pdl.enabled():
+        assert pdl.STATE.prefetch is False
+        launch((1,), "x", 3)
+    assert kernel.launches == [{"BLOCK": 64, "PREFETCH": False, "PDL": False}]
+
+
+def _norm_candidate(name: str) -> str:
+    """A rendered norm-fused candidate (Llama-3.2-1B's shapes, the first config)."""
+    import importlib
+
+    family = importlib.import_module(f"codegen.{name}").FAMILY
+    make_case = importlib.import_module(f"codegen.{name}.reference").make_case
+    case = (make_case(1, 2048, 2048, 512, 512, "bfloat16", False, (1, 1)) if name == "norm_qkv"
+            else make_case(1, 2048, 8192, "bfloat16"))
+    return family.render(family.search_space(case)[0], case)
+
+
+@pytest.mark.parametrize("name", ["norm_qkv", "norm_gate_up"])
+def test_generated_norm_candidates_wait_under_pdl_and_prefetch_before_it(name):
+    """The candidate files carry the PDL path (their kernels are rendered from source): the
+    kernel takes PREFETCH and PDL last, waits and lets its successor launch only under
+    `if PDL:`, and prefetches only under `if PREFETCH:` inside it (the order within it is
+    the PTX test's)."""
+    import ast
+
+    text = _norm_candidate(name)
+    tree = ast.parse(text)
+    kernel = next(f for f in tree.body if isinstance(f, ast.FunctionDef)
+                  and f.name == f"_{name}_kernel")
+    assert [a.arg for a in kernel.args.args[-2:]] == ["PREFETCH", "PDL"]
+
+    def calls(node) -> list[str]:
+        return [ast.unparse(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)]
+
+    guarded: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name):
+            guarded.setdefault(node.test.id, []).extend(calls(node))
+    everywhere = calls(tree)
+    for call, flag in (("tl.extra.cuda.gdc_wait", "PDL"),
+                       ("tl.extra.cuda.gdc_launch_dependents", "PDL"),
+                       ("_prefetch_slab", "PREFETCH"), ("_prefetch_slab", "PDL")):
+        assert 0 < everywhere.count(call) == guarded[flag].count(call), (call, flag)
+    assert "prefetch.global.L2" in text  # the helper's source travels with the candidate
+    assert "launcher(" in text  # PDL and PREFETCH bound per launch by codegen.launch
 
 
 def test_pdl_keeps_the_launcher_and_the_candidates_exportable(tmp_path):
@@ -145,15 +235,34 @@ def test_sm90_ptx_waits_before_touching_the_steps_tensors():
     for name, f in facts.items():
         if name == "gemv_without_pdl":
             assert f["wait"] is None and f["launch"] is None  # PDL off: none of it
+            assert f["prefetches"] == 0
             continue
         assert f["wait"] is not None and f["launch"] is not None, name
         assert f["wait"] < f["launch"], name  # a successor starts one kernel ahead, no more
         assert f["stores_before_wait"] == 0, name  # no write before the predecessor is done
-        if name in ("gemv", "gemv_fused", "gated_gemv", "qkv", "rmsnorm", "add_rmsnorm"):
+        if name in ("gemv", "gemv_fused", "gated_gemv", "qkv", "norm_qkv", "norm_gate_up",
+                    "rmsnorm", "add_rmsnorm", "gemv_without_prefetch"):
             assert f["loads_before_wait"] > 0, name  # the weights' first loads overlap
         else:
             assert f["loads_before_wait"] == 0, name  # activations only after the wait
-    assert facts["qkv"]["waits"] == 3  # one in each of the q, k and v programs' paths
+        if name in STREAMERS:  # the slab's lines asked of L2 before the wait
+            assert f["prefetches_before_wait"] > 0, name
+        else:
+            assert f["prefetches"] == 0, name
+    for name in ("qkv", "norm_qkv"):
+        assert facts[name]["waits"] == 3  # one in each of the q, k and v programs' paths
+        assert facts[name]["prefetches"] == 3 * facts[name]["prefetches_before_wait"]
+
+
+# the weight-streaming kernels: PREFETCH before PDL (pdl_ptx.py's names)
+STREAMERS = ("gemv", "gemv_fused", "gated_gemv", "qkv", "norm_qkv", "norm_gate_up")
+
+
+def test_the_weight_streamers_take_prefetch_before_pdl():
+    for name, (kernel, _, _) in _decode_kernels().items():
+        params = list(inspect.signature(kernel.fn).parameters.values())
+        takes = params[-2].name == "PREFETCH" and params[-2].default is False
+        assert takes is (name in STREAMERS), name
 
 
 # every family a graphed decode step runs (benchmarks/gpu_decode.sh's FAMILIES)
@@ -210,3 +319,84 @@ def test_graphed_decode_step_with_pdl_matches_it_without(tmp_path):
     finally:
         while undos:
             undos.pop()()
+
+
+def _layer_chain(tmp_path, device="cuda", dtype="bfloat16"):
+    """(run, inputs, outputs): Llama-3.2-1B's decode chain at one row over rendered candidates,
+    each kernel reading what the one before wrote: o_proj's GEMV (a -> x), norm_gate_up (x +
+    residual -> normed, h, total), down_proj's GEMV split over k with its sum kernel (total +=
+    h @ Wd^T), norm_qkv (total -> normed, q, k, v)."""
+    import torch
+    from family_checks import load_rendered
+
+    from codegen.gemv import FAMILY as GEMV
+    from codegen.gemv.reference import make_case as gemv_case
+    from codegen.norm_gate_up import FAMILY as GATE_UP
+    from codegen.norm_gate_up.reference import make_case as gate_up_case
+    from codegen.norm_qkv import FAMILY as QKV
+    from codegen.norm_qkv.reference import make_case as qkv_case
+
+    gen = torch.Generator(device).manual_seed(0)
+    o_case, d_case = gemv_case(1, 2048, 2048, dtype, False), gemv_case(1, 8192, 2048, dtype,
+                                                                          False)
+    g_case = gate_up_case(1, 2048, 8192, dtype)
+    q_case = qkv_case(1, 2048, 2048, 512, 512, dtype, False)
+    split = next(c for c in GEMV.search_space(d_case) if c.get("SPLIT_K", 1) > 1)
+    o_proj = load_rendered(GEMV, GEMV.search_space(o_case)[-1], o_case, tmp_path)
+    down = load_rendered(GEMV, split, d_case, tmp_path)
+    gate_up = load_rendered(GATE_UP, GATE_UP.search_space(g_case)[0], g_case, tmp_path)
+    qkv = load_rendered(QKV, QKV.search_space(q_case)[0], q_case, tmp_path)
+    a, w_o = GEMV.make_inputs(o_case, device, gen)
+    _, w_d = GEMV.make_inputs(d_case, device, gen)
+    x, nw1, wg, wu, residual = GATE_UP.make_inputs(g_case, device, gen)
+    g_outs = GATE_UP.make_out(g_case, (x, nw1, wg, wu, residual))
+    q_inputs = QKV.make_inputs(q_case, device, gen)
+    q_outs = QKV.make_out(q_case, q_inputs)
+
+    def run():
+        o_proj(a, w_o, out=x)
+        gate_up(x, nw1, wg, wu, residual, out=g_outs, **GATE_UP.params(g_case))
+        down(g_outs[1], w_d, out=g_outs[2], accumulate=True)
+        qkv(g_outs[2], *q_inputs[1:], out=q_outs, **QKV.params(q_case))
+
+    return run, (a, residual), (x, *g_outs, *q_outs)
+
+
+@pytest.mark.gpu
+def test_gpu_norm_fused_chain_with_pdl_and_prefetch_in_a_graph_matches_it_without(tmp_path):
+    """The chain captured in a CUDA graph with PDL and the L2 prefetch on, and without PDL,
+    replayed over fresh inputs: every output of the graph without PDL equals the eager
+    chain's bit for bit (the same kernels), and of the graph with PDL within bf16's tolerance
+    (the same arithmetic in the same order, compiled apart). The outputs are poisoned before
+    each replay, so a kernel reading its predecessor's output before the wait reads NaN."""
+    import torch
+
+    if pdl.unavailable() is not None:
+        pytest.skip(f"PDL cannot run here: {pdl.unavailable()}")
+    run, inputs, outputs = _layer_chain(tmp_path)
+    run()  # compiles the launchers without PDL
+    with pdl.enabled() as on:
+        assert on and pdl.STATE.prefetch
+        run()  # and with PDL and the prefetch, outside the capture
+    graphs = {}
+    for name, context in (("pdl", pdl.enabled), ("plain", nullcontext)):
+        graphs[name] = torch.cuda.CUDAGraph()
+        with context(), torch.cuda.graph(graphs[name]):
+            run()
+    gen = torch.Generator("cuda").manual_seed(1)
+    for _ in range(4):
+        for t in inputs:
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda") * 2)
+        run()
+        want = [o.clone() for o in outputs]
+        for name, graph in graphs.items():
+            for o in outputs:
+                o.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            for o, w in zip(outputs, want, strict=True):
+                if name == "plain":
+                    assert torch.equal(o, w)
+                else:
+                    torch.testing.assert_close(o, w, atol=1e-2, rtol=1.6e-2)
+    assert pdl.STATE.on is False and pdl.STATE.prefetch is False
