@@ -9,7 +9,7 @@ through transformers' generate (the `ours` variant of `pipeline e2e`): no extra 
 The model: a two-layer Llama wide enough that every decode family engages (q/k/v widths the
 GEMV families take unpadded). Counted on it with transformers 5.25 (python calls made by the
 patched prefill beyond the unpatched one, all ten families of a decode-only run, 48 patched
-forwards called): 798 while each adapter ran its full checks before its chooser's answer, 384
+forwards called): 798 while each adapter ran its full checks before its chooser's answer, 372
 once they decline by signature first; MAX_EXTRA_CALLS_PER_FORWARD sits between the two."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ FAMILIES = ("rmsnorm", "rope", "gemv", "kv_cache", "decode_attention", "matmul_e
             "add_rmsnorm", "qkv_proj", "norm_qkv", "norm_gate_up")
 BATCH, PROMPT, MAX_LEN = 2, 8, 32
 # per patched forward called in the prefill, python and builtin calls beyond the unpatched
-# prefill's: 8 measured (the instance forward's indirection, the adapter, the signature lookup
+# prefill's: 7.75 measured (the instance forward's indirection, the adapter, the signature lookup
 # and the trace check inside it); 16.6 when each adapter ran its full checks first
 MAX_EXTRA_CALLS_PER_FORWARD = 10
 
