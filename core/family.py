@@ -294,13 +294,31 @@ def kernel_by_signature(forward_by_case: Callable[[Case], Callable | None],
     Python on every layer (`benchmarks/adapter_overhead.py`). The chooser must give one answer
     per case while the patch lives, as the pipeline's does (accepted kernels are fixed when a
     model is patched)."""
+    from torch.compiler import is_compiling  # an adapter is built: torch is loaded
+
+    declined: set[tuple] = set()
 
     @cache
-    def resolve(*key):
+    def resolved(*key):
         case = case_of(*key)
         kernel = forward_by_case(case)
-        return (kernel, params_of(case)) if kernel is not None else (None, None)
+        if kernel is None:
+            declined.add(key)
+            return None, None
+        return kernel, params_of(case)
 
+    def resolve(*key):  # a plain function: torch.compile reads `declines` off it, not off a cache
+        return resolved(*key)
+
+    def declines(*key) -> bool:
+        """Whether `resolve(*key)` was asked already and had no kernel. An adapter may then
+        run the original code before its other checks, whose outcome can no longer matter:
+        a call the run has no kernel for (a prefill's, where only decode workloads were
+        optimized) costs a set lookup, not the adapter's checks. Asks no chooser; False in a
+        torch.compile trace, which takes the full path as before (it runs once)."""
+        return not is_compiling() and key in declined
+
+    resolve.declines = declines
     return resolve
 
 

@@ -35,7 +35,7 @@ import torch
 
 from codegen.add_rmsnorm.reference import params
 from codegen.add_rmsnorm.residual_gemm import Slot, down_proj_wrap, mlp_into, plain_down_proj
-from codegen.rmsnorm.patch import kernel_can_take, kernel_resolver
+from codegen.rmsnorm.patch import declined, kernel_can_take, kernel_resolver
 from codegen.rmsnorm.patch import recognise as recognise_rmsnorm
 from core.family import Case
 from models.patching import set_instance_forwards, wrap_instance_forward
@@ -200,6 +200,10 @@ def _wrap(layer: torch.nn.Module, template: dict, form: dict, chooser: Callable,
     resolve = kernel_resolver(chooser, form, params)
 
     def forward(*args, **kwargs):
+        # hidden_states is the first parameter after self (`layer_template`); a signature
+        # with no kernel needs no binding of the arguments (rmsnorm's `declined`)
+        if declined(resolve, args[0] if args else kwargs.get(HS)):
+            return original(*args, **kwargs)
         arguments = _arguments(template, layer, args, kwargs)
         if arguments is None:
             return original(*args, **kwargs)

@@ -124,9 +124,19 @@ def _resolver(forward_by_case: Callable[[Case], Callable | None]) -> Callable:
     return kernel_by_signature(forward_by_case, case_of, params)
 
 
+def several_queries(args: tuple, kwargs: dict) -> bool:
+    """Whether the self-attention's call projects more than one query per sequence from its
+    hidden_states [batch, seq, hidden] (a prefill): `_fits` would then decline in the
+    attention function, so the call goes below without the stand-in being built."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    return isinstance(hidden, torch.Tensor) and hidden.dim() == 3 and hidden.shape[1] != 1
+
+
 def _instance_forward(module_globals: dict, resolve: Callable) -> Callable:
     def wrap(below):
         def forward(*args, **kwargs):
+            if several_queries(args, kwargs):
+                return below(*args, **kwargs)
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
 
             def front(fn):

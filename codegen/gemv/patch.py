@@ -114,6 +114,10 @@ def _wrapper(module: nn.Module, forward_by_case: Callable) -> Callable[[Callable
         def forward(*args, **kwargs):
             if len(args) == 1 and not kwargs:
                 (x,) = args
+                if isinstance(x, torch.Tensor) and resolve.declines(x.shape, x.dtype):
+                    # no kernel of ours for the signature (a prefill's rows): `below` runs
+                    # what this forward would, a FUSED forward beneath included
+                    return below(x)
                 fused = fused_below(below)
                 if fused is not None:  # qkv_proj's one launch below: it serves q, k and v
                     out = fused(x)

@@ -350,7 +350,7 @@ def static_dispatching_update(layer, original: Callable, resolve: Callable) -> C
     cases run HF's code."""
 
     def update(key_states, value_states, *args, **kwargs):
-        if not layer.is_initialized:
+        if not layer.is_initialized or resolve.declines(key_states.shape, key_states.dtype):
             return original(key_states, value_states, *args, **kwargs)
         keys, values = layer.keys, layer.values
         shape = key_states.shape

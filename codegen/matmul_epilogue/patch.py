@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 
 from codegen.dtypes import dtype_name
 from codegen.gated_act.patch import GatedMLP, find_gated_mlps
@@ -133,6 +134,20 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
 
     resolve = kernel_by_signature(forward_by_case, case_of, params)
 
+    def declined(x) -> bool:
+        """Whether the signature had no kernel already, read off the projections seen at
+        patch time (where they are no longer the MLP's, the call goes below anyway): the
+        other checks are then skipped, a prefill's cost where only decode was optimized."""
+        if mlp.layout == "packed" or not isinstance(x, torch.Tensor) or is_compiling():
+            return False  # (a trace reads no storage offsets: it takes the full path)
+        # the registered parameters, without nn.Module's attribute fallback (host time)
+        w_gate, w_up = projs[0]._parameters.get("weight"), projs[1]._parameters.get("weight")
+        if w_gate is None or w_up is None:
+            return False
+        # weights allocated apart are not packed (`packed_weight`'s cheapest test, first)
+        apart = w_up.storage_offset() != w_gate.storage_offset() + w_gate.numel()
+        return resolve.declines(x.shape, x.dtype, None if apart else packed(w_gate, w_up))
+
     def wrap(below: Callable) -> Callable:
         def forward(*args, **kwargs):
             if len(args) == 1 and not kwargs:  # HF calls mlp(hidden_states)
@@ -140,6 +155,8 @@ def _wrapper(mlp: GatedMLP, projs: tuple[nn.Linear, ...],
                 fused = fused_below(below)  # the gate/up launch a norm below ran (norm_gate_up)
                 if fused is not None and (out := fused(x)) is not None:
                     return out
+                if declined(x):
+                    return below(*args, **kwargs)
                 w_gate, w_up = weights() if _as_patched(mlp, projs) else (None, None)
                 if (w_gate is not None and w_gate.dtype == w_up.dtype == x.dtype
                         and w_gate.device == w_up.device == x.device

@@ -127,7 +127,7 @@ def _wrappers(layer: nn.Module, form: dict,
         if kept:  # the last launch's q, k, v went unclaimed: this attention does not take them
             state["off"] = True
             kept.clear()
-        if state["off"] or not isinstance(x, torch.Tensor):
+        if state["off"] or not isinstance(x, torch.Tensor) or resolve.declines(x.shape, x.dtype):
             return None
         now = [getattr(attn, n) for n in NAMES]
         ws = [li.weight for li in now]

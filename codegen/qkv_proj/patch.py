@@ -104,8 +104,8 @@ def _wrappers(m: nn.Module, forward_by_case: Callable) -> list[tuple[nn.Module, 
         """q from one launch that writes q, k and v (k and v kept for the calls that
         follow), or None where the kernel does not apply."""
         kept.clear()
-        if not isinstance(x, torch.Tensor):
-            return None
+        if not isinstance(x, torch.Tensor) or resolve.declines(x.shape, x.dtype):
+            return None  # a signature with no kernel (a prefill's rows): nothing else to ask
         now = [getattr(m, n) for n in NAMES]
         ws = [li.weight for li in now]
         if (all(a is b for a, b in zip(now, lins)) and _unhooked(lins)

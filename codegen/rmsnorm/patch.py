@@ -93,15 +93,28 @@ def kernel_can_take(x: torch.Tensor, weight: torch.Tensor, form: dict) -> bool:
     return not form["cast_first"] or weight.dtype == x.dtype
 
 
+def declined(resolve: Callable, x) -> bool:
+    """Whether `resolve` had no kernel for x's signature already: the call then runs the
+    original code whatever the other checks say (a call that reaches `resolve` has
+    x.shape[-1] == hidden, `kernel_can_take`), so they are skipped. Where only decode
+    workloads were optimized, every norm of a prefill takes this path."""
+    return isinstance(x, torch.Tensor) and bool(x.shape) and resolve.declines(
+        x.shape, x.dtype, x.shape[-1])
+
+
 def _wrap(module: torch.nn.Module, form: dict, chooser: Callable) -> Callable:
     original = module.forward
     resolve = kernel_resolver(chooser, form)
 
     def forward(hidden_states, *args, **kwargs):
-        weight = module.weight
-        if args or kwargs or not kernel_can_take(hidden_states, weight, form):
+        if args or kwargs:
             return original(hidden_states, *args, **kwargs)
         fused = fused_below(original)  # a norm fused into its consumer's launch (norm_qkv)
+        if fused is None and declined(resolve, hidden_states):
+            return original(hidden_states)
+        weight = module.weight
+        if not kernel_can_take(hidden_states, weight, form):
+            return original(hidden_states)
         if fused is not None and (out := fused(hidden_states)) is not None:
             return out
         hidden = weight.shape[0]
