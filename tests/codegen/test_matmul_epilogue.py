@@ -229,6 +229,22 @@ def test_every_gemv_config_matches_reference(rows, hidden, cols, dtype, act, tmp
         assert_close(out, ref, TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype, act", [("float32", "silu"), ("float16", "gelu_tanh")])
+def test_the_gemv_kernels_dot_configs_match_reference_at_eight_rows(dtype, act, tmp_path):
+    """DOT (both weights' tiles through tensor-core dots, 8 rows padded to 16) on a hidden of
+    several K steps and a tail (896 = 3.5 x 256) and cols no BLOCK_N divides (176), and on
+    Phi-3's packed halves (strided weight views, fp16): every DOT config of the space."""
+    from codegen.matmul_epilogue.gemv import DOT_CONFIGS, search_space
+
+    for weights in (None, "packed") if dtype == "float16" else (None,):
+        case = make_case(8, 896, 176, dtype, act, **({"weights": weights} if weights else {}))
+        dots = [c for c in search_space(case) if c.get("DOT")]
+        assert len(dots) == DOT_CONFIGS and {c["BLOCK_K"] for c in dots} != {128}
+        for config in dots:
+            out, ref = run_candidate(FAMILY, config, case, tmp_path)
+            assert_close(out, ref, TOL[dtype])
+
+
 def test_the_gemv_kernel_reads_phi3s_packed_halves_in_place(tmp_path):
     case = make_case(3, 96, 176, "float32", "silu", weights="packed")
     config = FAMILY.search_space(case)[0]
