@@ -22,9 +22,18 @@ splitKreduce: benchmarks/results/e2e-1207-h100/llama-3.2-1b/integration.json). T
 workspace is a torch.empty inside forward: under CUDA graph capture it comes from the graph's
 pool, and nothing is read back to the host, so a graph captures the call as it is.
 
-Numerics: every product and sum in fp32 (16-bit inputs multiply exactly), one rounding to the
-output dtype; the summation order (BLOCK_K-wide partial dot products, then chunk by chunk) is
-not cuBLAS's, which the matmul family's order bound allows for.
+DOT (a config key, searched from DOT_MIN_ROWS rows): each step is one tensor-core dot instead
+of the row loop's CUDA-core products ("swap AB": the (BLOCK_N, BLOCK_K) weight tile is the M
+side, x's rows, padded with zeros to DOT_ROWS, the N side; the fp32 accumulator is transposed
+back for the epilogue, so every path above is the same). The row loop multiplies the weight
+tile once per row, which at 8 rows made the gated GEMV 2.7x slower than cuBLAS's chain
+(benchmarks/results/decode-1207-h100/gemv_table.md); the dot's work does not grow with the
+rows up to 16, and its pipelined loads stage the tiles in shared memory.
+
+Numerics: every product and sum in fp32 (16-bit inputs multiply exactly; DOT's fp32 dot is
+IEEE, not TF32), one rounding to the output dtype; the summation order (BLOCK_K-wide partial
+dot products, then chunk by chunk) is not cuBLAS's, which the matmul family's order bound
+allows for.
 
 `search_space` starts with cuBLAS itself (torch.mm/addmm on the weight's transposed view, as
 F.linear runs it), so a case no GEMV config beats keeps cuBLAS's time, then orders the GEMV

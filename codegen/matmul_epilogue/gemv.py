@@ -17,6 +17,10 @@ tiles searched; a split would need a second kernel for the epilogue, the launch 
 remove). More than MAX_ROWS rows (a verifier's edge case; the adapter sends a decode step's
 rows) run as several launches of MAX_ROWS rows.
 
+From 2 rows the space holds DOT configs too (gemv's tensor-core step, for both weights: at 8
+rows the row loop made this kernel 2.7x slower than cuBLAS's chain of four,
+benchmarks/results/decode-1207-h100/gemv_table.md); from 4 rows one of them is the guess.
+
 Numerics: every product and sum in fp32 (16-bit values multiply exactly), the activation and
 the multiply on the fp32 sums, one rounding; the summation order is the gemv family's, which
 the family's order bound allows for.

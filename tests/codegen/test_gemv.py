@@ -269,6 +269,7 @@ def test_the_decode_gemv_table_counts_bytes_and_reads_against_the_copy_bandwidth
     assert config_words(two) == "8x512 split 2 + sum kernel"
     assert config_words(CUBLAS) == "cuBLAS"
     assert config_words({"GEMV": True, "BLOCK_N": 8, "BLOCK_K": 512}) == "8x512"
+    assert config_words({**two, "FUSED": True, "DOT": True}) == "8x512 split 2 fused dot"
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -500,3 +501,37 @@ def test_the_dot_source_says_so_and_pads_the_rows(tmp_path):
     assert "DOT = True" in dot and "MIN_BLOCK_M = 16" in dot and words in dot
     assert "DOT = False" in rows and "MIN_BLOCK_M = 1" in rows and words not in rows
     assert "tl.dot(w, tl.trans(x), acc" in dot
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [2, 8, 16])
+def test_gpu_dot_configs_are_right_in_bf16_at_llamas_shapes(rows):
+    """Every DOT config the spaces offer (tensor cores, staged tiles in shared memory) at
+    Llama-3.2-1B's q/o, down and LM-head shapes and its gated gate+up GEMV, bf16: within bf16
+    error of the float64 product. Times nothing: codegen/gemv/bench.py does."""
+    import tempfile
+    from pathlib import Path
+
+    from codegen.matmul_epilogue import FAMILY as GATED
+    from codegen.matmul_epilogue.reference import make_case as gated_case
+
+    tmp = Path(tempfile.mkdtemp())
+    gen = torch.Generator("cuda").manual_seed(rows)
+    for k, n in ((2048, 2048), (8192, 2048), (2048, 128256)):
+        case = make_case(rows, k, n, "bfloat16", False, (rows, 1))
+        x, w = FAMILY.make_inputs(case, "cuda", gen)
+        exact = F.linear(x.double(), w.double())
+        for config in [c for c in FAMILY.search_space(case) if c.get("DOT")]:
+            out = FAMILY.make_out(case, (x,)).fill_(float("nan"))
+            load_rendered(FAMILY, config, case, tmp)(x, w, out=out, **FAMILY.params(case))
+            torch.cuda.synchronize()
+            err = (out.double() - exact).abs().max().item()
+            assert err <= 1e-2 + 1.6e-2 * exact.abs().max().item(), (k, n, config, err)
+    case = gated_case(rows, 2048, 8192, "bfloat16", "silu")
+    inputs = GATED.make_inputs(case, "cuda", gen)
+    want = GATED.reference(*inputs, **GATED.params(case))
+    for config in [c for c in GATED.search_space(case) if c.get("DOT")]:
+        out = GATED.make_out(case, inputs).fill_(float("nan"))
+        load_rendered(GATED, config, case, tmp)(*inputs, out=out, **GATED.params(case))
+        torch.cuda.synchronize()
+        assert_close(out, want, (1e-3, 2.5e-2))
