@@ -408,7 +408,7 @@ def search_space(case: Case) -> list[dict]:
     dot = [_config(bn, bk, sk, fused=sk > 1, dot=True) for bn, bk, sk in dot_tiles(
         tiles, lambda t: busy_programs(n, k, *t), lambda t: dot_smem(t[0], t[1], item), n_dot)]
     # the family's guess (the second entry, Family.leads): DOT from DOT_LEAD_ROWS rows; at
-    # fewer the row loop runs as few products as the dot pads to 16 rows, and its guess leads
+    # fewer, the row loop's few products may still keep up, and its guess leads
     lead = 0 if case["rows"] >= DOT_LEAD_ROWS else 1
     return [CUBLAS] + mixed[:lead] + dot + mixed[lead:] + [_config(*cheapest)]
 
