@@ -64,7 +64,8 @@ FAMILY = Family(
     min_bytes=min_bytes,
     flops=flops,
     search_space=lazy("codegen.gemv.kernel", "search_space"),
-    leads=lambda case: 2,  # cuBLAS, then the guessed tile (FUSED where k >> n)
+    # cuBLAS, then the guessed tile (FUSED where k >> n; DOT from 4 rows)
+    leads=lambda case: 2,
     render=lazy("codegen.gemv.kernel", "render"),
     patch=patch,
     cases_from_model=cases_from_model,

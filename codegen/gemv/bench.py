@@ -178,7 +178,8 @@ def run_gate_up(model: str, k: int, n: int, rows: int, dtype: str, tmp: Path,
 
 def config_words(config: dict | None) -> str:
     """A config in a table cell: cuBLAS, or BLOCK_N x BLOCK_K, its splits and how they are
-    summed (a second kernel, or FUSED: in the split kernel's last program)."""
+    summed (a second kernel, or FUSED: in the split kernel's last program), "dot" for DOT's
+    tensor-core step."""
     if not config:
         return "-"
     if config.get("impl") == "cublas":
@@ -187,7 +188,7 @@ def config_words(config: dict | None) -> str:
     splits = config.get("SPLIT_K", 1)
     if splits > 1:
         words += f" split {splits}" + (" fused" if config.get("FUSED") else " + sum kernel")
-    return words
+    return words + (" dot" if config.get("DOT") else "")
 
 
 def markdown(lines: list[dict], copy_gbps: float | None, device: str) -> str:

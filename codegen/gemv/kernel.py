@@ -22,9 +22,18 @@ splitKreduce: benchmarks/results/e2e-1207-h100/llama-3.2-1b/integration.json). T
 workspace is a torch.empty inside forward: under CUDA graph capture it comes from the graph's
 pool, and nothing is read back to the host, so a graph captures the call as it is.
 
-Numerics: every product and sum in fp32 (16-bit inputs multiply exactly), one rounding to the
-output dtype; the summation order (BLOCK_K-wide partial dot products, then chunk by chunk) is
-not cuBLAS's, which the matmul family's order bound allows for.
+DOT (a config key, searched from DOT_MIN_ROWS rows): each step is one tensor-core dot instead
+of the row loop's CUDA-core products ("swap AB": the (BLOCK_N, BLOCK_K) weight tile is the M
+side, x's rows, padded with zeros to DOT_ROWS, the N side; the fp32 accumulator is transposed
+back for the epilogue, so every path above is the same). The row loop multiplies the weight
+tile once per row, which at 8 rows made the gated GEMV 2.7x slower than cuBLAS's chain
+(benchmarks/results/decode-1207-h100/gemv_table.md); the dot's work does not grow with the
+rows up to 16, and its pipelined loads stage the tiles in shared memory.
+
+Numerics: every product and sum in fp32 (16-bit inputs multiply exactly; DOT's fp32 dot is
+IEEE, not TF32), one rounding to the output dtype; the summation order (BLOCK_K-wide partial
+dot products, then chunk by chunk) is not cuBLAS's, which the matmul family's order bound
+allows for.
 
 `search_space` starts with cuBLAS itself (torch.mm/addmm on the weight's transposed view, as
 F.linear runs it), so a case no GEMV config beats keeps cuBLAS's time, then orders the GEMV
@@ -75,6 +84,24 @@ TARGET_PROGRAMS = 4 * SMS
 MIN_TILE = 2048
 # The split sum: columns per program (fp32: 16-byte loads per thread at 4 warps x 32 threads).
 SUM_BLOCK = 512
+# DOT ("swap AB", _tile_step): the rows padded to the N side of a tensor-core dot, whose
+# smallest side is 16; the weight tile is its M side, so BLOCK_N is 16 at least. Offered from
+# DOT_MIN_ROWS rows; from DOT_LEAD_ROWS the family's guess is a DOT config: the row loop's
+# CUDA-core products grow with the rows (at 8 rows the gated GEMV, which runs it twice, took
+# 2.7x cuBLAS's chain: benchmarks/results/decode-1207-h100/gemv_table.md), the dot's do not.
+DOT_ROWS = 16
+DOT_MIN_ROWS = 2
+DOT_LEAD_ROWS = 4
+DOT_BLOCK_NS = (16, 32, 64)
+# Shared memory a DOT tile may take: Triton's pipeliner stages the weight and x tiles in shared
+# memory (cp.async, up to num_stages buffers of each); 160 KiB leaves an H100 or H200 SM (227
+# KiB) room for the epilogue and keeps the widest tiles compilable
+DOT_SMEM = 160 * 1024
+# Programs the DOT ordering aims for: two per SM. A staged tile takes shared memory the row
+# loop does not, so fewer programs fit an SM; a guess to order by, not a filter.
+DOT_TARGET = 2 * SMS
+# (unfused, FUSED, DOT) configs kept between cuBLAS and the cheapest: MAX_CONFIGS in all
+SHARES = {False: (MAX_CONFIGS - 2 - FUSED_GUESSES, FUSED_GUESSES, 0), True: (2, 2, 4)}
 
 
 @triton.jit
@@ -123,12 +150,65 @@ def _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K: tl.constexpr, EVEN_N:
 
 
 @triton.jit
+def _x_rows(x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk, EVEN_K: tl.constexpr):
+    """The (BLOCK_M, BLOCK_K) tile of x's rows offs_m (found as _rows_times_tile finds them)
+    at columns offs_k, in x's dtype: zeros past `rows` (the dot's padding, which no store
+    keeps)."""
+    x_ptrs = x_ptr + ((offs_m // seq) * x_sb + (offs_m % seq) * x_ss)[:, None] \
+        + offs_k[None, :] * x_sk
+    if EVEN_K:
+        x = tl.load(x_ptrs, mask=(offs_m < rows)[:, None], other=0.0)
+    else:
+        x = tl.load(x_ptrs, mask=(offs_m < rows)[:, None] & k_ok[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
+               EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr):
+    """acc plus x's rows times the weight tile w (BLOCK_N, BLOCK_K, in the weight's dtype).
+    DOT ("swap AB": the weight tile is the dot's M side, the rows padded to BLOCK_M >= 16 its
+    N side): acc (BLOCK_N, BLOCK_M), one tensor-core dot per step; else acc (BLOCK_M,
+    BLOCK_N), row by row on CUDA cores (_rows_times_tile). Both sum fp32 products in fp32."""
+    if DOT:
+        x = _x_rows(x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk, EVEN_K)
+        if w.dtype == tl.float32:  # IEEE, not TF32: the verifier's fp32 tolerances
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+        else:  # 16-bit products are exact in the fp32 sums (a precision is for fp32 only)
+            acc = tl.dot(w, tl.trans(x), acc)
+    else:
+        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
+                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+    return acc
+
+
+@triton.jit
+def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    """The fp32 accumulator _tile_step takes: (BLOCK_N, BLOCK_M) with DOT, else (BLOCK_M,
+    BLOCK_N)."""
+    if DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _rows_first(acc, DOT: tl.constexpr):
+    """_tile_step's accumulator as (BLOCK_M, BLOCK_N), the epilogues' orientation."""
+    if DOT:
+        acc = tl.trans(acc)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, rows, seq, x_sb, x_ss, x_sk,
                  w_sn, w_sk, o_sm, K: tl.constexpr, N: tl.constexpr, K_CHUNK: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, FUSED: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
+                 DOT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,7 +216,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, rows, seq, x_sb,
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_sn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _zero_acc(BLOCK_M, BLOCK_N, DOT)
     lo = split * K_CHUNK
     if PDL:  # codegen/pdl.py: the first weight tile, then the wait, then x (the first step)
         # no kernel of a decode step writes a weight, so its first tile loads while the
@@ -150,14 +230,15 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, rows, seq, x_sb,
                            tl.minimum(lo + K_CHUNK, K), BLOCK_N, K_CHUNK - BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
-                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+        acc = _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
+                         EVEN_K, BLOCK_M, DOT)
     for k0 in range(PDL * BLOCK_K, K_CHUNK, BLOCK_K):
         offs_k = lo + k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = _weight_tile(w_rows, offs_k, k_ok, n_ok, w_sk, EVEN_K, EVEN_N)
-        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
-                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+        acc = _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
+                         EVEN_K, BLOCK_M, DOT)
+    acc = _rows_first(acc, DOT)
     m2, n2 = offs_m[:, None], offs_n[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
@@ -239,9 +320,33 @@ def k_chunk(k: int, block_k: int, split_k: int) -> int:
 CUBLAS = {"impl": "cublas"}
 
 
-def _config(bn: int, bk: int, sk: int, fused: bool = False) -> dict:
+def _config(bn: int, bk: int, sk: int, fused: bool = False, dot: bool = False) -> dict:
     return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_warps": NUM_WARPS,
-            "num_stages": NUM_STAGES, **({"FUSED": True} if fused else {})}
+            "num_stages": NUM_STAGES, **({"FUSED": True} if fused else {}),
+            **({"DOT": True} if dot else {})}
+
+
+def dot_smem(bn: int, bk: int, item: int, weights: int = 1) -> int:
+    """Shared memory a DOT program's staged tiles may take: NUM_STAGES buffers of `weights`
+    (bn, bk) weight tiles and the (DOT_ROWS, bk) x tile, `item` bytes an element."""
+    return NUM_STAGES * (weights * bn + DOT_ROWS) * bk * item
+
+
+def dot_tiles(tiles: list[tuple], programs, smem, keep: int) -> list[tuple]:
+    """At most `keep` of `tiles` ((BLOCK_N, BLOCK_K, ...) tuples, BLOCK_N from DOT_BLOCK_NS)
+    for the DOT kernel, guessed best first: those whose staged tiles (`smem(tile)`) fit
+    DOT_SMEM, by grids of `programs(tile)` programs nearest DOT_TARGET (fewer than SMS after),
+    then the rest of the tuple (fewer splits), the wider BLOCK_N (x is read once per column
+    block: rows / BLOCK_N of the weight's traffic), the wider BLOCK_K. The best of each
+    BLOCK_N first, so a short list still spans the widths."""
+    def guess(t):
+        p = programs(t)
+        return (p < SMS, abs(math.log2(p / DOT_TARGET)), *t[2:], -t[0], -t[1])
+
+    fit = sorted((t for t in tiles if smem(t) <= DOT_SMEM), key=guess)
+    firsts = [next(t for t in fit if t[0] == bn) for bn in DOT_BLOCK_NS
+              if any(t[0] == bn for t in fit)]
+    return (sorted(firsts, key=guess) + [t for t in fit if t not in firsts])[:keep]
 
 
 def busy_programs(n: int, k: int, bn: int, bk: int, sk: int) -> int:
@@ -264,7 +369,9 @@ def search_space(case: Case) -> list[dict]:
     widest BLOCK_K, programs that stream k nearest TARGET_PROGRAMS, then tiles nearest
     FUSED_TILE. A tall case (k at least TALL x n) starts with the fused guess where it loads as
     wide as the unfused one, every other with the unfused guess: the second entry is the
-    family's guess (Family.leads)."""
+    family's guess (Family.leads). From DOT_MIN_ROWS rows, DOT configs too (tensor-core dots,
+    unsplit or FUSED; `dot_tiles` ranks them), fewer of the others (SHARES); from
+    DOT_LEAD_ROWS rows the guess is the first DOT config."""
     k, n = case["k"], case["n"]
     configs = [(bn, bk, sk) for bn in BLOCK_NS for bk in block_ks(k) for sk in SPLIT_KS
                if sk == 1 or sk * bk <= k]
@@ -281,17 +388,29 @@ def search_space(case: Case) -> list[dict]:
         return (-bk, programs < SMS, abs(math.log2(programs / TARGET_PROGRAMS)),
                 abs(math.log2(bn * bk / FUSED_TILE)), sk, bn)
 
+    offers_dot = case["rows"] >= DOT_MIN_ROWS
+    n_ranked, n_fused, n_dot = SHARES[offers_dot]
     cheapest = (BLOCK_NS[-1], block_ks(k)[-1], 1)
-    ranked = [_config(*c) for c in sorted(configs, key=guess) if c != cheapest]
-    ranked = ranked[:MAX_CONFIGS - 2 - FUSED_GUESSES]
+    ranked = [_config(*c) for c in sorted(configs, key=guess) if c != cheapest][:n_ranked]
     fused = [_config(*c, fused=True) for c in sorted(configs, key=fused_guess) if c[2] > 1]
-    fused = fused[:FUSED_GUESSES]
+    fused = fused[:n_fused]
     # the widest loads first holds across both: a fused guess of narrower BLOCK_K (k too short
     # to split at 512) does not lead
     tall = k >= TALL * n and fused and (not ranked or fused[0]["BLOCK_K"] >= ranked[0]["BLOCK_K"])
     first, second = (fused, ranked) if tall else (ranked, fused)
     mixed = [c for pair in itertools.zip_longest(first, second) for c in pair if c is not None]
-    return [CUBLAS] + mixed + [_config(*cheapest)]
+    if not offers_dot:
+        return [CUBLAS] + mixed + [_config(*cheapest)]
+    # DOT: unsplit or FUSED (a split costs no second launch)
+    item = 4 if case["dtype"] == "float32" else 2
+    tiles = [(bn, bk, sk) for bn in DOT_BLOCK_NS for bk in block_ks(k) for sk in SPLIT_KS
+             if sk == 1 or sk * bk <= k]
+    dot = [_config(bn, bk, sk, fused=sk > 1, dot=True) for bn, bk, sk in dot_tiles(
+        tiles, lambda t: busy_programs(n, k, *t), lambda t: dot_smem(t[0], t[1], item), n_dot)]
+    # the family's guess (the second entry, Family.leads): DOT from DOT_LEAD_ROWS rows; at
+    # fewer, the row loop's few products may still keep up, and its guess leads
+    lead = 0 if case["rows"] >= DOT_LEAD_ROWS else 1
+    return [CUBLAS] + mixed[:lead] + dot + mixed[lead:] + [_config(*cheapest)]
 
 
 _CHECK = '''\
@@ -371,7 +490,7 @@ def _kernel(block_m, accumulate):
             _gemv_kernel, K=K, N=N, K_CHUNK=K_CHUNK, EVEN_K=EVEN_K, EVEN_N=EVEN_N,
             HAS_BIAS=HAS_BIAS, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
             SPLIT_K=SPLIT_K, ACCUMULATE=accumulate and (SPLIT_K == 1 or FUSED), FUSED=FUSED,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            DOT=DOT, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return _kernels[key]
 
 
@@ -400,13 +519,21 @@ def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
     ws = o if SPLIT_K == 1 else torch.empty((SPLIT_K, rows, N), dtype=torch.float32,
                                             device=x.device)
     counts = _counters(x.device) if FUSED else ws
-    block_m = 1 << (rows - 1).bit_length()
+    block_m = max(MIN_BLOCK_M, 1 << (rows - 1).bit_length())
     _kernel(block_m, accumulate)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, counts, rows, seq,
                                  x_sb, x_ss, x.stride(-1), w.stride(0), w.stride(1),
                                  o.stride(0))
     if SPLIT_K > 1 and not FUSED:
         _sum(accumulate)((SUM_PROGRAMS,), ws, bias, o, rows, o.stride(0))
 '''
+
+
+def step_sources() -> str:
+    """The source of the weight-streaming step's helpers, which the gemv and gated GEMV
+    candidates' kernels call (_tile_step and what it calls, the weight tile, the prefetch)."""
+    return "\n\n".join(kernel_source(f) for f in (
+        _plus_row, _rows_times_tile, _x_rows, _tile_step, _zero_acc, _rows_first, _weight_tile,
+        _prefetch_slab))
 
 
 def render(config: dict, case: Case) -> str:
@@ -437,19 +564,22 @@ def render(config: dict, case: Case) -> str:
         return header + common + "\n\n" + _CHECK + _CUBLAS
     bn, bk, sk = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     fused = bool(config.get("FUSED", False)) and sk > 1
+    dot = bool(config.get("DOT", False))
     chunk = k_chunk(k, bk, sk)
     launch = ("one program per BLOCK_N rows of W, output stored directly" if sk == 1 else
               f"one kernel, {sk} K splits per BLOCK_N rows of W into an fp32 workspace, "
               "summed by the last split to arrive (an int32 counter per BLOCK_N rows)"
               if fused else
               f"{sk} K splits per BLOCK_N rows of W into an fp32 workspace, then a sum kernel")
+    steps = (f"Each step one tensor-core dot of the weight tile by x's rows padded to "
+             f"{DOT_ROWS} (fp32 sums)," if dot else "fp32 sums,") + " one rounding."
     header = textwrap.dedent(f'''\
         """Few-row projection candidate (GEMV): out = x @ W^T (+ b), W an nn.Linear's (n, k).
 
         Generated by codegen.gemv.kernel.render. Specialised for k={k}, n={n}, {dtype},
         bias={bias}; rows 1 to {MAX_ROWS} (a row block per power of two). Tuned for
         {case["rows"]} rows. Launch: {launch}; {bn} weight rows x {bk} columns per step,
-        {config["num_warps"]} warps, {config["num_stages"]} stages. fp32 sums, one rounding.
+        {config["num_warps"]} warps, {config["num_stages"]} stages. {steps}
         ''')
     consts = textwrap.dedent(f'''\
         import triton
@@ -461,6 +591,8 @@ def render(config: dict, case: Case) -> str:
         BLOCK_K = {bk}
         SPLIT_K = {sk}
         FUSED = {fused}
+        DOT = {dot}
+        MIN_BLOCK_M = {DOT_ROWS if dot else 1}
         K_CHUNK = {chunk}
         EVEN_K = {k % (sk * bk) == 0}
         EVEN_N = {n % bn == 0}
@@ -470,9 +602,7 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([header + common + consts, kernel_source(_plus_row),
-                        kernel_source(_rows_times_tile),
-                        kernel_source(_weight_tile), kernel_source(_prefetch_slab),
+    return "\n\n".join([header + common + consts, step_sources(),
                         kernel_source(_gemv_kernel),
                         kernel_source(_split_total), kernel_source(_finish),
                         kernel_source(_split_sum_kernel), _CHECK + "\n\n" + _TRITON])

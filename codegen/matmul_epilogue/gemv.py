@@ -17,6 +17,10 @@ tiles searched; a split would need a second kernel for the epilogue, the launch 
 remove). More than MAX_ROWS rows (a verifier's edge case; the adapter sends a decode step's
 rows) run as several launches of MAX_ROWS rows.
 
+From 2 rows the space holds DOT configs too (gemv's tensor-core step, for both weights: at 8
+rows the row loop made this kernel 2.7x slower than cuBLAS's chain of four,
+benchmarks/results/decode-1207-h100/gemv_table.md); from 4 rows one of them is the guess.
+
 Numerics: every product and sum in fp32 (16-bit values multiply exactly), the activation and
 the multiply on the fp32 sums, one rounding; the summation order is the gemv family's, which
 the family's order bound allows for.
@@ -30,7 +34,19 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.gemv.kernel import _plus_row, _rows_times_tile, _weight_tile
+from codegen.gemv.kernel import (
+    DOT_BLOCK_NS,
+    DOT_LEAD_ROWS,
+    DOT_MIN_ROWS,
+    DOT_ROWS,
+    _rows_first,
+    _tile_step,
+    _weight_tile,
+    _zero_acc,
+    dot_smem,
+    dot_tiles,
+    step_sources,
+)
 from codegen.gemv.reference import MAX_ROWS
 from codegen.launch import cdiv, guessed_tiles
 from codegen.matmul_epilogue.epilogue import _gated
@@ -42,6 +58,7 @@ BLOCK_NS = (4, 8, 16, 32)
 BLOCK_KS = (128, 256, 512)
 NUM_WARPS, NUM_STAGES = 4, 3
 MAX_CONFIGS = 4
+DOT_CONFIGS = 3  # from DOT_MIN_ROWS rows, besides MAX_CONFIGS of the row loop
 SMS = 132  # the H200's: the ordering aims for about four programs per SM (a guess to order by)
 TARGET_PROGRAMS = 4 * SMS
 # Weight elements per step (each weight) under which a tile is not searched (as gemv's)
@@ -50,13 +67,13 @@ MIN_TILE = 2048
 
 @triton.jit
 def _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m, rows, x_sm, x_sk,
-                EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Both accumulators plus x times one tile of each weight."""
+                EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr):
+    """Both accumulators plus x times one tile of each weight (gemv's step, DOT or not)."""
     # x as `rows` rows of one sequence: (row // seq) * 0 + (row % seq) * x_sm
-    acc_gate = _rows_times_tile(acc_gate, wg.to(tl.float32), x_ptr, offs_k, k_ok, offs_m,
-                                rows, rows, 0, x_sm, x_sk, EVEN_K, BLOCK_M)
-    acc_up = _rows_times_tile(acc_up, wu.to(tl.float32), x_ptr, offs_k, k_ok, offs_m,
-                              rows, rows, 0, x_sm, x_sk, EVEN_K, BLOCK_M)
+    acc_gate = _tile_step(acc_gate, wg, x_ptr, offs_k, k_ok, offs_m, rows, rows, 0, x_sm, x_sk,
+                          EVEN_K, BLOCK_M, DOT)
+    acc_up = _tile_step(acc_up, wu, x_ptr, offs_k, k_ok, offs_m, rows, rows, 0, x_sm, x_sk,
+                        EVEN_K, BLOCK_M, DOT)
     return acc_gate, acc_up
 
 
@@ -64,7 +81,7 @@ def _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m, rows, x_s
 def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg_sk, wu_sn,
                        wu_sk, o_sm, o_sn, HIDDEN: tl.constexpr, COLS: tl.constexpr,
                        EVEN_K: tl.constexpr, GELU_TANH: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr = False,
                        PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < COLS
@@ -73,8 +90,8 @@ def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg
     n64 = offs_n.to(tl.int64)[:, None]
     g_rows = wg_ptr + n64 * wg_sn
     u_rows = wu_ptr + n64 * wu_sn
-    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_gate = _zero_acc(BLOCK_M, BLOCK_N, DOT)
+    acc_up = _zero_acc(BLOCK_M, BLOCK_N, DOT)
     if PDL:  # codegen/pdl.py: both weights' first tiles, then the wait, then x (the first step)
         # no kernel of a decode step writes a weight, so the first tiles load while the
         # previous kernel finishes; x and out wait for it
@@ -91,27 +108,42 @@ def _gated_gemv_kernel(x_ptr, wg_ptr, wu_ptr, o_ptr, rows, x_sm, x_sk, wg_sn, wg
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
         acc_gate, acc_up = _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m,
-                                       rows, x_sm, x_sk, EVEN_K, BLOCK_M)
+                                       rows, x_sm, x_sk, EVEN_K, BLOCK_M, DOT)
     for k0 in range(PDL * BLOCK_K, HIDDEN, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < HIDDEN
         wg = _weight_tile(g_rows, offs_k, k_ok, n_ok, wg_sk, EVEN_K, False)
         wu = _weight_tile(u_rows, offs_k, k_ok, n_ok, wu_sk, EVEN_K, False)
         acc_gate, acc_up = _gated_step(acc_gate, acc_up, wg, wu, x_ptr, offs_k, k_ok, offs_m,
-                                       rows, x_sm, x_sk, EVEN_K, BLOCK_M)
-    y = _gated(acc_gate, acc_up, GELU_TANH)
+                                       rows, x_sm, x_sk, EVEN_K, BLOCK_M, DOT)
+    y = _gated(_rows_first(acc_gate, DOT), _rows_first(acc_up, DOT), GELU_TANH)
     tl.store(o_ptr + offs_m[:, None] * o_sm + offs_n[None, :] * o_sn,
              y.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _config(bn: int, bk: int, dot: bool = False) -> dict:
+    return {"GEMV": True, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS,
+            "num_stages": NUM_STAGES, **({"DOT": True} if dot else {})}
 
 
 def search_space(case: Case) -> list[dict]:
     """BLOCK_N x BLOCK_K tiles (BLOCK_K <= hidden where one fits, MIN_TILE elements and more),
     MAX_CONFIGS of them, guessed best first: the widest loads, then grids nearest
-    TARGET_PROGRAMS programs. Every config carries "GEMV": kernel.render sends it here."""
-    tiles = guessed_tiles(case["hidden"], lambda bn: cdiv(case["cols"], bn), BLOCK_NS,
-                          BLOCK_KS, MIN_TILE, SMS, TARGET_PROGRAMS, MAX_CONFIGS, cheapest=False)
-    return [{"GEMV": True, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS,
-             "num_stages": NUM_STAGES} for bn, bk in tiles]
+    TARGET_PROGRAMS programs. From DOT_MIN_ROWS rows, DOT_CONFIGS tensor-core ones too (gemv's
+    `dot_tiles` ranks them), first from DOT_LEAD_ROWS rows: the family's guess (Family.leads).
+    Every config carries "GEMV": kernel.render sends it here."""
+    hidden, cols = case["hidden"], case["cols"]
+    tiles = guessed_tiles(hidden, lambda bn: cdiv(cols, bn), BLOCK_NS, BLOCK_KS, MIN_TILE, SMS,
+                          TARGET_PROGRAMS, MAX_CONFIGS, cheapest=False)
+    rows = [_config(bn, bk) for bn, bk in tiles]
+    if case["rows"] < DOT_MIN_ROWS:
+        return rows
+    item = 4 if case["dtype"] == "float32" else 2
+    bks = [b for b in BLOCK_KS if b <= hidden] or [BLOCK_KS[0]]
+    dot = [_config(bn, bk, dot=True) for bn, bk in dot_tiles(
+        [(bn, bk) for bn in DOT_BLOCK_NS for bk in bks], lambda t: cdiv(cols, t[0]),
+        lambda t: dot_smem(t[0], t[1], item, weights=2), DOT_CONFIGS)]
+    return dot + rows if case["rows"] >= DOT_LEAD_ROWS else rows[:1] + dot + rows[1:]
 
 
 _HOST = '''\
@@ -123,7 +155,7 @@ def _kernel(block_m):
     if block_m not in _kernels:
         _kernels[block_m] = launcher(
             _gated_gemv_kernel, HIDDEN=HIDDEN, COLS=COLS, EVEN_K=EVEN_K, GELU_TANH=GELU_TANH,
-            BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+            BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, DOT=DOT, num_warps=NUM_WARPS,
             num_stages=NUM_STAGES)
     return _kernels[block_m]
 
@@ -139,7 +171,7 @@ def forward(x, w_gate, w_up, *, out, **params) -> None:
     for r0 in range(0, x.shape[0], MAX_ROWS):
         xs, os_ = x[r0:r0 + MAX_ROWS], out[r0:r0 + MAX_ROWS]
         rows = xs.shape[0]
-        _kernel(1 << (rows - 1).bit_length())(
+        _kernel(max(MIN_BLOCK_M, 1 << (rows - 1).bit_length()))(
             (N_BLOCKS,), xs, w_gate, w_up, os_, rows, xs.stride(0), xs.stride(1),
             w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1),
             os_.stride(0), os_.stride(1))
@@ -151,12 +183,15 @@ def render(config: dict, case: Case, helpers: str, formula: str) -> str:
     formula's words, shared with its tile kernels."""
     hidden, cols, act, dtype = case["hidden"], case["cols"], case["act"], case["dtype"]
     bn, bk = config["BLOCK_N"], config["BLOCK_K"]
+    dot = bool(config.get("DOT", False))
+    sums = f"one tensor-core dot per weight, x's rows padded to {DOT_ROWS}, fp32 sums" \
+        if dot else "fp32 sums"
     head = textwrap.dedent(f'''\
         """Gated MLP GEMV candidate: out = {formula}.
 
         Generated by codegen.matmul_epilogue.gemv.render: one launch per {MAX_ROWS} rows of
         {cdiv(cols, bn)} programs, each {bn} rows of both weights x {bk} columns per step
-        (fp32 sums), the activation and the multiply on the sums, one rounding.
+        ({sums}), the activation and the multiply on the sums, one rounding.
         Specialised for hidden={hidden}, cols={cols}, {dtype}; tuned for {case["rows"]} rows.
         {config["num_warps"]} warps, {config["num_stages"]} stages.
         case:   {json.dumps(case)}
@@ -177,14 +212,14 @@ def render(config: dict, case: Case, helpers: str, formula: str) -> str:
         MAX_ROWS = {MAX_ROWS}
         BLOCK_N = {bn}
         BLOCK_K = {bk}
+        DOT = {dot}
+        MIN_BLOCK_M = {DOT_ROWS if dot else 1}
         EVEN_K = {hidden % bk == 0}
         N_BLOCKS = {cdiv(cols, bn)}
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         BAKED_PARAMS = {{"act": {act!r}}}
         ''')
-    return "\n\n".join([head, kernel_source(_gated), kernel_source(_plus_row),
-                        kernel_source(_rows_times_tile),
-                        kernel_source(_weight_tile), kernel_source(_prefetch_slab),
+    return "\n\n".join([head, kernel_source(_gated), step_sources(),
                         kernel_source(_gated_step),
                         kernel_source(_gated_gemv_kernel), helpers, _HOST])

@@ -43,11 +43,19 @@ KERNELS = {
     "gemv_fused": (_gemv_kernel, dict(K=8192, N=2048, K_CHUNK=2048, EVEN_K=True, EVEN_N=True,
                                       HAS_BIAS=False, BLOCK_M=1, BLOCK_N=16, BLOCK_K=512,
                                       SPLIT_K=4, ACCUMULATE=True, FUSED=True), GEMV_POINTERS),
+    # several rows through tensor-core dots (DOT: the rows padded to 16), FUSED split
+    "gemv_dot": (_gemv_kernel, dict(K=2048, N=2048, K_CHUNK=1024, EVEN_K=True, EVEN_N=True,
+                                    HAS_BIAS=False, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
+                                    SPLIT_K=2, ACCUMULATE=True, FUSED=True, DOT=True),
+                 GEMV_POINTERS),
     "split_sum": (_split_sum_kernel, dict(N=2048, HAS_BIAS=False, BLOCK=512, SPLIT_K=4,
                                           ACCUMULATE=True), {"ws_ptr": "fp32"}),
     "gated_gemv": (_gated_gemv_kernel, dict(HIDDEN=2048, COLS=8192, EVEN_K=True,
                                             GELU_TANH=False, BLOCK_M=1, BLOCK_N=8,
                                             BLOCK_K=512), {}),
+    "gated_gemv_dot": (_gated_gemv_kernel, dict(HIDDEN=2048, COLS=8192, EVEN_K=True,
+                                                GELU_TANH=False, BLOCK_M=16, BLOCK_N=32,
+                                                BLOCK_K=256, DOT=True), {}),
     "qkv": (_qkv_kernel, dict(K=2048, NQ=2048, NK=512, NV=512, Q_BLOCKS=256, K_BLOCKS=64,
                               EVEN_K=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512),
             {}),
@@ -91,7 +99,11 @@ def facts(kernel, constexprs: dict, pointers: dict, pdl: bool, prefetch: bool | 
           ) -> dict:
     """Where the griddepcontrol instructions sit; PREFETCH (where the kernel takes it) as
     `prefetch`, by default as `pdl` (what the launcher binds)."""
-    consts = {**constexprs, "PDL": pdl}
+    # the constexprs a launcher leaves at their defaults (FUSED, DOT) as constexprs too, not
+    # runtime integers: DOT's two branches build accumulators of two shapes
+    defaults = {p.name: p.default for p in inspect.signature(kernel.fn).parameters.values()
+                if p.default is not inspect.Parameter.empty}
+    consts = {**defaults, **constexprs, "PDL": pdl}
     if "PREFETCH" in inspect.signature(kernel.fn).parameters:
         consts["PREFETCH"] = pdl if prefetch is None else prefetch
     src = ASTSource(kernel, signature(kernel, consts, pointers), consts)

@@ -46,8 +46,10 @@ def _ends_and_a_split(case):
     kernel and the first FUSED one."""
     space = FAMILY.search_space(case)
     assert space[0] == CUBLAS and CUBLAS not in space[1:]
-    split = next(c for c in space[1:] if c["SPLIT_K"] > 1 and not c.get("FUSED"))
     fused = next(c for c in space[1:] if c.get("FUSED"))
+    # a space of DOT configs keeps fewer of the others: the sum kernel's split of a tile if so
+    split = next((c for c in space[1:] if c["SPLIT_K"] > 1 and not c.get("FUSED")),
+                 {k: v for k, v in fused.items() if k not in ("FUSED", "DOT")})
     configs = {repr(c): c for c in (space[0], space[1], space[-1], split, fused)}
     assert {c["SPLIT_K"] > 1 for c in list(configs.values())[1:]} == {True, False}
     return list(configs.values())
@@ -267,6 +269,7 @@ def test_the_decode_gemv_table_counts_bytes_and_reads_against_the_copy_bandwidth
     assert config_words(two) == "8x512 split 2 + sum kernel"
     assert config_words(CUBLAS) == "cuBLAS"
     assert config_words({"GEMV": True, "BLOCK_N": 8, "BLOCK_K": 512}) == "8x512"
+    assert config_words({**two, "FUSED": True, "DOT": True}) == "8x512 split 2 fused dot"
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -415,3 +418,120 @@ def test_gpu_fused_split_replays_in_a_cuda_graph(rows):
         assert (_counters(fused, x.device) == 0).all()
     exact = start.double() + F.linear(x.double(), w.double())
     assert (out.double() - exact).abs().max().item() <= 1e-2 + 1.6e-2 * exact.abs().max().item()
+
+
+# ------------------------------------------------------------------ DOT (tensor-core rows)
+
+DOT1 = {"BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3,
+        "DOT": True}
+DOT_CONFIGS = [DOT1, {**DOT1, "BLOCK_N": 32, "SPLIT_K": 2},  # split, then the sum kernel
+               {**DOT1, "SPLIT_K": 4, "FUSED": True}]
+
+
+@pytest.mark.parametrize("rows, dtype", [(2, "float32"), (3, "float16"), (8, "float32"),
+                                         (8, "float16"), (16, "float16")])
+def test_dot_configs_equal_the_reference_with_bias_and_accumulating(rows, dtype, tmp_path):
+    """DOT unsplit, split with the sum kernel and FUSED split (two of them at each row
+    count: each in both dtypes), at k=300 (no BLOCK_K divides
+    it: masked steps, a split past k) and n=40 (no BLOCK_N divides it): with a bias, and
+    without one accumulating into out (the residual add), within the family's tolerances. x
+    is (rows, 1, k) at even rows, one sequence of rows tokens, a column slice of wider rows,
+    at odd ones (the (batch, seq) strides of the padded rows' loads)."""
+    lead = (rows, 1) if rows % 2 == 0 else (1, rows)
+    # two configs per run (the interpreter's time), in turn
+    for config in (DOT_CONFIGS * 2)[{2: 0, 3: 1, 8: 2, 16: 0}[rows] + (dtype == "float16"):][:2]:
+        for bias in (True, False):
+            case = make_case(rows, 300, 40, dtype, bias, lead)
+            if rows % 2:
+                case["row_stride"] = 364
+            forward = load_rendered(FAMILY, config, case, tmp_path)
+            inputs = FAMILY.make_inputs(case, DEVICE, torch.Generator(DEVICE).manual_seed(rows))
+            start = FAMILY.make_out(case, inputs).normal_()
+            out = start.clone()
+            forward(*inputs, out=out, accumulate=not bias, **FAMILY.params(case))
+            ref = FAMILY.reference(*inputs, **FAMILY.params(case))
+            assert_close(out, ref if bias else start + ref, TOL[dtype])
+
+
+def test_the_verifier_accepts_a_dot_candidate(tmp_path):
+    """DOT on the family's example case (2 rows, k=136, n=32, fp32, a bias) through the
+    verifier's edge cases (1, 3, 5, 7 and 16 rows, strided x) and stress values: the fp32 dot
+    is IEEE, within the fp32 order bound. (One program: the interpreter's time.)"""
+    verify_on_cpu_or_gpu(FAMILY, FAMILY.examples[0], tmp_path, {**DOT1, "BLOCK_N": 32})
+
+
+def test_dot_configs_lead_the_search_space_from_four_rows():
+    """Llama-3.2-1B's and Llama-3.1-8B's projections: no DOT at one row (the space as it was);
+    from two rows DOT configs (BLOCK_N 16 at least, unsplit or FUSED, staged tiles in
+    DOT_SMEM), the family's guess (the second entry: Family.leads) a DOT one from four rows
+    and the row loop's below; cuBLAS first, the interpreter's cheapest last, at most
+    MAX_CONFIGS; the other configs carry no DOT key (their remembered searches stand)."""
+    from codegen.gemv.kernel import DOT_SMEM, MAX_CONFIGS, NUM_STAGES, block_ks
+
+    shapes = ((2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256),
+              (4096, 14336), (896, 128), (300, 40))
+    for rows in (1, 2, 3, 4, 8, 16):
+        for k, n in shapes:
+            for dtype in ("bfloat16", "float32"):
+                space = FAMILY.search_space(make_case(rows, k, n, dtype, False, (rows, 1)))
+                dots = [c for c in space if c.get("DOT")]
+                assert 2 < len(space) <= MAX_CONFIGS and space[0] == CUBLAS
+                assert space[-1] == {"BLOCK_N": 32, "BLOCK_K": block_ks(k)[-1],
+                                     "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+                assert len({repr(c) for c in space}) == len(space)
+                assert all(c.get("DOT", True) is True for c in space[1:])  # True or absent
+                assert bool(dots) is (rows >= 2), (rows, k, n)
+                assert bool(space[1].get("DOT")) is (rows >= 4), (rows, k, n)
+                item = 4 if dtype == "float32" else 2
+                for c in dots:
+                    assert c["BLOCK_N"] >= 16 and (c["SPLIT_K"] == 1) is not c.get("FUSED")
+                    assert NUM_STAGES * (c["BLOCK_N"] + 16) * c["BLOCK_K"] * item <= DOT_SMEM
+                if rows >= 2:  # a short list still spans the widths
+                    assert {c["BLOCK_N"] for c in dots} == {16, 32, 64}, (k, n, dtype)
+    # Llama-3.2-1B's gate/up at 8 rows: 256 programs of 32 columns, each over all of k
+    guess = FAMILY.search_space(make_case(8, 2048, 8192, "bfloat16", False, (8, 1)))[1]
+    assert guess == {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4,
+                     "num_stages": 3, "DOT": True}
+
+
+def test_the_dot_source_says_so_and_pads_the_rows(tmp_path):
+    case = make_case(8, 2048, 2048, "float16", False, (8, 1))
+    dot, rows = FAMILY.render(DOT1, case), FAMILY.render({**DOT1, "DOT": False}, case)
+    words = "Each step one tensor-core dot of the weight tile by x's rows padded to 16"
+    assert "DOT = True" in dot and "MIN_BLOCK_M = 16" in dot and words in dot
+    assert "DOT = False" in rows and "MIN_BLOCK_M = 1" in rows and words not in rows
+    assert "tl.dot(w, tl.trans(x), acc" in dot
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [2, 8, 16])
+def test_gpu_dot_configs_are_right_in_bf16_at_llamas_shapes(rows):
+    """Every DOT config the spaces offer (tensor cores, staged tiles in shared memory) at
+    Llama-3.2-1B's q/o, down and LM-head shapes and its gated gate+up GEMV, bf16: within bf16
+    error of the float64 product. Times nothing: codegen/gemv/bench.py does."""
+    import tempfile
+    from pathlib import Path
+
+    from codegen.matmul_epilogue import FAMILY as GATED
+    from codegen.matmul_epilogue.reference import make_case as gated_case
+
+    tmp = Path(tempfile.mkdtemp())
+    gen = torch.Generator("cuda").manual_seed(rows)
+    for k, n in ((2048, 2048), (8192, 2048), (2048, 128256)):
+        case = make_case(rows, k, n, "bfloat16", False, (rows, 1))
+        x, w = FAMILY.make_inputs(case, "cuda", gen)
+        exact = F.linear(x.double(), w.double())
+        for config in [c for c in FAMILY.search_space(case) if c.get("DOT")]:
+            out = FAMILY.make_out(case, (x,)).fill_(float("nan"))
+            load_rendered(FAMILY, config, case, tmp)(x, w, out=out, **FAMILY.params(case))
+            torch.cuda.synchronize()
+            err = (out.double() - exact).abs().max().item()
+            assert err <= 1e-2 + 1.6e-2 * exact.abs().max().item(), (k, n, config, err)
+    case = gated_case(rows, 2048, 8192, "bfloat16", "silu")
+    inputs = GATED.make_inputs(case, "cuda", gen)
+    want = GATED.reference(*inputs, **GATED.params(case))
+    for config in [c for c in GATED.search_space(case) if c.get("DOT")]:
+        out = GATED.make_out(case, inputs).fill_(float("nan"))
+        load_rendered(GATED, config, case, tmp)(*inputs, out=out, **GATED.params(case))
+        torch.cuda.synchronize()
+        assert_close(out, want, (1e-3, 2.5e-2))

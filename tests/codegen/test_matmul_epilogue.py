@@ -185,18 +185,30 @@ def test_edge_cases(dtype, tmp_path):
             assert_close(out, ref, TOL[dtype])
 
 
-@pytest.mark.parametrize("rows, gemv", [(1, True), (16, True), (17, False), (64, False)])
+@pytest.mark.parametrize("rows, gemv", [(1, True), (2, True), (4, True), (16, True),
+                                        (17, False), (64, False)])
 def test_decode_rows_search_the_gemv_kernel_first(rows, gemv):
     """At a decode step's rows (at most the gemv family's 16) the GEMV kernel's configs lead
-    the space (the search's `spread` always measures the first); the tile kernels follow."""
+    the space (the search's `spread` always measures the first); the tile kernels follow.
+    From 2 rows DOT_CONFIGS tensor-core ones join them (BLOCK_N 16 at least), the first of
+    them the family's guess from 4 rows (Llama-3.2-1B's 8192 columns: 256 programs of 32)."""
     space = FAMILY.search_space(make_case(rows, 2048, 8192, "bfloat16", "silu"))
     assert bool(space[0].get("GEMV")) is gemv
     assert not any(c.get("GEMV") for c in space[-3:])  # the widest tile stays last
     if gemv:
-        from codegen.matmul_epilogue.gemv import MAX_CONFIGS
+        from codegen.matmul_epilogue.gemv import DOT_CONFIGS, MAX_CONFIGS
 
         heads = [c for c in space if c.get("GEMV")]
-        assert len(heads) == MAX_CONFIGS and heads[0]["BLOCK_K"] == 512
+        dots = [c for c in heads if c.get("DOT")]
+        assert len(heads) == MAX_CONFIGS + len(dots) == len({repr(c) for c in heads})
+        assert len(dots) == (DOT_CONFIGS if rows >= 2 else 0)
+        assert all(c["BLOCK_N"] >= 16 and c["DOT"] is True for c in dots)
+        assert all("DOT" not in c for c in heads if c not in dots)  # the dicts they were
+        if rows >= 4:
+            assert heads[0] == {"GEMV": True, "BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4,
+                                "num_stages": 3, "DOT": True}
+        else:
+            assert "DOT" not in heads[0] and heads[0]["BLOCK_K"] == 512
 
 
 # (rows, hidden, cols): one row; the gemv family's largest row block; a prime row count over
@@ -215,6 +227,22 @@ def test_every_gemv_config_matches_reference(rows, hidden, cols, dtype, act, tmp
     for config in search_space(case):
         out, ref = run_candidate(FAMILY, config, case, tmp_path)
         assert_close(out, ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype, act", [("float32", "silu"), ("float16", "gelu_tanh")])
+def test_the_gemv_kernels_dot_configs_match_reference_at_eight_rows(dtype, act, tmp_path):
+    """DOT (both weights' tiles through tensor-core dots, 8 rows padded to 16) on a hidden of
+    several K steps and a tail (896 = 3.5 x 256) and cols no BLOCK_N divides (176), and on
+    Phi-3's packed halves (strided weight views, fp16): every DOT config of the space."""
+    from codegen.matmul_epilogue.gemv import DOT_CONFIGS, search_space
+
+    for weights in (None, "packed") if dtype == "float16" else (None,):
+        case = make_case(8, 896, 176, dtype, act, **({"weights": weights} if weights else {}))
+        dots = [c for c in search_space(case) if c.get("DOT")]
+        assert len(dots) == DOT_CONFIGS and {c["BLOCK_K"] for c in dots} != {128}
+        for config in dots:
+            out, ref = run_candidate(FAMILY, config, case, tmp_path)
+            assert_close(out, ref, TOL[dtype])
 
 
 def test_the_gemv_kernel_reads_phi3s_packed_halves_in_place(tmp_path):

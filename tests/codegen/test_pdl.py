@@ -240,8 +240,7 @@ def test_sm90_ptx_waits_before_touching_the_steps_tensors():
         assert f["wait"] is not None and f["launch"] is not None, name
         assert f["wait"] < f["launch"], name  # a successor starts one kernel ahead, no more
         assert f["stores_before_wait"] == 0, name  # no write before the predecessor is done
-        if name in ("gemv", "gemv_fused", "gated_gemv", "qkv", "norm_qkv", "norm_gate_up",
-                    "rmsnorm", "add_rmsnorm", "gemv_without_prefetch"):
+        if name in STREAMERS + ("rmsnorm", "add_rmsnorm", "gemv_without_prefetch"):
             assert f["loads_before_wait"] > 0, name  # the weights' first loads overlap
         else:
             assert f["loads_before_wait"] == 0, name  # activations only after the wait
@@ -255,7 +254,8 @@ def test_sm90_ptx_waits_before_touching_the_steps_tensors():
 
 
 # the weight-streaming kernels: PREFETCH before PDL (pdl_ptx.py's names)
-STREAMERS = ("gemv", "gemv_fused", "gated_gemv", "qkv", "norm_qkv", "norm_gate_up")
+STREAMERS = ("gemv", "gemv_fused", "gemv_dot", "gated_gemv", "gated_gemv_dot", "qkv",
+             "norm_qkv", "norm_gate_up")
 
 
 def test_the_weight_streamers_take_prefetch_before_pdl():
