@@ -25,7 +25,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIPELINE_RUNS=/tmp/runs
 tag=$M-decode-b$B-s$S run=/tmp/runs/$tag logs=$OUT/logs-redo; mkdir -p $logs
 source benchmarks/gpu_step.sh
 TAIL=15 step gputests $T_TESTS python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS \
-  -k "gpu or graph or fused or pdl"
+  -k "fused or pdl"
 if grep -qE "FAILED.*(prefetch|norm_fused_chain)" $logs/gputests.log; then
   echo "a prefetch test failed: PIPELINE_NO_PDL_PREFETCH=1 for the rest"
   export PIPELINE_NO_PDL_PREFETCH=1
