@@ -335,6 +335,28 @@ def pdl_hardware_reason() -> str | None:
     return None
 
 
+# Arrival counters of the FUSED kernels (decode attention's combine, the GEMV's split sum in
+# the split kernel's last program): one zeroed int32 buffer per (device, size) for the process.
+# Each launch leaves it at zero (the last program of each group resets its own counter), so no
+# memset runs per call, and kernels of any family may share one: the calls sharing a buffer
+# run one after another on one stream, as a decode step's kernels do (with PDL each waits for
+# its predecessor before touching a counter). Make the first call before a CUDA graph is
+# captured (the graphs stage's warm-up does), so the graph uses a buffer it does not own; a
+# first call inside a capture works too (its torch.zeros is captured and re-zeroes it each
+# replay).
+ARRIVALS: dict = {}
+
+
+def arrival_counters(device, size: int):
+    """The shared zeroed int32 counters of `size` on `device` (see ARRIVALS)."""
+    counts = ARRIVALS.get((device, size))
+    if counts is None:
+        import torch
+
+        counts = ARRIVALS[(device, size)] = torch.zeros(size, dtype=torch.int32, device=device)
+    return counts
+
+
 def pdl_options() -> dict:
     """What a `kernel[grid](...)` call of a PDL-aware kernel adds: PDL=True and the launch
     attribute while PDL is on, nothing (the kernel's PDL=False) otherwise."""

@@ -209,22 +209,6 @@ def search_space(case: Case) -> list[dict]:
 
 
 _FORWARD = '''\
-# FUSED: the split programs' arrival counters, one int32 per (batch, kv head) kept per (device,
-# size) for the process and zero between calls (the last program of each resets its own, so no
-# memset runs per call). The first call allocates them: make it before a CUDA graph is captured
-# (the graphs stage's warm-up does), so the graph uses a buffer it does not own. A first call
-# inside a capture works too: its torch.zeros is captured and re-zeroes the buffer each replay.
-# The calls sharing a buffer run one after another on one stream, as a decode step's layers do.
-_COUNTERS = {}
-
-
-def _counters(device, size):
-    counts = _COUNTERS.get((device, size))
-    if counts is None:
-        counts = _COUNTERS[(device, size)] = torch.zeros(size, dtype=torch.int32, device=device)
-    return counts
-
-
 def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
     """q (batch, heads, 1, HEAD_DIM), k and v (batch, kv_heads, slots, HEAD_DIM), any strides,
     heads a multiple of kv_heads; length: a 0-d int64 tensor on q's device (the valid slots,
@@ -261,7 +245,7 @@ def forward(q, k, v, length, mask, *, out, scale=SCALE) -> None:
                          device=q.device)
     else:
         part = ml = q
-    counts = _counters(q.device, batch * kv_heads) if FUSED else q
+    counts = arrival_counters(q.device, batch * kv_heads) if FUSED else q
     o = out.squeeze(1)  # (batch, heads, HEAD_DIM)
     chunk = triton.cdiv(triton.cdiv(slots, SPLITS), BLOCK_N) * BLOCK_N
     # enable_fp_fusion=False: see codegen/attention/kernel.py (FMA next to the row max)
@@ -310,7 +294,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import pdl_options
+        from codegen.launch import arrival_counters, pdl_options
 
         HEAD_DIM = {d}
         BLOCK_D = {block_d(d)}

@@ -18,7 +18,7 @@ its partial, and the last to arrive sums the block's partials (the same helpers,
 order: the two-kernel result bit for bit), stores the output and resets the counter (one
 launch instead of two; at batch 1 a graphed decode step is bound by its launches, and
 cuBLAS runs Llama-3.2-1B's down projection as two, a split-K GEMV and cublasLt's
-splitKreduce: benchmarks/results/e2e-1207-h100/llama-3.2-1b/integration.json). The
+splitKreduce: benchmarks/results/decode-1207-h100/decode-step-llama-3.2-1b.md). The
 workspace is a torch.empty inside forward: under CUDA graph capture it comes from the graph's
 pool, and nothing is read back to the host, so a graph captures the call as it is.
 
@@ -465,21 +465,6 @@ def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
 _TRITON = '''\
 _kernels = {}
 _sums = {}
-# FUSED: the split programs' arrival counters, one int32 per BLOCK_N column block, kept per
-# device for the process and zero between calls (the last program of each column block resets
-# its own, so no memset runs per call). The first call allocates them: make it before a CUDA
-# graph is captured (the graphs stage's warm-up does), so the graph uses a buffer it does not
-# own. A first call inside a capture works too: its torch.zeros is captured and re-zeroes the
-# buffer each replay. The calls sharing a buffer (every layer's projection of this case) run
-# one after another on one stream, as a decode step's layers do.
-_COUNTERS = {}
-
-
-def _counters(device):
-    counts = _COUNTERS.get(device)
-    if counts is None:
-        counts = _COUNTERS[device] = torch.zeros(N_BLOCKS, dtype=torch.int32, device=device)
-    return counts
 
 
 def _kernel(block_m, accumulate):
@@ -518,7 +503,7 @@ def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
     bias = w if b is None else b
     ws = o if SPLIT_K == 1 else torch.empty((SPLIT_K, rows, N), dtype=torch.float32,
                                             device=x.device)
-    counts = _counters(x.device) if FUSED else ws
+    counts = arrival_counters(x.device, N_BLOCKS) if FUSED else ws
     block_m = max(MIN_BLOCK_M, 1 << (rows - 1).bit_length())
     _kernel(block_m, accumulate)((N_BLOCKS, SPLIT_K), x, w, bias, o, ws, counts, rows, seq,
                                  x_sb, x_ss, x.stride(-1), w.stride(0), w.stride(1),
@@ -585,7 +570,7 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import launcher
+        from codegen.launch import arrival_counters, launcher
 
         BLOCK_N = {bn}
         BLOCK_K = {bk}

@@ -171,9 +171,11 @@ def test_all_minus_inf_kept_scores_give_nan_and_no_kept_slot_gives_zero(tmp_path
 
 
 def _counters(forward, case, device) -> torch.Tensor:
-    """The rendered FUSED candidate's arrival counters for `case`'s batch and kv heads (keyed
-    by the inputs' device: cuda:0, not cuda)."""
-    return forward.__globals__["_COUNTERS"][(device, case["batch"] * case["kv_heads"])]
+    """The FUSED candidate's arrival counters for `case`'s batch and kv heads (codegen.launch's,
+    keyed by the inputs' device: cuda:0, not cuda)."""
+    from codegen.launch import ARRIVALS
+
+    return ARRIVALS[(device, case["batch"] * case["kv_heads"])]
 
 
 @pytest.mark.parametrize("group", [1, 4, 7])

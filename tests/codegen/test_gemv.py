@@ -300,8 +300,11 @@ FUSED4 = {**SPLIT4, "FUSED": True}  # the split sum in the last split program of
 
 
 def _counters(forward, device) -> torch.Tensor:
-    """The rendered FUSED candidate's arrival counters (keyed by the inputs' device)."""
-    return forward.__globals__["_COUNTERS"][device]
+    """The FUSED candidate's arrival counters (codegen.launch's, keyed by the inputs' device
+    and the candidate's column blocks)."""
+    from codegen.launch import ARRIVALS
+
+    return ARRIVALS[(device, forward.__globals__["N_BLOCKS"])]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
