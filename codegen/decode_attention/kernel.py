@@ -294,7 +294,8 @@ def render(config: dict, case: Case) -> str:
         import triton
         import triton.language as tl
 
-        from codegen.launch import arrival_counters, pdl_options
+        from codegen.launch import arrival_counters
+        from codegen.launch import pdl_options
 
         HEAD_DIM = {d}
         BLOCK_D = {block_d(d)}
