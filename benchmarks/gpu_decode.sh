@@ -22,7 +22,7 @@ export FAMILIES=${FAMILIES:-gemv,qkv_proj,matmul_epilogue,decode_attention,kv_ca
 export MAXC=${MAXC:-4} PAIRS=${PAIRS:-12} ROUNDS=${ROUNDS:-20}
 # PDL=1: also time ours-graphs captured with PDL forced on and off, and on without the weight
 # streamers' L2 prefetch (head_to_head.py)
-export VARIANTS=${VARIANTS:-graph,ours-graphs$([ "${PDL:-0}" = 1 ] && echo ,ours-graphs-pdl,ours-graphs-nopdl,ours-graphs-pdl-noprefetch)}
+export VARIANTS=${VARIANTS:-graph,ours-graphs$([ "${PDL:-0}" = 1 ] && echo ,ours-graphs-pdl,ours-graphs-nopdl,ours-graphs-pdl-prefetch)}
 export T_PROFILE=${T_PROFILE:-70} T_OPTIMIZE=${T_OPTIMIZE:-270} T_H2H=${T_H2H:-80}
 TABLE_MODELS=${TABLE_MODELS:-llama-3.2-1b,llama-3.1-8b,qwen2.5-0.5b} TABLE_ROWS=${TABLE_ROWS:-1,8}
 TABLE_MAXC=${TABLE_MAXC:-3} T_TABLE=${T_TABLE:-70} QWEN=${QWEN:-0} WARM=${WARM:-0}

@@ -4,7 +4,7 @@
     python benchmarks/head_to_head.py RUN_DIR OUT.json [--workload KEY] [--rounds 30]
         [--variants eager,ours,compile,compile-reduce-overhead,graph,ours-graphs,eager-static,
                     ours-compile,ours-kernels,hf-best-experts,ours-graphs-pdl,
-                    ours-graphs-nopdl,ours-graphs-pdl-noprefetch] [--export PKG]
+                    ours-graphs-nopdl,ours-graphs-pdl-prefetch] [--export PKG]
 
 `pipeline optimize` measures ours against eager in its process; benchmarks/contenders.py
 measures compile against eager in another, minutes later. On the lent H200 the host's speed
@@ -29,9 +29,9 @@ Variants (`--variants`, eager always included; the default is the first three):
 - ours-graphs-pdl / ours-graphs-nopdl: ours-graphs captured with PDL on / off whatever the
   graphs stage decided (skipped where PDL cannot run: no sm_90, the interpreter,
   PIPELINE_NO_PDL), the paired A/B of PDL alone.
-- ours-graphs-pdl-noprefetch: ours-graphs-pdl without the weight streamers' L2 prefetch
-  before the wait (`pdl.enabled(prefetch=False)`), the paired A/B of the prefetch alone
-  against ours-graphs-pdl (which has it unless PIPELINE_NO_PDL_PREFETCH is set).
+- ours-graphs-pdl-prefetch: ours-graphs-pdl with the weight streamers' L2 prefetch before
+  the wait (`pdl.enabled(prefetch=True)`), the paired A/B of the prefetch alone against
+  ours-graphs-pdl (which has it only where PIPELINE_PDL_PREFETCH is set).
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
 - ours-compile: the twin patched with the kept kernels torch.compile traces
   (`apply_kernels(compiled=True)`: each kernel call one custom op), then torch.compile in
@@ -90,9 +90,9 @@ VARIANTS = ("eager", "ours", "compile")  # the default: what gpu_optimize.sh has
 ALL_VARIANTS = VARIANTS + ("compile-reduce-overhead", "graph", "ours-graphs", "eager-static",
                            "ours-compile", "ours-kernels", "hf-best-experts",
                            "ours-graphs-pdl", "ours-graphs-nopdl",
-                           "ours-graphs-pdl-noprefetch")
+                           "ours-graphs-pdl-prefetch")
 OURS_GRAPHS = ("ours-graphs", "ours-graphs-pdl", "ours-graphs-nopdl",
-               "ours-graphs-pdl-noprefetch")
+               "ours-graphs-pdl-prefetch")
 DECODE_ONLY = ("eager-static",)
 COMPILED = ("compile", "compile-reduce-overhead", "ours-compile")  # torch.compile's twins
 RECOMPILE_LIMIT = 8  # dynamo's default, per code object
@@ -104,7 +104,7 @@ PAIRS = (("ours", "compile"), ("ours-graphs", "compile-reduce-overhead"),
          ("ours-compile", "compile"), ("ours-compile", "ours"), ("ours-kernels", "ours"),
          ("ours", "hf-best-experts"), ("ours-graphs", "hf-best-experts"),
          ("ours-graphs-pdl", "ours-graphs-nopdl"),
-         ("ours-graphs-pdl", "ours-graphs-pdl-noprefetch"))
+         ("ours-graphs-pdl-prefetch", "ours-graphs-pdl"))
 
 
 def parse_variants(text: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -343,16 +343,16 @@ def best_experts(model, workload: Workload, calls: int = BEST_EXPERTS_CALLS):
 
 def pdl_context(name: str, run_dir: Path, key: str):
     """The capture context of graph variant `name`: PDL as the graphs stage decided for
-    ours-graphs, on for ours-graphs-pdl and, without the L2 prefetch, for
-    ours-graphs-pdl-noprefetch (ValueError where PDL cannot be), off otherwise."""
+    ours-graphs, on for ours-graphs-pdl and, with the L2 prefetch, for
+    ours-graphs-pdl-prefetch (ValueError where PDL cannot be), off otherwise."""
     from codegen import pdl
 
-    if name in ("ours-graphs-pdl", "ours-graphs-pdl-noprefetch"):
+    if name in ("ours-graphs-pdl", "ours-graphs-pdl-prefetch"):
         why = pdl.unavailable()
         if why is not None:
             raise ValueError(f"PDL cannot run here: {why}")
         return pdl.enabled if name == "ours-graphs-pdl" else partial(pdl.enabled,
-                                                                     prefetch=False)
+                                                                     prefetch=True)
     if name != "ours-graphs":
         return None
     from core.artifacts import load

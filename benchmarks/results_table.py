@@ -27,7 +27,7 @@ MACHINE = ("NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130, triton 3.6.0, "
 VARIANTS = ("eager", "ours", "ours-graphs", "graph", "compile", "compile-reduce-overhead",
             "eager-static", "liger", "hf-eager", "hf-static", "ours-compile", "ours-kernels",
             "ours-static-compile", "hf-best-experts", "ours-graphs-pdl", "ours-graphs-nopdl",
-            "ours-graphs-pdl-noprefetch")
+            "ours-graphs-pdl-prefetch")
 
 
 def key(row: dict) -> tuple:

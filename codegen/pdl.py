@@ -34,10 +34,11 @@ says nothing (never under the interpreter, which must not execute the griddepcon
 instructions, nor on a GPU older than sm_90 or a Triton without them). Whether PDL pays is
 a whole-graph question (a kernel's gain is its predecessor's tail), so the graphs stage
 captures the step both ways and keeps the faster by a paired timing; `NO_PDL_ENV` (or
-`optimize --no-pdl`) keeps it off. `NO_PREFETCH_ENV` keeps PDL and drops the prefetch
-(`enabled(prefetch=False)` does the same for one capture): whether prefetching a slab pays
-for the L2 traffic it adds is the GPU's to say, so it can be timed both ways
-(benchmarks/head_to_head.py's ours-graphs-pdl-noprefetch).
+`optimize --no-pdl`) keeps it off. The prefetch is opt-in (`PREFETCH_ENV`, or
+`enabled(prefetch=True)` for one capture): on the H100 it cost the graphed Llama-3.2-1B decode
+step 12 % (1.411 ms against 1.246 ms with PDL alone, benchmarks/results/README.md), the slabs
+it pulls into L2 evicting what the running predecessor still reads; it stays to be timed on
+other GPUs and shapes (benchmarks/head_to_head.py's ours-graphs-pdl-prefetch).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from codegen.launch import PDL_STATE as STATE
 from codegen.launch import pdl_options as launch_options  # noqa: F401 - for kernel[grid] calls
 
 NO_PDL_ENV = "PIPELINE_NO_PDL"
-NO_PREFETCH_ENV = "PIPELINE_NO_PDL_PREFETCH"
+PREFETCH_ENV = "PIPELINE_PDL_PREFETCH"
 
 
 def _set(name: str) -> bool:
@@ -63,10 +64,10 @@ def forced_off() -> bool:
     return _set(NO_PDL_ENV)
 
 
-def prefetch_forced_off() -> bool:
-    """Whether the user turned the L2 prefetch of PDL launches off (`NO_PREFETCH_ENV` set to
+def prefetch_opted_in() -> bool:
+    """Whether the user turned the L2 prefetch of PDL launches on (`PREFETCH_ENV` set to
     anything but "" or "0")."""
-    return _set(NO_PREFETCH_ENV)
+    return _set(PREFETCH_ENV)
 
 
 def hardware_reason() -> str | None:
@@ -83,13 +84,13 @@ def unavailable() -> str | None:
 
 
 @contextmanager
-def enabled(on: bool = True, prefetch: bool = True):
+def enabled(on: bool = True, prefetch: bool | None = None):
     """PDL launches for every PDL-aware kernel launched inside (a graph captured inside keeps
-    them), the weight-streaming ones with the L2 prefetch unless `prefetch` is False or
-    `NO_PREFETCH_ENV` is set; a no-op where `unavailable()` says why not."""
+    them), the weight-streaming ones with the L2 prefetch where `prefetch` is True or, left
+    None, where `PREFETCH_ENV` is set; a no-op where `unavailable()` says why not."""
     before = STATE.on, STATE.prefetch
     STATE.on = bool(on) and unavailable() is None
-    STATE.prefetch = STATE.on and bool(prefetch) and not prefetch_forced_off()
+    STATE.prefetch = STATE.on and (prefetch_opted_in() if prefetch is None else bool(prefetch))
     try:
         yield STATE.on
     finally:

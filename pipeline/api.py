@@ -235,14 +235,17 @@ def _shipped(measured: dict[str, IntegratedWorkload], key: str) -> str:
 
 def capture_context(graphs) -> Callable | None:
     """What to enter around a capture of this workload's graph: PDL where the graphs stage
-    kept it on (`Graphs.pdl`; codegen/pdl.py), None otherwise. PIPELINE_NO_PDL still wins:
-    `enabled` turns nothing on where PDL is unavailable or forced off."""
+    kept it on (`Graphs.pdl`; codegen/pdl.py), with the L2 prefetch as the stage timed it,
+    None otherwise. PIPELINE_NO_PDL still wins: `enabled` turns nothing on where PDL is
+    unavailable or forced off."""
     rec = getattr(graphs, "pdl", None)
     if rec is None or not rec.on:
         return None
+    from functools import partial
+
     from codegen.pdl import enabled
 
-    return enabled
+    return partial(enabled, prefetch=rec.prefetch)
 
 
 def _capture(handle: KernelHandle, model, spec: WorkloadSpec, max_len: int | None) -> None:

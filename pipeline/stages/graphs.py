@@ -399,8 +399,8 @@ class _Sides:
         why = pdl.unavailable()
         if why is not None:
             return GraphPDL(on=False, tried=False, why=f"off: {why}")
-        # the weight streamers' L2 prefetch rides with PDL unless turned off (codegen/pdl.py)
-        tried = {"tried": True, "prefetch": not pdl.prefetch_forced_off()}
+        # the weight streamers' L2 prefetch rides with PDL only where opted in (codegen/pdl.py)
+        tried = {"tried": True, "prefetch": pdl.prefetch_opted_in()}
         try:
             graph = self._graph(self.graph_variant, capture_context=pdl.enabled)
         except Exception as e:  # noqa: BLE001 - the graph without PDL still stands

@@ -197,25 +197,26 @@ def test_top_kernels_sums_each_kernels_calls_and_time_longest_first():
     assert top_kernels(events) == [["gemv", 2, 0.022], ["norm", 1, 0.003]]
 
 
-def test_the_prefetch_variant_is_pdl_without_the_prefetch(monkeypatch, tmp_path):
-    """ours-graphs-pdl-noprefetch captures with PDL on and the weight streamers' L2 prefetch
-    off (paired against ours-graphs-pdl, which keeps it); refused where PDL cannot run."""
+def test_the_prefetch_variant_is_pdl_with_the_prefetch(monkeypatch, tmp_path):
+    """ours-graphs-pdl-prefetch captures with PDL on and the weight streamers' L2 prefetch
+    on (paired against ours-graphs-pdl, which has it only where opted in); refused where PDL
+    cannot run."""
     from head_to_head import PAIRS, pdl_context
     from results_table import VARIANTS as TABLE_VARIANTS
 
     from codegen import launch, pdl
 
-    assert ("ours-graphs-pdl", "ours-graphs-pdl-noprefetch") in PAIRS
-    assert "ours-graphs-pdl-noprefetch" in TABLE_VARIANTS
+    assert ("ours-graphs-pdl-prefetch", "ours-graphs-pdl") in PAIRS
+    assert "ours-graphs-pdl-prefetch" in TABLE_VARIANTS
     with pytest.raises(ValueError, match="PDL cannot run here"):  # the CPU: the interpreter
-        pdl_context("ours-graphs-pdl-noprefetch", tmp_path, "key")
+        pdl_context("ours-graphs-pdl-prefetch", tmp_path, "key")
     monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
     monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
-    monkeypatch.delenv(pdl.NO_PREFETCH_ENV, raising=False)
+    monkeypatch.delenv(pdl.PREFETCH_ENV, raising=False)
     seen = {}
-    for name in ("ours-graphs-pdl", "ours-graphs-pdl-noprefetch"):
+    for name in ("ours-graphs-pdl", "ours-graphs-pdl-prefetch"):
         with pdl_context(name, tmp_path, "key")():
             seen[name] = (pdl.STATE.on, pdl.STATE.prefetch)
-    assert seen == {"ours-graphs-pdl": (True, True),
-                    "ours-graphs-pdl-noprefetch": (True, False)}
+    assert seen == {"ours-graphs-pdl": (True, False),
+                    "ours-graphs-pdl-prefetch": (True, True)}
     assert pdl_context("ours-graphs-nopdl", tmp_path, "key") is None

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def pdl_here(monkeypatch):
 
     monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
     monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
-    monkeypatch.delenv(pdl.NO_PREFETCH_ENV, raising=False)
+    monkeypatch.delenv(pdl.PREFETCH_ENV, raising=False)
 
 
 def test_launcher_keeps_pdl_off_where_it_cannot_run():
@@ -96,12 +97,12 @@ def test_the_environment_forces_pdl_off(pdl_here, monkeypatch, value, off):
 
 
 def test_a_weight_streamer_prefetches_only_with_pdl(pdl_here):
-    """PREFETCH follows PDL: False with PDL off, True inside `enabled()`, False inside
-    `enabled(prefetch=False)`; a kernel without PREFETCH never gets one."""
+    """PREFETCH is opt-in and follows PDL: False with PDL off, False inside `enabled()`,
+    True inside `enabled(prefetch=True)`; a kernel without PREFETCH never gets one."""
     streamer, plain = FakeKernel(prefetch=True), FakeKernel()
     launches = [launcher(streamer, BLOCK=64), launcher(plain, BLOCK=64)]
-    contexts = [(nullcontext(), False), (pdl.enabled(), True),
-                (pdl.enabled(prefetch=False), False), (pdl.enabled(on=False), False)]
+    contexts = [(nullcontext(), False), (pdl.enabled(prefetch=True), True),
+                (pdl.enabled(), False), (pdl.enabled(on=False, prefetch=True), False)]
     for context, prefetch in contexts:
         with context:
             assert pdl.STATE.prefetch is prefetch
@@ -114,23 +115,25 @@ def test_a_weight_streamer_prefetches_only_with_pdl(pdl_here):
     assert pdl.STATE.on is False and pdl.STATE.prefetch is False
 
 
-@pytest.mark.parametrize("value,off", [("1", True), ("yes", True), ("0", False), ("", False)])
-def test_the_environment_forces_the_prefetch_off(pdl_here, monkeypatch, value, off):
-    monkeypatch.setenv(pdl.NO_PREFETCH_ENV, value)
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", False), ("", False)])
+def test_the_environment_opts_into_the_prefetch(pdl_here, monkeypatch, value, on):
+    monkeypatch.setenv(pdl.PREFETCH_ENV, value)
     kernel = FakeKernel(prefetch=True)
     launch = launcher(kernel, BLOCK=64)
-    with pdl.enabled() as on:
+    with pdl.enabled() as pdl_on:
         launch((1,), "x", 3)
-    assert on is True and pdl.unavailable() is None  # PDL itself stays on
-    assert kernel.launches == [{"BLOCK": 64, "PREFETCH": not off, "PDL": True,
-                                "launch_pdl": True}]
-    assert pdl.prefetch_forced_off() is off
+    with pdl.enabled(prefetch=False):  # an explicit choice beats the environment
+        launch((1,), "x", 3)
+    assert pdl_on is True and pdl.unavailable() is None  # PDL itself is on either way
+    assert kernel.launches == [{"BLOCK": 64, "PREFETCH": on, "PDL": True, "launch_pdl": True},
+                               {"BLOCK": 64, "PREFETCH": False, "PDL": True, "launch_pdl": True}]
+    assert pdl.prefetch_opted_in() is on
 
 
 def test_a_streamer_stays_off_where_pdl_cannot_run():
     kernel = FakeKernel(prefetch=True)
     launch = launcher(kernel, BLOCK=64)
-    with pdl.enabled():
+    with pdl.enabled(prefetch=True):
         assert pdl.STATE.prefetch is False
         launch((1,), "x", 3)
     assert kernel.launches == [{"BLOCK": 64, "PREFETCH": False, "PDL": False}]
@@ -375,11 +378,11 @@ def test_gpu_norm_fused_chain_with_pdl_and_prefetch_in_a_graph_matches_it_withou
         pytest.skip(f"PDL cannot run here: {pdl.unavailable()}")
     run, inputs, outputs = _layer_chain(tmp_path)
     run()  # compiles the launchers without PDL
-    with pdl.enabled() as on:
+    with pdl.enabled(prefetch=True) as on:
         assert on and pdl.STATE.prefetch
         run()  # and with PDL and the prefetch, outside the capture
     graphs = {}
-    for name, context in (("pdl", pdl.enabled), ("plain", nullcontext)):
+    for name, context in (("pdl", partial(pdl.enabled, prefetch=True)), ("plain", nullcontext)):
         graphs[name] = torch.cuda.CUDAGraph()
         with context(), torch.cuda.graph(graphs[name]):
             run()

@@ -215,7 +215,7 @@ def pdl_here(monkeypatch):
 
     monkeypatch.setattr(launch, "pdl_hardware_reason", lambda: None)
     monkeypatch.delenv(pdl.NO_PDL_ENV, raising=False)
-    monkeypatch.delenv(pdl.NO_PREFETCH_ENV, raising=False)
+    monkeypatch.delenv(pdl.PREFETCH_ENV, raising=False)
     return pdl
 
 
@@ -245,7 +245,7 @@ def test_pdl_graph_is_kept_where_the_paired_timing_says_faster(tiny, fakes, pdl_
         rec = run(tiny, workload, timer)
     p = rec["pdl"]
     assert p["on"] is True and p["tried"] and p["captured"] and "faster" in p["why"]
-    assert p["prefetch"] is True  # the weight streamers' L2 prefetch rides with PDL
+    assert p["prefetch"] is False  # the weight streamers' L2 prefetch is opt-in
     assert p["off_ms"] == 2.0 and p["on_ms"] == pytest.approx(1.8)
     assert p["on_vs_off"]["estimate"] == 0.9 and p["on_vs_off"]["pairs"] == 4
     assert seen[0].pdl is True  # the later timings use the graph captured with PDL on
@@ -262,11 +262,11 @@ def test_pdl_stays_off_unless_faster(tiny, fakes, pdl_here, verdict):
     assert p["off_ms"] == 2.0 and p["on_ms"] is not None and len(timer.calls) == 4
 
 
-def test_the_prefetch_forced_off_keeps_pdl_and_says_so(tiny, fakes, pdl_here, monkeypatch):
-    monkeypatch.setenv(pdl_here.NO_PREFETCH_ENV, "1")
+def test_the_prefetch_opted_in_rides_with_pdl_and_says_so(tiny, fakes, pdl_here, monkeypatch):
+    monkeypatch.setenv(pdl_here.PREFETCH_ENV, "1")
     timer = timer_of(ratio("faster", 0.9), ratio("faster"), ratio("faster"), ratio("faster"))
     rec = run(tiny, PREFILL, timer)
-    assert rec["pdl"]["tried"] is True and rec["pdl"]["prefetch"] is False
+    assert rec["pdl"]["tried"] is True and rec["pdl"]["prefetch"] is True
 
 
 def test_pdl_forced_off_by_the_environment(tiny, fakes, pdl_here, monkeypatch):
