@@ -107,7 +107,12 @@ def serve() -> None:
             if pid == 0:
                 _child(job)  # never returns
             children[pid] = job
-            os.write(1, f"{pid}\n".encode())
+            try:
+                os.write(1, f"{pid}\n".encode())
+            except BrokenPipeError:  # the caller died (killed at a time limit): as on EOF
+                for child in children:
+                    _kill_group(child)
+                return
 
 
 def _reap(children: dict[int, str]) -> None:

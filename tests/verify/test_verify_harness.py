@@ -123,3 +123,22 @@ def test_family_specs_params_and_names():
 def test_caller_mistakes_raise():
     with pytest.raises(ValueError):
         verify_candidate(RMSNORM, HERE / "candidates" / "good_rmsnorm.py", [], device=DEVICE)
+
+
+def test_the_zygote_leaves_quietly_when_its_caller_is_gone(tmp_path):
+    """A caller killed at a time limit closes the zygote's stdout before the zygote answers a
+    job with its child's pid: the zygote exits 0 without a traceback in the user's terminal."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+            "from verify.worker import serve; serve()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    proc.stdout.close()  # the caller's end of the pid pipe, gone
+    proc.stdin.write(f"{tmp_path / 'no-such-job'}\n".encode())
+    proc.stdin.flush()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
