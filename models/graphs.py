@@ -311,14 +311,19 @@ class StaticDecoder:
     model, say); the prefill stays eager on `model`, so the cache's lazy allocation happens
     outside any compiled region, as transformers asks.
 
+    prefill_model: a module over the same weights to run the prefill with instead of `model`
+    (the unpatched model where no kernel serves a prefill: patched forwards would only
+    decline there, and a host-bound prefill pays their Python in full).
+
     capture_context: a context manager factory entered around each capture (warm-up and
     capture; GraphedPrefill takes it too), for launch settings a graph keeps, such as
     programmatic dependent launch (codegen/pdl.py's `enabled`)."""
 
     def __init__(self, model, batch: int, max_len: int, *, graph: bool, warmup: int = 3,
-                 step_model=None, capture_context=None):
+                 step_model=None, capture_context=None, prefill_model=None):
         param = next(model.parameters())
         self._model = model
+        self._prefill_model = model if prefill_model is None else prefill_model
         self._step_model = model if step_model is None else step_model
         self._device = param.device
         self.batch, self.max_len, self.graph, self._warmup = batch, max_len, graph, warmup
@@ -409,7 +414,8 @@ class StaticDecoder:
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
             self._pos0.copy_(mask.sum(-1, keepdim=True))
         with torch.no_grad():
-            logits = self._forward(ids, last_only=last_only, positions=positions)
+            logits = self._forward(ids, self._prefill_model, last_only=last_only,
+                                   positions=positions)
         self._filled = True
         self._prompt_len = self.position = ids.shape[1]
         return logits

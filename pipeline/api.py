@@ -63,6 +63,9 @@ class KernelHandle:
     graphed: bool = False  # generate's steps replay a CUDA graph (graphs shipped and asked)
     # entered around each capture: codegen.pdl.enabled where the graphs stage kept PDL on
     capture_context: object = None
+    # the unpatched model over the same weights that `generate` prefills with where every
+    # workload patched is a decode step (`apply_kernels`); None: the patched model
+    prefill_model: object = None
     # each family's kernel calls since patching, and the cases it had no kernel for (those
     # calls ran the original code): which kernels served a generation
     calls: dict[str, int] = field(default_factory=dict)
@@ -114,14 +117,15 @@ class KernelHandle:
                 dec.close()
             self._generator = None
             self._generator = StaticDecoder(self.model, batch, max_len, graph=self.graphed,
-                                            capture_context=self.capture_context)
+                                            capture_context=self.capture_context,
+                                            prefill_model=self.prefill_model)
         return self._generator
 
     def undo(self) -> None:
         for g in (self.graph, self.decoder, self._generator):
             if g is not None:
                 g.close()
-        self.graph = self.decoder = self._generator = None
+        self.graph = self.decoder = self._generator = self.prefill_model = None
         while self._undo:
             self._undo.pop()()
 
@@ -194,6 +198,12 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     allowed = {f: c for f, c in allowed.items() if f not in left_out}
     handle = KernelHandle(sorted(allowed), model=model, graphed=graphed is not None,
                           calls={f: 0 for f in allowed}, declined={}, left_out=left_out)
+    if not compiled and allowed and all(w.workload.mode == "decode" for k, w in measured.items()
+                                        if keys is None or k in keys):
+        # a decode-only run verified no prefill case: a prompt's pass would only decline
+        from pipeline.patching import twin
+
+        handle.prefill_model = twin(model)
     try:
         for name in handle.families:
             chooser = counting_chooser(make_chooser(accepted, name, allowed[name],
@@ -256,7 +266,8 @@ def _capture(handle: KernelHandle, model, spec: WorkloadSpec, max_len: int | Non
     device = next(model.parameters()).device
     if spec.mode == "decode":
         handle.decoder = StaticDecoder(model, spec.batch, max_len or spec.seq + DECODE_HEADROOM,
-                                       graph=True, capture_context=handle.capture_context)
+                                       graph=True, capture_context=handle.capture_context,
+                                       prefill_model=handle.prefill_model)
         return
     ids = torch.zeros((spec.batch, spec.seq), dtype=torch.long, device=device)
     handle.graph = GraphedPrefill(model, ids, capture_context=handle.capture_context)

@@ -80,15 +80,17 @@ class ThirdFails(GraphedPrefill):
 class StaticDecoder:
     """Eager decode over a dynamic cache cropped on rewind: positions as a static one."""
 
-    def __init__(self, model, batch, max_len, *, graph: bool, capture_context=None):
+    def __init__(self, model, batch, max_len, *, graph: bool, capture_context=None,
+                 prefill_model=None):
         self.pdl = _capture(capture_context)
         self.model, self.batch, self.max_len, self.graph = model, batch, max_len, graph
+        self.prefill_model = model if prefill_model is None else prefill_model
         self.position, self.pool_bytes, self.cache, self.closed = 0, 4096 if graph else 0, \
             None, False
 
     def prefill(self, ids):
         with torch.no_grad():
-            out = self.model(ids, use_cache=True)
+            out = self.prefill_model(ids, use_cache=True)
         self.cache = output_cache(out)
         self.position = ids.shape[1]
         return out.logits

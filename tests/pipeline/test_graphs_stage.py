@@ -507,3 +507,43 @@ def test_report_reads_the_graph_projection_as_pass_times():
     both = dict(rp.pass_time_rows(g))["kernels + graph over the eager timed here: projected "
                                       "/ measured"]
     assert both.startswith("7.529x / 7.177x")
+
+
+def test_a_decode_only_run_prefills_generate_on_the_unpatched_model(tiny, tmp_path):
+    """Every workload patched is a decode step: `generate` runs the prompt's pass on a twin
+    over the same weights without the patches (they would only decline there) and the steps
+    on the patched model; the tokens are transformers'. A run with a prefill workload
+    prefills on the patched model."""
+    from pipeline.api import apply_kernels
+
+    model, _ = tiny
+    write_json(tmp_path / "verification" / "summary.json", {"accepted": {}, "rejected": []})
+
+    def integration(*workloads):
+        write_json(tmp_path / "integration.json", {"families": ["rmsnorm"], "workloads": {
+            w.key: {"workload": w.to_dict(), "kept": ["rmsnorm"], "cases": {}}
+            for w in workloads}})
+
+    integration(DECODE)
+    ids = torch.randint(3, model.config.vocab_size, (1, 6))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=3, do_sample=False)
+    with apply_kernels(model, tmp_path, workload=DECODE.key) as handle:
+        twin = handle.prefill_model
+        assert twin is not None and twin is not model
+        assert twin.model.norm.weight is model.model.norm.weight  # no weight copied
+        assert "forward" in vars(model.model.norm) and "forward" not in vars(twin.model.norm)
+        seen = []
+        hooks = [m.register_forward_pre_hook(lambda mod, args, kw, name=name: seen.append(
+            (name, kw["input_ids"].shape[1] if "input_ids" in kw else args[0].shape[1])),
+            with_kwargs=True) for name, m in (("twin", twin), ("patched", model))]
+        with torch.no_grad():
+            got = handle.generate(ids, max_new_tokens=3, do_sample=False)
+        for h in hooks:
+            h.remove()
+        assert torch.equal(got, want)
+        assert seen == [("twin", 6), ("patched", 1), ("patched", 1)]
+    assert handle.prefill_model is None
+    integration(DECODE, PREFILL)
+    with apply_kernels(model, tmp_path) as handle:
+        assert handle.prefill_model is None
