@@ -45,20 +45,39 @@ from codegen.attention.kernel import LOG2E, block_d, precisions
 from core.family import Case
 from core.source import kernel_source
 
-# (SPLITS, BLOCK_N, num_warps, num_stages), most programs first. One split per (batch, kv head)
-# leaves most SMs idle at batch 1 (8 programs for Llama-3.2-1B); more splits fill the GPU at the
-# price of a combine. The last, one split, is the fewest programs (what the interpreter runs).
-CONFIGS = (
-    (64, 32, 2, 2), (32, 64, 4, 2), (32, 32, 2, 2), (16, 32, 2, 3), (16, 64, 4, 2),
-    (8, 32, 2, 2), (8, 64, 4, 2), (4, 64, 4, 2), (1, 64, 4, 2),
-)
-# The same tiles with the combine folded into the split kernel (FUSED), ahead of CONFIGS in the
-# space: at batch 1 a step is bound by its launches, and the first, the split and tile the
-# search picked for Llama-3.2-1B and Qwen2.5-0.5B's b1 steps with a combine
-# (benchmarks/results/graphs-llama-3.2-1b-decode-b1-s1024-1203e/report.md), is the family's
-# guess (Family.leads). The combine's configs stay: at larger batches the two kernels may win.
-FUSED_CONFIGS = ((32, 32, 2, 2), (16, 32, 2, 3), (64, 32, 2, 2), (16, 64, 4, 2), (8, 32, 2, 2),
-                 (4, 64, 4, 2))
+# (SPLITS, BLOCK_N, num_warps, num_stages). The space is small enough that a search with the
+# default budget (codegen.strategies.DEFAULT_TRIALS) times all of it at Llama-3.2-1B's b1 case
+# (8 kv heads, 1280 slots), and its first configs are the family's guesses (`leads`), timed
+# first by a search with fewer trials.
+#
+# At batch 1 the kernel moves ~2 MB (Llama-3.2-1B, ~1000 valid slots): about what an H100 keeps in
+# flight over one DRAM latency (3 TB/s x ~0.7 us), so its time is a chain of latencies (the
+# launch, one round of K/V loads, the partials' stores and the arrival, the merge's loads), not
+# bandwidth. What pays is each program issuing its loads at once (a chunk of one or two BLOCK_N
+# steps, the second prefetched by the pipeliner) over about one program per SM, and a merge that
+# is one round of loads: with the group's heads merged at once (`_merge_group`) its cost hardly
+# grows with the split count, so fewer, larger splits no longer pay for their loads with serial
+# merges. The chunk is the slots (not the length) over the splits, so at 1280 slots 16 splits make
+# chunks of 128 slots (72 programs do work at length 1025, 56 stay empty) and 32 splits chunks of
+# 64 (136 working, about one per SM of an H100's 132).
+#
+# FUSED (the last split program merges; one launch, which a graphed step pays for most):
+# 1. 16 x 64, 4 warps: half the programs of 32 splits, half the partials to merge and half
+#    the arrivals on each counter; its 72 working programs hold 32 KB of K and V each in
+#    flight, the whole cache at once.
+# 2. 32 x 32, 4 warps: a program per SM at length 1025; 4 warps so that the 32 partials of a
+#    group of 4 (64 dims) merge in one chunk (merge_heads).
+# 3. 32 x 32, 2 warps: the two-kernel tile below, its merge in two chunks of heads.
+# Then 8 splits, for batches whose (batch, kv head) rows fill the GPU by themselves (the
+# split-count filter in `search_space` drops the large splits at small caches, and 16 x 128,
+# whose chunks 1's are, at 1280 slots: 6 of its 16 splits would never work).
+FUSED_CONFIGS = ((16, 64, 4, 2), (32, 32, 4, 2), (32, 32, 2, 2), (8, 64, 4, 2), (8, 32, 2, 2))
+# Two kernels (split, then the combine, one program per (batch, kv head)): the tile the b1
+# searches picked with a combine (benchmarks/results/graphs-llama-3.2-1b-decode-b1-s1024-1203e/
+# report.md) and batch 8's (benchmarks/results/e2e-1207-h100/logs/llama-optimize-call1.log),
+# keeping the keys they had and with them their candidates' folder names and remembered
+# searches; one split (no partials) last, the fewest programs (what the interpreter runs).
+CONFIGS = ((32, 32, 2, 2), (16, 64, 4, 2), (8, 32, 2, 2), (1, 64, 4, 2))
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 # the combine kernel's warps: a group of 4 heads at 32 splits of 64 dims merged in one chunk
 # (merge_heads)
@@ -229,9 +248,8 @@ def merge_heads(group: int, splits: int, block_d: int, warps: int) -> int:
 
 def search_space(case: Case) -> list[dict]:
     """Split counts that leave each split at least one BLOCK_N of slots: the fused ones first
-    (the first of them the family's guess), then the two-kernel ones, one split last. A config
-    without a "FUSED" key launches the combine kernel: the two-kernel configs keep the keys they
-    had, and with them their candidates' folder names and the searches remembered for them."""
+    (the first of them the family's guesses: `leads`), then the two-kernel ones, one split
+    last. A config without a "FUSED" key launches the combine kernel."""
     configs = []
     tiles = [(t, True) for t in FUSED_CONFIGS] + [(t, False) for t in CONFIGS]
     for (splits, bn, warps, stages), fused in tiles:
@@ -239,6 +257,12 @@ def search_space(case: Case) -> list[dict]:
             configs.append({"SPLITS": splits, "BLOCK_N": bn, "num_warps": warps,
                             "num_stages": stages, **({"FUSED": True} if fused else {})})
     return configs
+
+
+def leads(case: Case) -> int:
+    """How many of the space's first configs are the family's guesses (Family.leads): its
+    FUSED configs among the first three (at a small cache the filter leaves fewer)."""
+    return min(3, sum(1 for c in search_space(case) if c.get("FUSED")))
 
 
 _FORWARD = '''\

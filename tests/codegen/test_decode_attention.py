@@ -279,17 +279,25 @@ def test_merge_heads_takes_the_whole_group_where_its_partials_fit():
                 assert heads == 1 or heads * splits * 64 <= 64 * 32 * warps
 
 
-def test_the_search_space_offers_each_split_fused_and_with_a_combine_fused_first():
-    """Every FUSED config has splits to merge and the same tile in the space with the combine
-    kernel; the fused ones come first, and the family's guess (Family.leads) is one of them at
-    Llama-3.2-1B's b1 step and the tiny cases."""
-    for case in (make_case(1, 32, 8, 64, 1040, "bfloat16"), BASE):
+def test_the_search_space_leads_with_fused_splits_and_fits_the_default_budget():
+    """The FUSED configs first, each with splits to merge, the family's guesses
+    (Family.leads) among them; the two-kernel tile the b1 searches picked is still in the
+    space; one split last; at Llama-3.2-1B's b1 case the space fits a search's default trial
+    budget (an unbudgeted search times all of it) and its guesses are 4-warp FUSED configs of
+    16 and 32 splits."""
+    from codegen.strategies import DEFAULT_TRIALS
+
+    llama = make_case(1, 32, 8, 64, 1040, "bfloat16")
+    for case in (llama, make_case(8, 32, 8, 64, 512, "bfloat16"), BASE):
         space = FAMILY.search_space(case)
         fused = [c for c in space if c.get("FUSED")]
         assert fused and all(c["SPLITS"] > 1 for c in fused)
-        assert all({k: v for k, v in c.items() if k != "FUSED"} in space for c in fused)
-        assert space[:len(fused)] == fused and space[:FAMILY.leads(case)] == fused[:1]
-        assert space[-1]["SPLITS"] == 1
+        assert space[:len(fused)] == fused and space[:FAMILY.leads(case)] == fused[:3]
+        assert space[-1]["SPLITS"] == 1 and len(space) == len({repr(c) for c in space})
+    space = FAMILY.search_space(llama)
+    assert len(space) <= DEFAULT_TRIALS and FAMILY.leads(llama) == 3
+    assert {"SPLITS": 32, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2} in space
+    assert [(c["SPLITS"], c["num_warps"]) for c in space[:3]] == [(16, 4), (32, 4), (32, 2)]
 
 
 def test_rendered_source_is_specialised(tmp_path):
