@@ -2,16 +2,17 @@
 
     PYTHONPATH=. python3 benchmarks/probes/decode_attention_configs.py [--out OUT.json]
 
-The family's search space, beside the SDPA path HF runs. The case: batch 1, 32 query heads over 8 kv heads, head_dim 64, a static cache of 1280 slots
-with 1025 valid (the first step after a 1024-token prompt), bf16, the bool mask row HF passes.
-Each config is rendered as the search renders it and compiled once; its time per call is a CUDA
-graph of 20 back-to-back calls replayed (replay time over 20, median of 20 replays), with the
-same cache in every call (K and V stay in L2), and again over as many distinct caches as cover
-twice the L2 (each call's K and V come from DRAM, as in a decode step, where the layers'
-weights stream through L2 between two attention calls). GB/s: the valid slots' K and V bytes
-over the time. Each config's result is checked against the float64 reference after its first
-call and after the graph replays (a FUSED config's counters must be back at zero each call).
-A config that fails to compile or run is reported in its row. Prints a markdown table.
+The family's search space, beside the SDPA path HF runs. The case: batch 1, 32 query heads over
+8 kv heads, head_dim 64, a static cache of 1280 slots with 1025 valid (the first step after a
+1024-token prompt), bf16, the bool mask row HF passes. Each config is rendered as the search
+renders it and compiled once; its time per call is a CUDA graph of 20 back-to-back calls
+replayed (replay time over 20, median of 20 replays), with the same cache in every call (K and V
+stay in L2), and again over as many distinct caches as cover twice the L2 (each call's K and V
+come from DRAM, as in a decode step, where the layers' weights stream through L2 between two
+attention calls). GB/s: the valid slots' K and V bytes over the time. Each config's result is
+checked against the float64 reference after its first call and after the graph replays (a FUSED
+config's counters must be back at zero each call). A config that fails to compile or run is
+reported in its row. Prints a markdown table.
 """
 
 from __future__ import annotations

@@ -237,11 +237,11 @@ def _decode_combine_kernel(part_ptr, ml_ptr, o_ptr, kv_heads, group, o_sb, o_sh,
 
 def merge_heads(group: int, splits: int, block_d: int, warps: int) -> int:
     """How many query heads `_merge_group` merges at once: the whole group (a power of two
-    at or above it) where its [splits, heads, block_d] fp32 partials come to at most 64 values
-    a thread, else the largest power of two of heads that does. A thread holds at most 255
-    registers; 64 of them for the tile leaves room for its addresses (a 64-bit one per
-    vector load), the weights and the reduction without spilling to local memory, so a
-    group of 4 at 32 splits of 64 dims takes one chunk at 4 warps and two at 2 warps."""
+    at or above it) where its [heads, splits, block_d] fp32 partials come to at most 64 values
+    a thread, else the largest power of two of heads that does. Compiled for sm_90, the
+    space's heaviest merging kernels spill nothing at this bound and the combine kernel at
+    twice it spills with Triton 3.9 (tests/codegen/decode_merge_regs.py); a group of 4 at 32
+    splits of 64 dims takes one chunk at 4 warps and two at 2 warps."""
     fit = max(1, 64 * 32 * warps // (splits * block_d))
     return min(triton.next_power_of_2(group), 1 << (fit.bit_length() - 1))
 
