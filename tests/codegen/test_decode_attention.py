@@ -11,10 +11,6 @@ interpreter (fp32, fp16); bf16 and Llama-3.2-1B's shape run on a GPU
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +19,7 @@ from family_checks import (
     DEVICE,
     CountingChooser,
     assert_close,
+    compiled_script_facts,
     instance_forwards,
     load_rendered,
     verify_on_cpu_or_gpu,
@@ -35,7 +32,6 @@ from core.workload import Workload
 from models.graphs import StaticDecoder, cache_argument, host_reads
 from profiling.loader import build, resolve
 
-ROOT = Path(__file__).resolve().parents[2]
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
 KERNEL_DTYPES = ["float32", "float16", pytest.param("bfloat16", marks=pytest.mark.gpu)]
 BASE = make_case(2, 4, 2, 16, 200, "float32")  # slots 256 (the bucket of 200)
@@ -298,12 +294,7 @@ def test_the_merge_chunk_compiles_for_sm90_without_spilling():
     """merge_heads' bound: the space's heaviest merging kernels compiled for sm_90 spill
     nothing at the chunk it picks, and the combine kernel at twice the bound (a group of 8
     heads at once) takes more registers (Triton 3.9 spills it)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(Path(__file__).parent / "decode_merge_regs.py")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    usage = json.loads(done.stdout.strip().splitlines()[-1])
+    usage = compiled_script_facts("decode_merge_regs.py")
     whole = usage.pop("combine_32_g7_d64_whole")
     assert len(usage) == 3 and whole["heads"] == 8
     assert whole["reg"] + whole["stack"] > usage["combine_32_g7_d64"]["reg"]
