@@ -69,8 +69,9 @@ from core.source import kernel_source
 #    group of 4 (64 dims) merge in one chunk (merge_heads).
 # 3. 32 x 32, 2 warps: the two-kernel tile below, its merge in two chunks of heads.
 # Then 8 splits, for batches whose (batch, kv head) rows fill the GPU by themselves (the
-# split-count filter in `search_space` drops the large splits at small caches, and 16 x 128,
-# whose chunks 1's are, at 1280 slots: 6 of its 16 splits would never work).
+# split-count filter in `search_space` drops the large splits at small caches). 16 x 128, 1's
+# chunks in one step, is left out: the filter drops it at 1280 slots, where 6 of its 16 splits
+# would never have a slot.
 FUSED_CONFIGS = ((16, 64, 4, 2), (32, 32, 4, 2), (32, 32, 2, 2), (8, 64, 4, 2), (8, 32, 2, 2))
 # Two kernels (split, then the combine, one program per (batch, kv head)): the tile the b1
 # searches picked with a combine (benchmarks/results/graphs-llama-3.2-1b-decode-b1-s1024-1203e/
