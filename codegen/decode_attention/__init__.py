@@ -107,6 +107,6 @@ FAMILY = Family(
     # swaps transformers' attention function in a global for the call, which a trace
     # never reads (it would run SDPA silently)
     traceable=False,
-    # the first config: the split and tile the b1 searches picked, its combine fused
-    leads=lambda case: 1,
+    # the first FUSED configs (kernel.FUSED_CONFIGS says why they lead)
+    leads=lazy("codegen.decode_attention.kernel", "leads"),
 )

@@ -27,17 +27,18 @@ from codegen.decode_attention.reference import decode_attention, make_case, make
 GRAPH_CALLS = 20
 
 
-def _graph_us(fn) -> float:
-    """Per-call device time of `fn` captured GRAPH_CALLS times in one CUDA graph."""
+def graph_us(calls) -> float:
+    """Per-call device time of `calls` (functions of no argument) captured one after another
+    in one CUDA graph: the median of 20 replays over the number of calls."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for fn in calls[:3]:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
+        for fn in calls:
             fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
@@ -47,8 +48,13 @@ def _graph_us(fn) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
     return sorted(times)[len(times) // 2]
+
+
+def _graph_us(fn) -> float:
+    """Per-call device time of `fn` captured GRAPH_CALLS times in one CUDA graph."""
+    return graph_us([fn] * GRAPH_CALLS)
 
 
 def run(batch: int, heads: int, kv_heads: int, head_dim: int, slots: int, length: int,

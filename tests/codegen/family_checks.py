@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -22,6 +27,20 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def as_tuple(x) -> tuple:
     return x if isinstance(x, tuple) else (x,)
+
+
+def compiled_script_facts(script: str) -> dict:
+    """The JSON object that `script` (a file beside these tests) prints last, run in a process
+    of its own without Triton's interpreter: a test process runs the interpreter, whose
+    kernels cannot be compiled for a GPU target."""
+    here = Path(__file__).parent
+    root = here.parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(here / script)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def load_rendered(family, config, case, tmp_path):

@@ -1,7 +1,8 @@
 """Decode-attention family: reference == transformers' sdpa_attention_forward on a static and a
 dynamic cache, rendered kernels == reference at lengths near the edges (stale slots past the
 length never read), split partials merged by the combine kernel and FUSED in the split
-kernel (its counters back at zero after each call), the verifier accepts a candidate, and
+kernel (its counters back at zero after each call; a group's heads merged at once, each head's
+splits summed in one head's order), the verifier accepts a candidate, and
 the patch on tiny-llama (4 query heads over 2 kv heads): a StaticDecoder's eager steps and a
 dynamic-cache step give the unpatched logits, the step stays free of host reads
 (capturable), prefill keeps HF's code, undo restores. CPU runs the kernels under Triton's
@@ -10,12 +11,15 @@ interpreter (fp32, fp16); bf16 and Llama-3.2-1B's shape run on a GPU
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from family_checks import (
     DEVICE,
     CountingChooser,
     assert_close,
+    compiled_script_facts,
     instance_forwards,
     load_rendered,
     verify_on_cpu_or_gpu,
@@ -145,7 +149,7 @@ def test_the_verifier_accepts_a_fused_split_candidate_in_float32(tmp_path):
     H200 run rejected in bf16), and the split path is what the search picks on a GPU; FUSED, the
     family's guess, whose counters carry from call to call (the verifier's repeated and
     memoisation calls see each call's own result). The combine kernel's path shares the merge
-    (`_merge_splits`) and is held to the reference in the tests around this one."""
+    (`_merge_group`) and is held to the reference in the tests around this one."""
     verify_on_cpu_or_gpu(FAMILY, make_case(1, 8, 2, 16, 100, "float32"), tmp_path, FUSED4)
 
 
@@ -180,19 +184,21 @@ def _counters(forward, case, device) -> torch.Tensor:
 
 @pytest.mark.parametrize("group", [1, 4, 7])
 def test_fused_merge_equals_the_combine_kernel_and_leaves_its_counters_at_zero(group, tmp_path):
-    """FUSED at GQA ratios 1, 4 and 7, batch 2, called twice in a row (the second with a ragged
-    mask: a sequence that sees one slot): one kernel launched (the combine kernel is never
-    called), the reference's result, the combine kernel's (bit for bit under the interpreter:
-    one merge helper), and each call leaves its counter buffer, the same one, at zero for the
-    next. The interpreter
-    runs a launch's programs one after another, so the last split of each (batch, kv head) is
-    the one that merges."""
+    """FUSED at GQA ratios 1, 4 and 7, batch 2, called three times in a row (the second with a
+    ragged mask: a sequence that sees one slot; the third with a sequence that sees none): one
+    kernel launched (the combine kernel is never called), the reference's result, the combine
+    kernel's (bit for bit under the interpreter: one merge helper) and one split's (no merge)
+    within the fp32 tolerance, and each call leaves its counter buffer, the same one, at zero
+    for the next. The interpreter runs a launch's programs one after another, so the last
+    split of each (batch, kv head) is the one that merges."""
     base = make_case(2, 2 * group, 2, 16, 200, "float32")
     fused = load_rendered(FAMILY, FUSED4, base, tmp_path)
     two = load_rendered(FAMILY, SPLIT4, base, tmp_path)
+    one = load_rendered(FAMILY, FAMILY.search_space(base)[-1], base, tmp_path)
     fused.__globals__["_decode_combine_kernel"] = None  # launching it would raise
     counts = None
-    for seed, extra in enumerate(({"length": 70}, RAGGED)):  # splits 2 and 3 empty
+    hidden = {"length": 70, "pads": [0, 70]}  # the second sequence sees no slot: zeros
+    for seed, extra in enumerate(({"length": 70}, RAGGED, hidden)):  # splits 2 and 3 empty
         case = {**base, **extra}
         inputs = _inputs(case, seed)
         got = _run(fused, case, inputs)
@@ -201,23 +207,120 @@ def test_fused_merge_equals_the_combine_kernel_and_leaves_its_counters_at_zero(g
         if DEVICE == "cpu":  # compiled, each kernel's own layout may order the split sums
             assert torch.equal(got, merged)
         assert_close(got, merged, TOL["float32"])
+        assert_close(got, _run(one, case, inputs), TOL["float32"])
         now = _counters(fused, case, inputs[0].device)
         assert now.dtype == torch.int32 and now.shape == (4,) and (now == 0).all()
         assert counts is None or now is counts
         counts = now
+    assert (got[1] == 0).all() and got[0].abs().sum() > 0
 
 
-def test_the_search_space_offers_each_split_fused_and_with_a_combine_fused_first():
-    """Every FUSED config has splits to merge and the same tile in the space with the combine
-    kernel; the fused ones come first, and the family's guess (Family.leads) is one of them at
-    Llama-3.2-1B's b1 step and the tiny cases."""
-    for case in (make_case(1, 32, 8, 64, 1040, "bfloat16"), BASE):
+class _Launches:
+    """Stands in for a kernel in a rendered module's globals: records each launch (grid,
+    arguments) and runs it."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("group", [1, 4, 7])
+def test_the_group_merged_at_once_sums_the_splits_as_one_head_at_a_time(group, tmp_path):
+    """16 splits (numpy's pairwise sum, which the interpreter's tl.sum runs, orders a row of 8
+    or more otherwise than a column), GQA 1, 4 and 7, a masked slot and a left-padded
+    sequence: the combine kernel relaunched on the same partials with the whole group in one
+    chunk, in chunks of 2 heads (7: a partial last chunk) and one head at a time (the previous
+    merge's [SPLITS, BLOCK_D] load per head) stores the same bits under the interpreter, and
+    so does the FUSED tail; on a GPU each layout may order the sums its own way."""
+    from codegen.decode_attention.kernel import merge_heads
+
+    config = {"SPLITS": 16, "BLOCK_N": 16, "num_warps": 2, "num_stages": 2}
+    case = {**make_case(2, 2 * group, 2, 16, 256, "float32"), "length": 200,
+            "pads": [0, 37], "holes": [90, -1]}  # splits 13-15 empty
+    two = load_rendered(FAMILY, config, case, tmp_path)
+    fused = load_rendered(FAMILY, {**config, "FUSED": True}, case, tmp_path)
+    combine = two.__globals__["_decode_combine_kernel"]
+    launches = two.__globals__["_decode_combine_kernel"] = _Launches(combine)
+    inputs = _inputs(case)
+    want = _run(two, case, inputs).clone()
+    (grid, args, kwargs), = launches.calls
+    whole = merge_heads(group, 16, 16, kwargs["num_warps"])
+    assert grid == (4,) and kwargs["MERGE_G"] == whole >= group
+    o = args[2]
+    for heads in (1, 2, whole):
+        o.fill_(float("nan"))
+        combine[grid](*args, **{**kwargs, "MERGE_G": heads})
+        if DEVICE == "cpu":
+            assert torch.equal(o.unsqueeze(1), want), heads
+        assert_close(o.unsqueeze(1), want, TOL["float32"])
+    got = _run(fused, case, inputs)
+    assert_close(got, FAMILY.reference(*inputs, **FAMILY.params(case)), TOL["float32"])
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+
+
+def test_merge_heads_takes_the_whole_group_where_its_partials_fit():
+    """At most 64 fp32 values of the [heads, splits, head_dim] tile a thread, in powers of two
+    of heads: Llama-3.2-1B's group of 4 at 32 splits of 64 dims in one chunk at 4 warps, two
+    at 2 warps; never fewer than one head."""
+    from codegen.decode_attention.kernel import merge_heads
+
+    assert merge_heads(4, 32, 64, 4) == 4 and merge_heads(4, 32, 64, 2) == 2
+    assert merge_heads(7, 4, 16, 2) == 8 and merge_heads(1, 64, 128, 2) == 1
+    assert merge_heads(8, 64, 256, 2) == 1  # a head alone is over the bound: merged anyway
+    for group in range(1, 17):
+        for splits in (2, 4, 8, 16, 32, 64):
+            for warps in (1, 2, 4, 8):
+                heads = merge_heads(group, splits, 64, warps)
+                assert heads & (heads - 1) == 0 and heads <= max(group, 2 ** (group - 1)
+                                                                  .bit_length())
+                assert heads == 1 or heads * splits * 64 <= 64 * 32 * warps
+
+
+def _sm90_compiler() -> bool:
+    """Triton's CUDA backend and its cuobjdump, which compile and inspect without a GPU."""
+    import triton
+
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
+
+
+@pytest.mark.skipif(not _sm90_compiler(), reason="no Triton CUDA backend with cuobjdump")
+def test_the_merge_chunk_compiles_for_sm90_without_spilling():
+    """merge_heads' bound: the space's heaviest merging kernels compiled for sm_90 spill
+    nothing at the chunk it picks, and the combine kernel at twice the bound (a group of 8
+    heads at once) takes more registers (Triton 3.9 spills it)."""
+    usage = compiled_script_facts("decode_merge_regs.py")
+    whole = usage.pop("combine_32_g7_d64_whole")
+    assert len(usage) == 3 and whole["heads"] == 8
+    assert whole["reg"] + whole["stack"] > usage["combine_32_g7_d64"]["reg"]
+    for name, u in usage.items():
+        assert u["stack"] == 0 and u["local"] == 0 and u["reg"] <= 255, (name, u)
+
+
+def test_the_search_space_leads_with_fused_splits_and_fits_the_default_budget():
+    """The FUSED configs first, each with splits to merge, the family's guesses
+    (Family.leads) among them; the two-kernel tile the b1 searches picked is still in the
+    space; one split last; at Llama-3.2-1B's b1 case the space fits a search's default trial
+    budget (an unbudgeted search times all of it) and its guesses are 4-warp FUSED configs of
+    16 and 32 splits."""
+    from codegen.strategies import DEFAULT_TRIALS
+
+    llama = make_case(1, 32, 8, 64, 1040, "bfloat16")
+    for case in (llama, make_case(8, 32, 8, 64, 512, "bfloat16"), BASE):
         space = FAMILY.search_space(case)
         fused = [c for c in space if c.get("FUSED")]
         assert fused and all(c["SPLITS"] > 1 for c in fused)
-        assert all({k: v for k, v in c.items() if k != "FUSED"} in space for c in fused)
-        assert space[:len(fused)] == fused and space[:FAMILY.leads(case)] == fused[:1]
-        assert space[-1]["SPLITS"] == 1
+        assert space[:len(fused)] == fused and space[:FAMILY.leads(case)] == fused[:3]
+        assert space[-1]["SPLITS"] == 1 and len(space) == len({repr(c) for c in space})
+    space = FAMILY.search_space(llama)
+    assert len(space) <= DEFAULT_TRIALS and FAMILY.leads(llama) == 3
+    assert {"SPLITS": 32, "BLOCK_N": 32, "num_warps": 2, "num_stages": 2} in space
+    assert [(c["SPLITS"], c["num_warps"]) for c in space[:3]] == [(16, 4), (32, 4), (32, 2)]
 
 
 def test_rendered_source_is_specialised(tmp_path):

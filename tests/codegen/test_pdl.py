@@ -9,9 +9,6 @@ written before it."""
 from __future__ import annotations
 
 import inspect
-import json
-import os
-import subprocess
 import sys
 from contextlib import nullcontext
 from functools import partial
@@ -229,12 +226,9 @@ def _has_gdc() -> bool:
 
 @pytest.mark.skipif(not _has_gdc(), reason="this Triton has no griddepcontrol (gdc_wait)")
 def test_sm90_ptx_waits_before_touching_the_steps_tensors():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(Path(__file__).parent / "pdl_ptx.py")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    from family_checks import compiled_script_facts
+
+    facts = compiled_script_facts("pdl_ptx.py")
     for name, f in facts.items():
         if name == "gemv_without_pdl":
             assert f["wait"] is None and f["launch"] is None  # PDL off: none of it
