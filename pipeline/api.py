@@ -173,27 +173,10 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     if not integ_path.exists():
         raise UserError(f"{run_dir} has no integration.json: run `pipeline optimize` first")
     measured = load(integ_path, Integration, "integration").workloads
-    keys = [workload] if isinstance(workload, str) else workload
-    for key in keys or []:
-        if key not in measured:
-            raise UserError(f"workload {key!r} not measured in {run_dir}; measured: "
-                            f"{', '.join(measured)}")
-    if compiled and graphs:
-        raise UserError("graphs=True captures the eager patched model; for torch.compile "
-                        "use compiled=True alone (mode='reduce-overhead' graphs it)")
-    if (graphs or graph_set) and not keys:
-        raise UserError(f"{'graphs' if graphs else 'graph_set'}=True needs a workload: a graph "
-                        "is captured for one shape, its set chosen per workload")
+    keys = _checked_keys(measured, workload, run_dir, graphs, graph_set, compiled)
     in_graph = _graph_key(measured, keys) if graphs or graph_set else None
     graphed = _shipped(measured, in_graph) if graphs else None
-    allowed: dict[str, set[str]] = {}
-    for key, w in measured.items():
-        if keys is None or key in keys:
-            fams = w.kept
-            if key == in_graph and w.graphs is not None and w.graphs.has("families"):
-                fams = w.graphs.families
-            for fam in fams:
-                allowed.setdefault(fam, set()).update(w.cases.get(fam, []))
+    allowed = _allowed_cases(measured, keys, in_graph)
     left_out = for_compile(list(allowed))["left_out"] if compiled else {}
     allowed = {f: c for f, c in allowed.items() if f not in left_out}
     handle = KernelHandle(sorted(allowed), model=model, graphed=graphed is not None,
@@ -218,6 +201,39 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
         handle.undo()
         raise
     return handle
+
+
+def _checked_keys(measured: dict[str, IntegratedWorkload], workload, run_dir: Path,
+                  graphs: bool, graph_set: bool, compiled: bool) -> list[str] | None:
+    """The workload keys `apply_kernels` was asked for (None: all), or UserError saying why
+    they or the flags do not go together."""
+    keys = [workload] if isinstance(workload, str) else workload
+    for key in keys or []:
+        if key not in measured:
+            raise UserError(f"workload {key!r} not measured in {run_dir}; measured: "
+                            f"{', '.join(measured)}")
+    if compiled and graphs:
+        raise UserError("graphs=True captures the eager patched model; for torch.compile "
+                        "use compiled=True alone (mode='reduce-overhead' graphs it)")
+    if (graphs or graph_set) and not keys:
+        raise UserError(f"{'graphs' if graphs else 'graph_set'}=True needs a workload: a graph "
+                        "is captured for one shape, its set chosen per workload")
+    return keys
+
+
+def _allowed_cases(measured: dict[str, IntegratedWorkload], keys: list[str] | None,
+                   in_graph: str | None) -> dict[str, set[str]]:
+    """family -> the case keys kept for the workloads asked (the graph's set for the one
+    captured)."""
+    allowed: dict[str, set[str]] = {}
+    for key, w in measured.items():
+        if keys is None or key in keys:
+            fams = w.kept
+            if key == in_graph and w.graphs is not None and w.graphs.has("families"):
+                fams = w.graphs.families
+            for fam in fams:
+                allowed.setdefault(fam, set()).update(w.cases.get(fam, []))
+    return allowed
 
 
 def _graph_key(measured: dict[str, IntegratedWorkload], keys: list[str]) -> str:
