@@ -31,9 +31,10 @@ PIPELINE_WARM_COMPILE=0 turns the warm-up off; it never runs off a GPU or under 
 interpreter, where nothing compiles, nor on Ray, whose searches run elsewhere). A process keeps
 one case's inputs and is given that case's next candidate while it has one. A failure is
 ignored (the search meets and reports it); a candidate that runs longer than
-KERNEL_TIMEOUT_S, or a warm-up past TOTAL_TIMEOUT_S, has its process killed with its process
-group (the compiler's own subprocesses), and a fresh one takes the rest. What was compiled
-stays; the search compiles what was not.
+KERNEL_TIMEOUT_S (from when its process took it up: a process's start, importing torch and
+making a CUDA context, is not its candidate's), or a warm-up past TOTAL_TIMEOUT_S, has its
+process killed with its process group (the compiler's own subprocesses), and a fresh one
+takes the rest. What was compiled stays; the search compiles what was not.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ def _worker(device: str, conn, call: Callable) -> None:
     held: dict = {}
     try:
         for job in iter(conn.recv, None):
+            conn.send("start")  # its time limit starts now, not at the process's start
             try:
                 call(job, device, held)
                 conn.send("ok")
@@ -202,7 +204,7 @@ class _Slot:
     proc: mp.Process
     conn: object
     job: dict | None = None
-    since: float = 0.0
+    since: float | None = None  # when the process started the job
     group: str | None = None
 
 
@@ -263,7 +265,7 @@ def warm(jobs: list[dict], device: str, processes: int,
     def give(slot: _Slot) -> None:
         slot.job = _next_job(todo, slot, slots)
         if slot.job is not None:
-            slot.group, slot.since = slot.job["group"], time.monotonic()
+            slot.group, slot.since = slot.job["group"], None
             try:
                 slot.conn.send(slot.job)
             except OSError:  # it died meanwhile: the wait below finds it gone
@@ -283,7 +285,10 @@ def warm(jobs: list[dict], device: str, processes: int,
                         msg = slot.conn.recv()
                     except (EOFError, OSError):  # it died (a segfault, say)
                         msg = "failed, died"
-                elif time.monotonic() - slot.since > kernel_timeout_s:
+                    if msg == "start":
+                        slot.since = time.monotonic()
+                        continue
+                elif slot.since is not None and time.monotonic() - slot.since > kernel_timeout_s:
                     msg = "timed out"
                 else:
                     continue
