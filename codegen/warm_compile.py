@@ -1,12 +1,13 @@
 """Warm Triton's on-disk cache before a GPU search: the candidates compiled side by side.
 
 A search times its candidates one after another on one GPU (codegen.search, codegen.screen),
-and on a cold cache most of its time is Triton compiling them, one at a time, on one of the
-host's cores (benchmarks/results/decode-1207-h100/warm.json: a Llama-3.2-1B decode optimize
-took 352 s cold against 127 s warm). Before the generate stage's searches, `warm_before_search`
-calls every candidate they will try once, in a pool of spawned worker processes, so that the
-compiles land in Triton's cache (TRITON_CACHE_DIR, or ~/.triton/cache) and the search loads
-them. Nothing here is timed, and the pool has ended before the first timing starts.
+and on a cold cache each candidate's first call compiles it, one at a time, on one of the
+host's cores, while the others wait (an H100 run spent 11-15 s on each case:
+benchmarks/results/e2e-b8-1207c-h100/optimize-*.log). Before the generate stage's searches,
+`warm_before_search` calls every candidate they will try once, in a pool of spawned worker
+processes, so that the compiles land in Triton's cache (TRITON_CACHE_DIR, or ~/.triton/cache)
+and the search loads them. Nothing here is timed, and the pool has ended before the first
+timing starts.
 
 Which candidates (`planned_configs`): what the case's own `CaseSearch` will try, asked of it,
 in its order: memory, edited and guessed seeds first, then a grid's configs (spread over the
@@ -21,10 +22,10 @@ How: each candidate is rendered to the very file the search will screen (write_c
 user's edit is kept), then imported and called once on the case's inputs as the screen calls
 it (`warm_one`: make_inputs with the same seed, make_out, the case's params). Triton keys its
 cache on the kernel's source and starting line, its constexprs and launch options, and each
-argument's dtype, alignment and integer class, all of which the call itself fixes;
-`JITFunction.warmup` compiles without launching but specialises on dtypes alone (a view at an
-odd offset would compile another kernel than the search's), and a candidate may launch several
-kernels only its `forward` knows how to call.
+argument's dtype, alignment and integer class, all of which the call itself fixes.
+`JITFunction.warmup` would compile without launching, but it takes a kernel's own arguments
+and grid, and only a candidate's `forward` knows which kernels it launches with which (several,
+some picked by size); the launch the call adds costs microseconds.
 
 The pool: min(candidates, cores // 2, 8) processes (PIPELINE_WARM_COMPILE=N sets N,
 PIPELINE_WARM_COMPILE=0 turns the warm-up off; it never runs off a GPU or under Triton's
