@@ -179,7 +179,10 @@ def _cuda_broken(device: str) -> bool:
 def _worker(device: str, conn, call: Callable) -> None:
     """A pool process: its own process group (killed as one), deaf to Ctrl-C (the caller
     decides and kills it), one job at a time from `conn`, "ok" or a failure sent back."""
-    os.setpgid(0, 0)
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # then `_kill` kills the process alone
+        pass
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held while it was spawned
