@@ -198,3 +198,29 @@ def test_warm_one_runs_a_candidate_as_the_screen_does(tiny_cases, tmp_path):
         wc.warm_one(job, "cpu", held)
         inputs = held["inputs"]
     assert held["group"] == jobs[0]["group"] and held["inputs"] is inputs
+
+
+@pytest.mark.gpu
+def test_the_search_finds_the_warmed_kernels_in_the_cache(tmp_path, monkeypatch):
+    """On a GPU: after the warm-up, a search of the same case compiles nothing more (no new
+    cubin in a Triton cache of the test's own)."""
+    from codegen.rmsnorm import FAMILY as RMSNORM
+    from codegen.screen import ScreenSession
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    case = {"rows": 4096, "hidden": 2048, "dtype": "bfloat16", "eps": 1e-6, "offset": 0.0,
+            "cast_first": True}
+    plan = SearchPlan("grid", trials=3)
+    jobs = wc.plan_jobs([(RMSNORM, case)], tmp_path / "run", "cuda", plan=plan)
+    assert len(jobs) >= 3 and wc.warm(jobs, "cuda", 2) == Counter(ok=len(jobs))
+
+    def cubins() -> set[Path]:
+        return set((tmp_path / "triton").rglob("*.cubin"))
+
+    warmed = cubins()
+    assert len(warmed) >= len(jobs)
+    with ScreenSession(RMSNORM, case, "cuda") as session:
+        entry = CaseSearch(RMSNORM, case, tmp_path / "run", "cuda", plan, session).run()
+    assert [c["path"] for c in entry["candidates"]] == [j["path"] for j in jobs]
+    assert all(c["screen"] == "pass" for c in entry["candidates"])
+    assert cubins() == warmed
