@@ -170,7 +170,7 @@ def _gone(pid: int) -> bool:
 
 def test_failing_dying_and_hanging_candidates_cost_only_themselves(tmp_path):
     dos = ["hang", "fail", None, "die", None, None]
-    counts = wc.warm(_jobs(tmp_path, dos), "cpu", 2, kernel_timeout_s=2.5,
+    counts = wc.warm(_jobs(tmp_path, dos), "cpu", 2, kernel_timeout_s=2,
                      call=warm_calls.marker)
     assert counts == Counter({"ok": 3, "failed": 2, "timed out": 1})
     # the hung process was killed with its group: the subprocess it started too
@@ -182,9 +182,9 @@ def test_failing_dying_and_hanging_candidates_cost_only_themselves(tmp_path):
 
 def test_the_total_timeout_ends_the_warm_up(tmp_path):
     counts = wc.warm(_jobs(tmp_path, ["hang", None]), "cpu", 1, kernel_timeout_s=60,
-                     total_timeout_s=3, call=warm_calls.marker)
+                     total_timeout_s=2, call=warm_calls.marker)
     assert counts == Counter({"not finished": 2})
-    child = tmp_path / "j0.child"  # where the process got that far in 3 s
+    child = tmp_path / "j0.child"  # where the process got that far in 2 s
     assert not child.exists() or _gone(int(child.read_text()))
 
 
