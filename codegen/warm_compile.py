@@ -55,8 +55,8 @@ from core.family import Case, Family
 
 ENV = "PIPELINE_WARM_COMPILE"
 MAX_PROCESSES = 8
-# one candidate's compile (and the process's start, for its first): a matmul config with deep
-# pipelining takes seconds, not minutes
+# one candidate: its case's inputs where they are new to the process, its compile and one call;
+# a matmul config with deep pipelining compiles in seconds, not minutes
 KERNEL_TIMEOUT_S = 120.0
 TOTAL_TIMEOUT_S = 300.0
 _OFF = ("0", "off", "false", "no")
