@@ -18,10 +18,13 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     (verify.workers): every case is submitted first, then taken in order, so on Ray the cases
     are searched side by side; the local backend searches each as it is taken, as before.
     `plan` (codegen.strategies.SearchPlan): how each case is searched, `max_configs` its trial
-    budget; `proposer` (codegen.hybrid): takes a share of a sampled search's trials."""
+    budget; `proposer` (codegen.hybrid): takes a share of a sampled search's trials. On a
+    GPU without Ray, the candidates the searches will try are compiled side by side before
+    the first is timed (codegen.warm_compile; PIPELINE_WARM_COMPILE=0 turns that off)."""
     from codegen import search as searching
     from codegen.registry import get_family
     from codegen.search import case_key, family_backend
+    from codegen.warm_compile import warm_before_search
 
     path = run_dir / "candidates" / "search_log.json"
     log = load(path, SearchLog, "search log") if (resume and path.exists()) \
@@ -33,7 +36,7 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
     changed = not (resume and path.exists())
     how = {"max_configs": max_configs, "backend": backend, "plan": plan, "proposer": proposer,
            "say": say}
-    pending = []
+    pending, searched = [], []
     for name in families:
         fam = get_family(name)
         wanted = family_backend(fam, backend)
@@ -58,8 +61,12 @@ def generate_stage(run_dir: Path, families: list[str], model, workloads, device:
                 job = searching.submit_search(*args, workers=workers, **how)
                 pending.append((name, case, key, lambda job=job: searching.finish_search(job)))
             else:  # searched when taken, below
+                searched.append((fam, case))
                 pending.append((name, case, key, lambda args=args: searching.search(
                     *args, **how)))
+    # the local searches compile their candidates one after another: on a GPU, compile them
+    # side by side first (codegen.warm_compile), so the searches find them in Triton's cache
+    warm_before_search(searched, run_dir / "candidates", device, **how)
     for name, case, key, job in pending:  # in the order of the loop above, as before backends
         if job is None:
             if key not in index:
