@@ -14,6 +14,19 @@ Llama-3.2-1B against its 32 MiB of gate/up weight).
 
 What it saves is the add_rmsnorm kernel's node in the graphed step (a few microseconds);
 the search and the in-model measurement decide whether the extra L2 reads cost more.
+
+DOT (a config key, searched from gemv's DOT_MIN_ROWS rows, the guess from DOT_LEAD_ROWS, as in
+the gated GEMV it extends): the rows' totals form one (DOT_ROWS, BLOCK_K) tile, zeros past the
+last (`_rows_rstd`, `_normed_rows`: program 0 stores the real rows' total and normed), and
+each step is one tensor-core dot per weight (gemv's `_dot_rows`; accumulators transposed back
+for the activation) instead of the row loop's CUDA-core products, which at 8 rows made the
+gated GEMV 2.7x slower than cuBLAS's chain (benchmarks/results/decode-1207-h100/
+gemv_table.md). PDL and PREFETCH are as without it.
+
+Numerics: the total is HF's one rounded add, the normed element HF's (codegen/norm_prologue.py,
+fp32 as without DOT); the products of the normed dtype values and the weights are exact in the
+fp32 sums (the fp32 dot IEEE, not TF32), summed in another order than the row loop's, the
+activation and the product on the sums, one rounding: within the family's order bound.
 """
 
 from __future__ import annotations

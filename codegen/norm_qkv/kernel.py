@@ -16,10 +16,19 @@ program, 384-768 programs, some 3 MB from L2 against the 12.6 MB of weight from 
 launch it removes (an RMSNorm node in the graphed step, a few microseconds) is what it saves.
 The search and the in-model measurement decide whether that pays.
 
+DOT (a config key, searched from gemv's DOT_MIN_ROWS rows, the guess from DOT_LEAD_ROWS; see
+codegen/qkv_proj/kernel.py): the rows form one (DOT_ROWS, BLOCK_K) tile, zeros past the last
+(`_rows_rstd` sums each row's squares along k as the row loop does; `_normed_rows` normalises
+the tile, program 0 storing its real rows), and each step is one tensor-core dot of the
+weight tile by it (gemv's `_dot_rows`) instead of a CUDA-core product per row. PDL and
+PREFETCH are as without it.
+
 Numerics: the normed element is HF's (fp32 x * rstd, then Llama's cast to the dtype and the
 multiply by the weight in the dtype, or Gemma's fp32 multiply by 1 + weight and one cast);
 rstd's sum of squares runs in another order than torch's mean, an ulp of fp32 at most. The
-GEMV's products and sums are fp32 with one rounding, as the gemv family's.
+GEMV's products and sums are fp32 with one rounding, as the gemv family's; DOT multiplies the
+same normed dtype values (16-bit products exact in fp32, the fp32 dot IEEE, not TF32) and sums
+in another order, which the family's order bound allows for.
 """
 
 from __future__ import annotations

@@ -11,9 +11,19 @@ step has two nodes fewer per layer.
 No K split: at one row Llama's 3072 output rows give 96-768 programs at the tiles searched
 and Qwen2.5-0.5B's 1152 give 36-288 (the narrow tiles cover the H200's 132 SMs; the search
 measures which wins), and a split would add a second kernel per call, what the family exists
-to remove. Each step is the gemv family's own (`_rows_times_tile`: fp32 products and sums,
-one rounding), with the weights' strides fixed at those of a contiguous (n, k) weight: the
+to remove. Each step is the gemv family's own (`_tile_step`: fp32 products and sums, one
+rounding), with the weights' strides fixed at those of a contiguous (n, k) weight: the
 adapter hands the modules' own parameters and runs HF's code for any other layout.
+
+DOT (a config key, searched from gemv's DOT_MIN_ROWS rows, the guess from DOT_LEAD_ROWS): the
+step is gemv's tensor-core dot ("swap AB": the weight tile the dot's M side, x's rows padded
+with zeros to DOT_ROWS its N side, the fp32 accumulator transposed back for the bias and the
+store) instead of the row loop, whose CUDA-core products grow with the rows (at 8 rows the
+gated GEMV's made it 2.7x slower than cuBLAS's chain: benchmarks/results/decode-1207-h100/
+gemv_table.md). PDL and PREFETCH are as without it: the first weight tile and the slab's
+prefetch before the wait, x after. Numerics: the dot multiplies the same dtype values (16-bit
+products exact in fp32; an fp32 dot is IEEE, not TF32) and sums them in fp32 in another order,
+which the family's order bound (the matmul family's) allows for.
 """
 
 from __future__ import annotations
