@@ -164,6 +164,17 @@ def _x_rows(x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk, EVEN_K: tl
 
 
 @triton.jit
+def _dot_rows(acc, w, x):
+    """acc (BLOCK_N, BLOCK_M) plus the weight tile w (BLOCK_N, BLOCK_K) times x's rows (BLOCK_M,
+    BLOCK_K, w's dtype) transposed: one tensor-core dot ("swap AB"), fp32 sums."""
+    if w.dtype == tl.float32:  # IEEE, not TF32: the verifier's fp32 tolerances
+        acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    else:  # 16-bit products are exact in the fp32 sums (a precision is for fp32 only)
+        acc = tl.dot(w, tl.trans(x), acc)
+    return acc
+
+
+@triton.jit
 def _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
                EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr):
     """acc plus x's rows times the weight tile w (BLOCK_N, BLOCK_K, in the weight's dtype).
@@ -172,10 +183,7 @@ def _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
     BLOCK_N), row by row on CUDA cores (_rows_times_tile). Both sum fp32 products in fp32."""
     if DOT:
         x = _x_rows(x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk, EVEN_K)
-        if w.dtype == tl.float32:  # IEEE, not TF32: the verifier's fp32 tolerances
-            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-        else:  # 16-bit products are exact in the fp32 sums (a precision is for fp32 only)
-            acc = tl.dot(w, tl.trans(x), acc)
+        acc = _dot_rows(acc, w, x)
     else:
         acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
                                x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
@@ -349,6 +357,25 @@ def dot_tiles(tiles: list[tuple], programs, smem, keep: int) -> list[tuple]:
     return (sorted(firsts, key=guess) + [t for t in fit if t not in firsts])[:keep]
 
 
+def with_dot_configs(space: list[dict], case: Case, width: int, programs, weights: int,
+                     keep: int, config) -> list[dict]:
+    """A one-launch few-row kernel's `space` (its row-loop configs, the family's guess first)
+    with, from DOT_MIN_ROWS rows, `keep` DOT configs `config(BLOCK_N, BLOCK_K)` ranked by
+    `dot_tiles`: BLOCK_N from DOT_BLOCK_NS, BLOCK_K from BLOCK_KS (those <= `width`, the loads'
+    length, where one fits), grids of `programs(BLOCK_N)` programs, `weights` weight tiles staged
+    per step. From DOT_LEAD_ROWS rows they lead (the first is the family's guess), below they
+    follow the row loop's guess; the rest of `space` (its last, the interpreter's cheapest)
+    after them."""
+    if case["rows"] < DOT_MIN_ROWS:
+        return space
+    item = 4 if case["dtype"] == "float32" else 2
+    dot = [config(bn, bk) for bn, bk in dot_tiles(
+        [(bn, bk) for bn in DOT_BLOCK_NS for bk in block_ks(width)], lambda t: programs(t[0]),
+        lambda t: dot_smem(t[0], t[1], item, weights), keep)]
+    lead = 0 if case["rows"] >= DOT_LEAD_ROWS else 1
+    return space[:lead] + dot + space[lead:]
+
+
 def busy_programs(n: int, k: int, bn: int, bk: int, sk: int) -> int:
     """Programs with k to stream: a split whose chunk starts past k (k_chunk rounds up to
     whole BLOCK_K steps) launches but reads nothing."""
@@ -514,11 +541,12 @@ def forward(x, w, b=None, *, out, accumulate=False, **params) -> None:
 
 
 def step_sources() -> str:
-    """The source of the weight-streaming step's helpers, which the gemv and gated GEMV
-    candidates' kernels call (_tile_step and what it calls, the weight tile, the prefetch)."""
+    """The source of the weight-streaming step's helpers, which the gemv, gated GEMV, qkv_proj
+    and norm-fused candidates' kernels call (_tile_step and what it calls, the weight tile,
+    the prefetch)."""
     return "\n\n".join(kernel_source(f) for f in (
-        _plus_row, _rows_times_tile, _x_rows, _tile_step, _zero_acc, _rows_first, _weight_tile,
-        _prefetch_slab))
+        _plus_row, _rows_times_tile, _x_rows, _dot_rows, _tile_step, _zero_acc, _rows_first,
+        _weight_tile, _prefetch_slab))
 
 
 def render(config: dict, case: Case) -> str:

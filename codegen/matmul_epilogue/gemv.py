@@ -35,17 +35,13 @@ import triton
 import triton.language as tl
 
 from codegen.gemv.kernel import (
-    DOT_BLOCK_NS,
-    DOT_LEAD_ROWS,
-    DOT_MIN_ROWS,
     DOT_ROWS,
     _rows_first,
     _tile_step,
     _weight_tile,
     _zero_acc,
-    dot_smem,
-    dot_tiles,
     step_sources,
+    with_dot_configs,
 )
 from codegen.gemv.reference import MAX_ROWS
 from codegen.launch import cdiv, guessed_tiles
@@ -135,15 +131,9 @@ def search_space(case: Case) -> list[dict]:
     hidden, cols = case["hidden"], case["cols"]
     tiles = guessed_tiles(hidden, lambda bn: cdiv(cols, bn), BLOCK_NS, BLOCK_KS, MIN_TILE, SMS,
                           TARGET_PROGRAMS, MAX_CONFIGS, cheapest=False)
-    rows = [_config(bn, bk) for bn, bk in tiles]
-    if case["rows"] < DOT_MIN_ROWS:
-        return rows
-    item = 4 if case["dtype"] == "float32" else 2
-    bks = [b for b in BLOCK_KS if b <= hidden] or [BLOCK_KS[0]]
-    dot = [_config(bn, bk, dot=True) for bn, bk in dot_tiles(
-        [(bn, bk) for bn in DOT_BLOCK_NS for bk in bks], lambda t: cdiv(cols, t[0]),
-        lambda t: dot_smem(t[0], t[1], item, weights=2), DOT_CONFIGS)]
-    return dot + rows if case["rows"] >= DOT_LEAD_ROWS else rows[:1] + dot + rows[1:]
+    return with_dot_configs([_config(bn, bk) for bn, bk in tiles], case, hidden,
+                            lambda bn: cdiv(cols, bn), 2, DOT_CONFIGS,
+                            lambda bn, bk: _config(bn, bk, dot=True))
 
 
 _HOST = '''\

@@ -11,9 +11,19 @@ step has two nodes fewer per layer.
 No K split: at one row Llama's 3072 output rows give 96-768 programs at the tiles searched
 and Qwen2.5-0.5B's 1152 give 36-288 (the narrow tiles cover the H200's 132 SMs; the search
 measures which wins), and a split would add a second kernel per call, what the family exists
-to remove. Each step is the gemv family's own (`_rows_times_tile`: fp32 products and sums,
-one rounding), with the weights' strides fixed at those of a contiguous (n, k) weight: the
+to remove. Each step is the gemv family's own (`_tile_step`: fp32 products and sums, one
+rounding), with the weights' strides fixed at those of a contiguous (n, k) weight: the
 adapter hands the modules' own parameters and runs HF's code for any other layout.
+
+DOT (a config key, searched from gemv's DOT_MIN_ROWS rows, the guess from DOT_LEAD_ROWS): the
+step is gemv's tensor-core dot ("swap AB": the weight tile the dot's M side, x's rows padded
+with zeros to DOT_ROWS its N side, the fp32 accumulator transposed back for the bias and the
+store) instead of the row loop, whose CUDA-core products grow with the rows (at 8 rows the
+gated GEMV's made it 2.7x slower than cuBLAS's chain: benchmarks/results/decode-1207-h100/
+gemv_table.md). PDL and PREFETCH are as without it: the first weight tile and the slab's
+prefetch before the wait, x after. Numerics: the dot multiplies the same dtype values (16-bit
+products exact in fp32; an fp32 dot is IEEE, not TF32) and sums them in fp32 in another order,
+which the family's order bound (the matmul family's) allows for.
 """
 
 from __future__ import annotations
@@ -24,7 +34,15 @@ import textwrap
 import triton
 import triton.language as tl
 
-from codegen.gemv.kernel import _plus_row, _rows_times_tile, _weight_tile
+from codegen.gemv.kernel import (
+    DOT_ROWS,
+    _rows_first,
+    _tile_step,
+    _weight_tile,
+    _zero_acc,
+    step_sources,
+    with_dot_configs,
+)
 from codegen.launch import cdiv, guessed_tiles
 from codegen.prefetch import _prefetch_slab
 from codegen.qkv_proj.reference import MAX_ROWS, WIDTHS
@@ -35,6 +53,7 @@ BLOCK_NS = (4, 8, 16, 32)
 BLOCK_KS = (128, 256, 512)
 NUM_WARPS, NUM_STAGES = 4, 3
 MAX_CONFIGS = 6
+DOT_CONFIGS = 3  # from gemv's DOT_MIN_ROWS rows, besides MAX_CONFIGS of the row loop
 SMS = 132  # the H200's: the ordering aims for about four programs per SM (a guess to order by)
 TARGET_PROGRAMS = 4 * SMS
 MIN_TILE = 2048  # weight elements per step under which a tile is not searched (as gemv)
@@ -44,13 +63,13 @@ MIN_TILE = 2048  # weight elements per step under which a tile is not searched (
 def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
                K: tl.constexpr, N: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PREFETCH: tl.constexpr, PDL: tl.constexpr):
+               DOT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _zero_acc(BLOCK_M, BLOCK_N, DOT)
     if PDL:  # codegen/pdl.py: the first weight tile, then the wait, then x (the first step)
         # no kernel of a decode step writes a weight, so its first tile loads while the
         # previous kernel finishes; x and the outputs wait for it
@@ -61,14 +80,15 @@ def _qkv_block(x_ptr, w_ptr, b_ptr, o_ptr, n0, rows, seq, x_sb, x_ss, x_sk,
             _prefetch_slab(w_ptr, n0, N, K, 1, BLOCK_K, K, BLOCK_N, K - BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
-                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+        acc = _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
+                         EVEN_K, BLOCK_M, DOT)
     for k0 in range(PDL * BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         w = _weight_tile(w_rows, offs_k, k_ok, n_ok, 1, EVEN_K, False)
-        acc = _rows_times_tile(acc, w.to(tl.float32), x_ptr, offs_k, k_ok, offs_m, rows, seq,
-                               x_sb, x_ss, x_sk, EVEN_K, BLOCK_M)
+        acc = _tile_step(acc, w, x_ptr, offs_k, k_ok, offs_m, rows, seq, x_sb, x_ss, x_sk,
+                         EVEN_K, BLOCK_M, DOT)
+    acc = _rows_first(acc, DOT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(o_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(o_ptr.dtype.element_ty),
@@ -81,33 +101,42 @@ def _qkv_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, q_ptr, k_
                 NK: tl.constexpr, NV: tl.constexpr, Q_BLOCKS: tl.constexpr,
                 K_BLOCKS: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
+                DOT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     if pid < Q_BLOCKS:
         _qkv_block(x_ptr, wq_ptr, bq_ptr, q_ptr, pid * BLOCK_N, rows, seq, x_sb, x_ss, x_sk,
-                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PREFETCH, PDL)
+                   K, NQ, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT, PREFETCH, PDL)
     elif pid < Q_BLOCKS + K_BLOCKS:
         _qkv_block(x_ptr, wk_ptr, bk_ptr, k_ptr, (pid - Q_BLOCKS) * BLOCK_N, rows, seq, x_sb,
-                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, PREFETCH,
-                   PDL)
+                   x_ss, x_sk, K, NK, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT,
+                   PREFETCH, PDL)
     else:
         _qkv_block(x_ptr, wv_ptr, bv_ptr, v_ptr, (pid - Q_BLOCKS - K_BLOCKS) * BLOCK_N, rows,
                    seq, x_sb, x_ss, x_sk, K, NV, EVEN_K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K,
-                   PREFETCH, PDL)
+                   DOT, PREFETCH, PDL)
 
 
 def programs(case: Case, block_n: int) -> int:
     return sum(cdiv(case[n], block_n) for n in WIDTHS)
 
 
+def _config(bn: int, bk: int, dot: bool = False) -> dict:
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES,
+            **({"DOT": True} if dot else {})}
+
+
 def search_space(case: Case) -> list[dict]:
     """BLOCK_N x BLOCK_K (BLOCK_K <= k where one fits, tiles of MIN_TILE elements and more), at
     most MAX_CONFIGS: the widest BLOCK_K first, then grids nearest TARGET_PROGRAMS programs;
-    last the cheapest for the interpreter (the widest tile: fewest programs and steps)."""
+    last the cheapest for the interpreter (the widest tile: fewest programs and steps). From
+    gemv's DOT_MIN_ROWS rows, DOT_CONFIGS tensor-core ones too (`with_dot_configs`), first
+    from DOT_LEAD_ROWS rows: the family's guess (Family.leads)."""
     tiles = guessed_tiles(case["k"], lambda bn: programs(case, bn), BLOCK_NS, BLOCK_KS,
                           MIN_TILE, SMS, TARGET_PROGRAMS, MAX_CONFIGS)
-    return [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
-            for bn, bk in tiles]
+    return with_dot_configs([_config(bn, bk) for bn, bk in tiles], case, case["k"],
+                            lambda bn: programs(case, bn), 1, DOT_CONFIGS,
+                            lambda bn, bk: _config(bn, bk, dot=True))
 
 
 _HOST = '''\
@@ -120,7 +149,7 @@ def _kernel(block_m):
         _kernels[block_m] = launcher(
             _qkv_kernel, K=K, NQ=NQ, NK=NK, NV=NV, Q_BLOCKS=Q_BLOCKS, K_BLOCKS=K_BLOCKS,
             EVEN_K=EVEN_K, HAS_BIAS=HAS_BIAS, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-            BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            BLOCK_K=BLOCK_K, DOT=DOT, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return _kernels[block_m]
 
 
@@ -154,7 +183,7 @@ def forward(x, wq, wk, wv, bq=None, bk=None, bv=None, *, out, **params) -> None:
     else:  # one sequence of `rows` tokens
         seq, x_sb, x_ss = rows, 0, x.stride(0)
     bq, bk, bv = (wq, wk, wv) if bq is None else (bq, bk, bv)
-    block_m = 1 << (rows - 1).bit_length()
+    block_m = max(MIN_BLOCK_M, 1 << (rows - 1).bit_length())
     _kernel(block_m)((PROGRAMS,), x, wq, wk, wv, bq, bk, bv, *out, rows, seq, x_sb, x_ss,
                      x.stride(-1))
 '''
@@ -164,6 +193,9 @@ def render(config: dict, case: Case) -> str:
     k, dtype, bias = case["k"], case["dtype"], case["bias"]
     bn, bk = config["BLOCK_N"], config["BLOCK_K"]
     nq, nk, nv = (case[n] for n in WIDTHS)
+    dot = bool(config.get("DOT", False))
+    sums = f"One tensor-core dot per step, x's rows padded to {DOT_ROWS}, fp32 sums" if dot \
+        else "fp32 sums"
     head = textwrap.dedent(f'''\
         """Grouped q/k/v projection candidate: q, k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T (+ b).
 
@@ -171,7 +203,7 @@ def render(config: dict, case: Case) -> str:
         nv={nv}, {dtype}, bias={bias}; rows 1 to {MAX_ROWS} (a row block per power of two).
         Tuned for {case["rows"]} rows. One launch of {programs(case, bn)} programs, each
         {bn} weight rows x {bk} columns per step, {config["num_warps"]} warps,
-        {config["num_stages"]} stages. fp32 sums, one rounding.
+        {config["num_stages"]} stages. {sums}, one rounding.
 
         case:   {json.dumps(case)}
         config: {json.dumps(config)}
@@ -193,6 +225,8 @@ def render(config: dict, case: Case) -> str:
         MAX_ROWS = {MAX_ROWS}
         BLOCK_N = {bn}
         BLOCK_K = {bk}
+        DOT = {dot}
+        MIN_BLOCK_M = {DOT_ROWS if dot else 1}
         EVEN_K = {k % bk == 0}
         Q_BLOCKS = {cdiv(nq, bn)}
         K_BLOCKS = {cdiv(nk, bn)}
@@ -200,7 +234,5 @@ def render(config: dict, case: Case) -> str:
         NUM_WARPS = {config["num_warps"]}
         NUM_STAGES = {config["num_stages"]}
         ''')
-    return "\n\n".join([head, kernel_source(_plus_row), kernel_source(_rows_times_tile),
-                        kernel_source(_weight_tile),
-                        kernel_source(_prefetch_slab), kernel_source(_qkv_block),
+    return "\n\n".join([head, step_sources(), kernel_source(_qkv_block),
                         kernel_source(_qkv_kernel), _HOST])

@@ -245,14 +245,14 @@ def test_sm90_ptx_waits_before_touching_the_steps_tensors():
             assert f["prefetches_before_wait"] > 0, name
         else:
             assert f["prefetches"] == 0, name
-    for name in ("qkv", "norm_qkv"):
+    for name in ("qkv", "norm_qkv", "qkv_dot", "norm_qkv_dot"):
         assert facts[name]["waits"] == 3  # one in each of the q, k and v programs' paths
         assert facts[name]["prefetches"] == 3 * facts[name]["prefetches_before_wait"]
 
 
 # the weight-streaming kernels: PREFETCH before PDL (pdl_ptx.py's names)
 STREAMERS = ("gemv", "gemv_fused", "gemv_dot", "gated_gemv", "gated_gemv_dot", "qkv",
-             "norm_qkv", "norm_gate_up")
+             "qkv_dot", "norm_qkv", "norm_qkv_dot", "norm_gate_up", "norm_gate_up_dot")
 
 
 def test_the_weight_streamers_take_prefetch_before_pdl():
