@@ -165,7 +165,6 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     use_interpreter_without_gpu()  # in case the environment changed since the import
     from codegen.ops import compilable
     from codegen.registry import get_family
-    from codegen.sdpa_op import route as route_attention
     from pipeline.patching import counting_chooser, for_compile, make_chooser
 
     run_dir = Path(run_dir)
@@ -208,10 +207,7 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
             family = get_family(name)
             handle._undo.append(family.patch(model, compilable(family, chooser)))
         if compiled:
-            undo, note = route_attention(model)
-            handle.notes.append(note)
-            if undo is not None:
-                handle._undo.append(undo)
+            _route_attention(handle, model)
         if graphed is not None:
             handle.capture_context = capture_context(measured[graphed].graphs)
             _capture(handle, model, measured[graphed].workload, max_len)
@@ -219,6 +215,17 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
         handle.undo()
         raise
     return handle
+
+
+def _route_attention(handle: KernelHandle, model) -> None:
+    """compiled=True: the model's SDPA attention as one opaque op (`codegen.sdpa_op`), undone
+    with the kernels; handle.notes says so, or why not."""
+    from codegen.sdpa_op import route
+
+    undo, note = route(model)
+    handle.notes.append(note)
+    if undo is not None:
+        handle._undo.append(undo)
 
 
 def _graph_key(measured: dict[str, IntegratedWorkload], keys: list[str]) -> str:

@@ -252,21 +252,29 @@ def test_an_untraceable_family_keeps_its_chooser():
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_inductor_keeps_the_kernels_of_a_patched_bf16_model(mode, tmp_path):
     """On CUDA, Inductor (default mode, and reduce-overhead's CUDA graphs) calls the families'
-    ops with the real Triton kernels: logits within bf16 rounding of the eager patched ones."""
+    ops with the real Triton kernels, and the routed attention's op (its inputs in eager's
+    strides, its output's as the fake says: Inductor asserts them): logits within bf16
+    rounding of the eager patched ones."""
     names = PREFILL[0][1] + ("add_rmsnorm",)
     model = build(resolve("tiny-llama"), torch.bfloat16, "cuda")
     choosers = {n: CountingChooser(get_family(n), tmp_path) for n in names}
     undos = [get_family(n).patch(model, compilable(get_family(n), choosers[n]))
              for n in names]
+    undos.append(route(model)[0])
     ids = torch.arange(3, 131, device="cuda").view(2, 64)
     with torch.no_grad():
         eager = model(ids).logits.float()
         calls = {n: c.calls for n, c in choosers.items()}
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, mode=mode)
-        for _ in range(3):  # compile, record, replay
+        for _ in range(2):  # compile, record
+            compiled(ids)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             got = compiled(ids).logits.float()
     for u in undos:
         u()
     assert all(c.calls > calls[n] for n, c in choosers.items())
+    if mode == "default":  # (a replay of reduce-overhead's graph dispatches no op)
+        ops = [e.name for e in prof.events()].count("kernel_pipeline::sdpa_attention")
+        assert ops == model.config.num_hidden_layers
     torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)
