@@ -9,9 +9,9 @@ contenders lost about 3 ms to attention, and compiling cost our eager kernels 17
 So `apply_kernels(..., compiled=True)` hands Inductor the attention as one op,
 `torch.ops.kernel_pipeline.sdpa_attention`, that runs transformers' own
 `sdpa_attention_forward` on the tensors eager would give it: same SDPA arguments (mask,
-dropout, is_causal, scale, enable_gqa or repeat_kv as that transformers version decides), same
-backend, same cost. The op is tagged with exact strides, so Inductor passes q, k and v laid
-out as eager does instead of copying them into a layout of its own.
+dropout, is_causal, scale, enable_gqa or repeat_kv as that transformers version decides),
+so the same SDPA backend as eager. The op is tagged with exact strides, so Inductor passes
+q, k and v laid out as eager does instead of copying them into a layout of its own.
 
 How the model reaches it: transformers picks the attention function by the config's
 `_attn_implementation` through `AttentionInterface` (and the mask builder through
@@ -85,8 +85,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     the op while torch.compile traces it."""
     tensors = [t for t in (query, key, value, attention_mask, position_bias) if t is not None]
     if (not torch.compiler.is_compiling() or kwargs.get("softcap") is not None
-            or kwargs.get("output_attentions") or needs_graph(*tensors)
-            or not all(isinstance(t, torch.Tensor) for t in tensors)):
+            or kwargs.get("output_attentions")
+            or not all(isinstance(t, torch.Tensor) for t in tensors)  # a BlockMask, say
+            or needs_graph(*tensors)):
         return _sdpa_forward()(module, query, key, value, attention_mask, dropout=dropout,
                                scaling=scaling, is_causal=is_causal,
                                position_bias=position_bias, **kwargs)
