@@ -34,8 +34,9 @@ Variants (`--variants`, eager always included; the default is the first three):
   ours-graphs-pdl (which has it only where PIPELINE_PDL_PREFETCH is set).
 - eager-static (decode only): `StaticDecoder(graph=False)`, eager over the static cache.
 - ours-compile: the twin patched with the kept kernels torch.compile traces
-  (`apply_kernels(compiled=True)`: each kernel call one custom op), then torch.compile in
-  its default mode, called as compile is.
+  (`apply_kernels(compiled=True)`: each kernel call one custom op, and transformers' SDPA
+  attention one opaque op, `codegen.sdpa_op`), then torch.compile in its default mode,
+  called as compile is.
 - ours-kernels: a twin kernelized with the run's `pipeline export` package (`--export PKG`)
   through the Hugging Face `kernels` library, called as ours is.
 - hf-best-experts (MoE models): a twin under the fastest `experts_implementation` the
@@ -558,8 +559,8 @@ def main() -> None:
     kept = next((h.families for h in owned if getattr(h, "role", None) == "ours"), [])
     in_graph = next((h.families for h in owned if getattr(h, "role", None) == "graph_set"),
                     None)
-    compiled = next(({"families": h.families, "left_out": h.left_out} for h in owned
-                     if getattr(h, "role", None) == "ours-compile"), None)
+    compiled = next(({"families": h.families, "left_out": h.left_out, "notes": h.notes}
+                     for h in owned if getattr(h, "role", None) == "ours-compile"), None)
     for h in reversed(owned):
         (h.undo if hasattr(h, "undo") else h.close)()
 

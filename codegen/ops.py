@@ -34,7 +34,7 @@ NAMESPACE = "kernel_pipeline"
 
 # exact strides: the chooser picked the kernel for the strides the trace saw (a case carries
 # them), so Inductor must hand the op tensors laid out as in eager
-_LAYOUT = getattr(torch.Tag, "needs_exact_strides", torch.Tag.needs_fixed_stride_order)
+LAYOUT_TAG = getattr(torch.Tag, "needs_exact_strides", torch.Tag.needs_fixed_stride_order)
 
 _ops: dict[str, Any] = {}
 _choosers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -58,7 +58,7 @@ def family_op(name: str):
         kernel(*args, out=out, **params)
 
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", run, mutates_args=("outs",),
-                                 tags=(_LAYOUT,))
+                                 tags=(LAYOUT_TAG,))
     op.register_fake(lambda call, inputs, outs: None)
     _ops[name] = op
     return op

@@ -73,6 +73,8 @@ class KernelHandle:
     # families kept for the workload but not patched: {family: why} (compiled=True leaves out
     # those torch.compile cannot trace)
     left_out: dict[str, str] = field(default_factory=dict)
+    # compiled=True: what became of the model's attention (`codegen.sdpa_op.route`)
+    notes: list[str] = field(default_factory=list)
     _generator: object = None  # the StaticDecoder `generate` steps over, kept between calls
 
     def __call__(self, input_ids):
@@ -160,7 +162,10 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
     `compiled=True` patches only the families torch.compile traces (`Family.traceable`: each
     kernel call then becomes a custom op, `codegen.ops`), for a model you compile yourself or
     hand to transformers' static-cache `generate`, which compiles its step; `handle.left_out`
-    names the others and why."""
+    names the others and why. Its attention then runs transformers' SDPA as one opaque op
+    (`codegen.sdpa_op`: Inductor's own SDPA lowering lays q, k and v out for itself, which made
+    the same cuDNN kernel 2.8x slower than eager on Llama-3.2-1B's prefill); `handle.notes`
+    says so, or why the model's attention was left to the compiler."""
     use_interpreter_without_gpu()  # in case the environment changed since the import
     from codegen.ops import compilable
     from codegen.registry import get_family
@@ -194,6 +199,8 @@ def apply_kernels(model, run_dir: str | Path, workload: str | list[str] | None =
                                        handle.calls, name, handle.declined)
             family = get_family(name)
             handle._undo.append(family.patch(model, compilable(family, chooser)))
+        if compiled:
+            _route_attention(handle, model)
         if graphed is not None:
             handle.capture_context = capture_context(measured[graphed].graphs)
             _capture(handle, model, measured[graphed].workload, max_len)
@@ -234,6 +241,17 @@ def _allowed_cases(measured: dict[str, IntegratedWorkload], keys: list[str] | No
             for fam in fams:
                 allowed.setdefault(fam, set()).update(w.cases.get(fam, []))
     return allowed
+
+
+def _route_attention(handle: KernelHandle, model) -> None:
+    """compiled=True: the model's SDPA attention as one opaque op (`codegen.sdpa_op`), undone
+    with the kernels; handle.notes says so, or why not."""
+    from codegen.sdpa_op import route
+
+    undo, note = route(model)
+    handle.notes.append(note)
+    if undo is not None:
+        handle._undo.append(undo)
 
 
 def _graph_key(measured: dict[str, IntegratedWorkload], keys: list[str]) -> str:

@@ -336,7 +336,7 @@ def _build(name: str, model, run_dir: Path, pre: str | None, dec: str | None, ne
     v = hf_variant(name, copy, new)
     left_out = [f"{f} left out (torch.compile cannot trace it)" for f in handle.left_out]
     return Variant(name, v.call, handle=handle, setup_s=time.perf_counter() - t,
-                   notes=v.notes + left_out)
+                   notes=v.notes + left_out + handle.notes)
 
 
 def _against(t: TokenTimes, eager: TokenTimes | None) -> dict:

@@ -1,6 +1,8 @@
 """Patched models under torch.compile(fullgraph=True): every family that declares itself
 traceable (`Family.traceable`) calls its kernels as its custom op (`codegen.ops`), the graph
-has no break, and the logits are the eager patched model's."""
+has no break, and the logits are the eager patched model's. The attention routed as
+`apply_kernels(compiled=True)` routes it (`codegen.sdpa_op`) is one opaque op in the graph,
+its fake implementation agreeing with the real call, and undone the model is as it was."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from family_checks import CountingChooser
 
 from codegen.ops import compilable
 from codegen.registry import families, get_family
+from codegen.sdpa_op import NAME, route, sdpa_op
 from core.family import no_patch
 from core.workload import Workload
 from pipeline.patching import for_compile, twin
@@ -32,6 +35,13 @@ def patched(model_id, names, tmp_path):
     choosers = {n: CountingChooser(get_family(n), tmp_path) for n in names}
     undos = [get_family(n).patch(model, compilable(get_family(n), choosers[n])) for n in names]
     return model, choosers, undos
+
+
+def sdpa_calls(gm) -> tuple[int, int]:
+    """(calls of the attention op, of SDPA itself) in an FX graph."""
+    targets = [n.target for n in gm.graph.nodes]
+    return (targets.count(torch.ops.kernel_pipeline.sdpa_attention.default),
+            sum("scaled_dot_product" in str(t) for t in targets))
 
 
 def test_every_traceable_family_is_compiled_here():
@@ -110,14 +120,88 @@ def test_head_to_heads_compiled_twins_trace_the_cached_prefill_whole(rotary, tmp
     torch.testing.assert_close(got["compile"], eager, rtol=1e-4, atol=1e-4)
 
 
+def test_the_attention_compiles_as_one_opaque_op_as_eager_runs_it(tmp_path):
+    """Routed, a patched tiny Llama compiles whole under aot_eager with each layer's attention
+    one call of the op (no SDPA for Inductor to lower) and the eager patched logits; eager
+    calls of the routed model run transformers' function itself; undo restores the config
+    exactly."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    model, choosers, undos = patched("tiny-llama", PREFILL[0][1], tmp_path)
+    ids = torch.arange(3, 19).view(2, 8)
+    config = dict(vars(model.config))
+    with torch.no_grad():
+        before = model(ids).logits
+        undo, note = route(model)
+        assert model.config._attn_implementation == NAME and "sdpa_attention" in note
+        eager = model(ids).logits
+        torch._dynamo.reset()
+        backend = AotEagerAndRecordGraphs()
+        compiled = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
+    layers = model.config.num_hidden_layers
+    assert [sdpa_calls(g) for g in backend.graphs + backend.fw_graphs] == [(layers, 0)] * 2
+    assert torch.equal(eager, before)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6)
+    undo()
+    assert vars(model.config) == config
+    for u in undos:
+        u()
+    with torch.no_grad():
+        torch._dynamo.reset()
+        backend = AotEagerAndRecordGraphs()
+        torch.compile(model, fullgraph=True, backend=backend)(ids)
+    assert sdpa_calls(backend.graphs[0]) == (0, layers)  # back to transformers' SDPA
+
+
+def test_a_model_not_on_sdpa_keeps_its_attention():
+    model = build(resolve("tiny-llama"), torch.float32, "cpu")
+    model.set_attn_implementation("eager")
+    undo, note = route(model)
+    assert undo is None and "configured eager" in note
+    assert model.config._attn_implementation == "eager"
+
+
+def _qkv(batch, heads, kv_heads, q_len, k_len, dim=16):
+    g = torch.Generator().manual_seed(q_len)
+    # q a transposed view of its projection, as HF hands it over
+    q = torch.randn(batch, q_len, heads, dim, generator=g).transpose(1, 2)
+    return (q, *torch.randn(2, batch, kv_heads, k_len, dim, generator=g))
+
+
+@pytest.mark.parametrize("call", [
+    "prefill, grouped heads, causal, no mask",
+    "decode step, grouped heads, boolean mask, scale",
+    "float mask, not causal, position bias"])
+def test_the_attention_ops_fake_agrees_with_its_call(call):
+    """torch.library.opcheck: schema, fake tensor shapes and strides against the real call,
+    AOT dispatch with dynamic shapes."""
+    mask = torch.arange(12) < torch.tensor([[9], [12]])
+    args = {"prefill, grouped heads, causal, no mask":
+            (*_qkv(2, 4, 2, 8, 8), None, 0.0, None, True, None, 2),
+            "decode step, grouped heads, boolean mask, scale":
+            (*_qkv(2, 4, 2, 1, 12), mask.view(2, 1, 1, 12), 0.0, 0.25, True, None, 2),
+            "float mask, not causal, position bias":
+            (*_qkv(1, 4, 4, 8, 8), torch.zeros(1, 1, 8, 8), 0.0, None, False,
+             torch.randn(1, 4, 8, 8), 1)}[call]
+    torch.library.opcheck(sdpa_op(), args)
+
+
 def test_a_patched_decode_step_compiles_in_transformers_static_generate(tmp_path):
     """What `generate(cache_implementation="static")` does on a GPU, made to happen on the CPU
-    (`_compile_all_devices`): its compiled step calls the kernels, fullgraph."""
+    (`_compile_all_devices`): its compiled step calls the kernels and the attention op (a
+    boolean mask over the static cache), fullgraph."""
     from transformers.generation.configuration_utils import CompileConfig
 
     model, choosers, undos = patched("tiny-llama", DECODE + ("rmsnorm",), tmp_path)
+    undos.append(route(model)[0])
     ids = torch.arange(3, 19).view(2, 8)
-    config = CompileConfig(fullgraph=True, backend="eager")
+    graphs = []
+
+    def backend(gm, example_inputs, **options):  # eager, keeping the graph (generate passes
+        graphs.append(gm)                         # its compile config's mode and options)
+        return gm.forward
+
+    config = CompileConfig(fullgraph=True, backend=backend)
     config._compile_all_devices = True
     kwargs = {"max_new_tokens": 3, "do_sample": False, "cache_implementation": "static",
               "return_dict_in_generate": True, "output_logits": True,
@@ -130,6 +214,7 @@ def test_a_patched_decode_step_compiles_in_transformers_static_generate(tmp_path
     for u in undos:
         u()
     assert model._compiled_call is not None  # the steps ran compiled
+    assert sdpa_calls(graphs[0]) == (model.config.num_hidden_layers, 0)
     assert {n: c.calls - calls[n] for n, c in choosers.items()} == calls
     assert torch.equal(compiled.sequences, eager.sequences)
     for a, b in zip(compiled.logits, eager.logits, strict=True):
@@ -167,21 +252,29 @@ def test_an_untraceable_family_keeps_its_chooser():
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_inductor_keeps_the_kernels_of_a_patched_bf16_model(mode, tmp_path):
     """On CUDA, Inductor (default mode, and reduce-overhead's CUDA graphs) calls the families'
-    ops with the real Triton kernels: logits within bf16 rounding of the eager patched ones."""
+    ops with the real Triton kernels, and the routed attention's op (its inputs in eager's
+    strides, its output's as the fake says: Inductor asserts them): logits within bf16
+    rounding of the eager patched ones."""
     names = PREFILL[0][1] + ("add_rmsnorm",)
     model = build(resolve("tiny-llama"), torch.bfloat16, "cuda")
     choosers = {n: CountingChooser(get_family(n), tmp_path) for n in names}
     undos = [get_family(n).patch(model, compilable(get_family(n), choosers[n]))
              for n in names]
+    undos.append(route(model)[0])
     ids = torch.arange(3, 131, device="cuda").view(2, 64)
     with torch.no_grad():
         eager = model(ids).logits.float()
         calls = {n: c.calls for n, c in choosers.items()}
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, mode=mode)
-        for _ in range(3):  # compile, record, replay
+        for _ in range(2):  # compile, record
+            compiled(ids)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             got = compiled(ids).logits.float()
     for u in undos:
         u()
     assert all(c.calls > calls[n] for n, c in choosers.items())
+    if mode == "default":  # (a replay of reduce-overhead's graph dispatches no op)
+        ops = [e.name for e in prof.events()].count("kernel_pipeline::sdpa_attention")
+        assert ops == model.config.num_hidden_layers
     torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)

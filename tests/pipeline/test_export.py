@@ -168,19 +168,36 @@ def test_the_kernelized_model_compiles_whole(exported, package, applied):
 
 
 def test_the_main_run_compiles_whole_through_apply_kernels(exported, applied):
+    """compiled=True: the kernels and the attention (one opaque op, `codegen.sdpa_op`) in one
+    graph, apply_kernels' eager logits exactly; undone, the config is as it was. The eager
+    handle (compiled=False) leaves the attention alone."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    from codegen.sdpa_op import NAME
     from pipeline.api import apply_kernels
 
     _, run, _, _ = exported
     want, want_calls = applied
     model = tiny_llama()
+    config = dict(vars(model.config))
+    with apply_kernels(model, run, workload=WORKLOAD) as handle:
+        assert model.config._attn_implementation == "sdpa" and not handle.notes
     handle = apply_kernels(model, run, workload=WORKLOAD, compiled=True)
     assert handle.families == sorted(want_calls) and not handle.left_out
+    assert model.config._attn_implementation == NAME
+    assert [n.split(" (")[0] for n in handle.notes] == ["attention: transformers' SDPA as one "
+                                                         "opaque op"]
     torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
     with torch.no_grad():
-        got = torch.compile(model, fullgraph=True, backend="eager")(ids()).logits
+        got = torch.compile(model, fullgraph=True, backend=backend)(ids()).logits
+    targets = [n.target for n in backend.graphs[0].graph.nodes]
+    assert targets.count(torch.ops.kernel_pipeline.sdpa_attention.default) == \
+        model.config.num_hidden_layers
     assert handle.calls == want_calls
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     handle.undo()
+    assert vars(model.config) == config
 
 
 def test_compiled_users_are_not_offered_an_untraceable_family(exported, monkeypatch):
