@@ -92,7 +92,10 @@ def test_norm_gate_up_dot_configs_equal_the_add_norm_and_gated_mlp(rows, dtype, 
                                    tmp_path) == 3
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+# norm_gate_up alone (13 s under the interpreter; the CI suite has a 15-minute budget): its
+# DOT step is norm_qkv's prologue and qkv_proj's tile step, whose equality with the reference
+# the tests above check on the same edge shapes
+@pytest.mark.parametrize("name", ["norm_gate_up"])
 def test_the_verifier_accepts_a_dot_candidate(name, tmp_path):
     """DOT on the family's example case (2 rows, fp32) through the verifier's edge cases (one
     row, a prime count, MAX_ROWS, strided and 2-D x) and stress values: the fp32 dot is IEEE,
